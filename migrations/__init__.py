@@ -1,0 +1,1 @@
+"""Alembic migrations of the pipeline schema; applied by `pipeline db upgrade`."""

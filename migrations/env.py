@@ -1,0 +1,33 @@
+"""Alembic environment: migrates the engine pipeline/db.py hands over, or DATABASE_URL."""
+
+from __future__ import annotations
+
+from alembic import context
+
+from pipeline import db, schema
+from pipeline.settings import Settings
+
+config = context.config
+target_metadata = schema.metadata
+
+
+def run_migrations_online() -> None:
+    engine = config.attributes.get("engine")
+    if engine is None:  # run by the alembic command line
+        engine = db.create_engine(Settings.from_env().database_url)
+    with engine.connect() as connection:
+        context.configure(
+            connection=connection,
+            target_metadata=target_metadata,
+            # SQLite cannot ALTER most things in place: batch mode copies the table.
+            render_as_batch=connection.dialect.name == "sqlite",
+            # One transaction per revision, so a failed step leaves the previous one.
+            transaction_per_migration=True,
+        )
+        with context.begin_transaction():
+            context.run_migrations()
+
+
+if context.is_offline_mode():
+    raise SystemExit("offline (--sql) migrations are not supported; use `pipeline db upgrade`")
+run_migrations_online()

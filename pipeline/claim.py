@@ -1,0 +1,412 @@
+"""The claim primitive: every stage takes its work from a table through ``WorkQueue``.
+
+A claim marks up to ``limit`` ready rows with a lease (``locked_until``), the claiming
+worker (``claimed_by``) and a fresh fencing token (``claim_token``), and returns them in
+their post-claim state. Completion, release and lease extension are fenced by token and
+worker: a worker whose lease expired and whose rows were claimed again changes nothing.
+The SQL for each database is described in ../shared/DESIGN.md ("The claim primitive").
+
+Indexes: every queue has two partial indexes built from the same predicates the claim
+uses (``QueueSpec.indexes``): a *free* index over ready rows with no lease, and a *leased*
+index over ``locked_until`` of rows that hold one, so that both branches of a claim
+("unclaimed" and "lease expired") are index range scans, never a scan of the table.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import Enum
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection, Engine, RowMapping
+
+log = logging.getLogger(__name__)
+
+Predicate = sa.ColumnElement[bool]
+
+
+@dataclass(frozen=True)
+class OrderTerm:
+    """One ``ORDER BY`` term; ``nulls_first=None`` leaves the database default."""
+
+    column: sa.Column[Any]
+    descending: bool = False
+    nulls_first: bool | None = None
+
+    def sql(self) -> sa.ColumnElement[Any]:
+        term = self.column.desc() if self.descending else self.column.asc()
+        if self.nulls_first is True:
+            return term.nulls_first()
+        if self.nulls_first is False:
+            return term.nulls_last()
+        return term
+
+    def sort(self, rows: list[RowMapping]) -> None:
+        """Stable in-place sort of ``rows`` by this term alone, as the database orders it."""
+        # Databases put NULLs last in ascending order unless told otherwise (PostgreSQL
+        # and the SQL standard); sorting with reverse=True flips where they land.
+        nulls_first = self.descending if self.nulls_first is None else self.nulls_first
+        none_key = (0,) if nulls_first != self.descending else (2,)
+        name = self.column.name
+        rows.sort(
+            key=lambda row: none_key if row[name] is None else (1, row[name]),
+            reverse=self.descending,
+        )
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    """What one stage claims.
+
+    ``pending`` is the static part of the stage's criteria; it is also the predicate of
+    the queue's partial indexes, so keep it free of time and parameters. ``ready`` adds
+    the time-dependent part (for example "next_fetch_at is due"), given the SQL
+    expression for "now". ``index_on`` are the columns of the free index: the ``order``
+    columns when the queue is read in order, or the column ``ready`` ranges over.
+    """
+
+    name: str
+    table: sa.Table
+    pending: Predicate
+    order: tuple[OrderTerm, ...]
+    index_on: tuple[sa.Column[Any], ...]
+    ready: Callable[[sa.ColumnElement[datetime]], Predicate] | None = None
+
+    def indexes(self) -> list[sa.Index]:
+        """The queue's partial indexes; call once, when the schema is defined."""
+        t = self.table
+        free = self.pending & t.c.locked_until.is_(None)
+        leased = self.pending & t.c.locked_until.is_not(None)
+        return [
+            sa.Index(
+                f"ix_{t.name}_{self.name}_free",
+                *self.index_on,
+                postgresql_where=free,
+                sqlite_where=free,
+            ),
+            sa.Index(
+                f"ix_{t.name}_{self.name}_leased",
+                t.c.locked_until,
+                postgresql_where=leased,
+                sqlite_where=leased,
+            ),
+        ]
+
+    def sort(self, rows: Iterable[RowMapping]) -> list[RowMapping]:
+        ordered = list(rows)
+        for term in reversed(self.order):
+            term.sort(ordered)
+        return ordered
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Rows one worker holds under one token, in the queue's order."""
+
+    queue: str
+    worker: str
+    token: str
+    rows: list[RowMapping]
+
+    @property
+    def ids(self) -> list[int]:
+        return [row["id"] for row in self.rows]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __bool__(self) -> bool:
+        return bool(self.rows)
+
+
+@dataclass(frozen=True)
+class Fenced:
+    """Outcome of a fenced write: the rows it changed, and the rows it no longer owned."""
+
+    done: list[int]
+    lost: list[int] = field(default_factory=list)
+
+
+class Strategy(Enum):
+    POSTGRES = "postgres"  # one CTE round trip with FOR UPDATE SKIP LOCKED
+    SQLITE = "sqlite"  # one UPDATE ... RETURNING under BEGIN IMMEDIATE
+    PORTABLE = "portable"  # read candidates, then one guarded UPDATE per row
+
+
+def strategy_for(dialect_name: str) -> Strategy:
+    if dialect_name == "postgresql":
+        return Strategy.POSTGRES
+    if dialect_name == "sqlite":
+        return Strategy.SQLITE
+    return Strategy.PORTABLE
+
+
+class WorkQueue:
+    """Claim, complete, release and extend rows of one queue on one engine."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        spec: QueueSpec,
+        *,
+        lease_seconds: int = 300,
+        strategy: Strategy | None = None,
+    ) -> None:
+        if lease_seconds < 1:
+            raise ValueError(f"lease_seconds must be at least 1, got {lease_seconds}")
+        self.engine = engine
+        self.spec = spec
+        self.lease = timedelta(seconds=lease_seconds)
+        self.strategy = strategy or strategy_for(engine.dialect.name)
+        # Claims run as one short statement each, outside any caller's transaction.
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    # -- time ---------------------------------------------------------------------------
+
+    def now(self) -> sa.ColumnElement[datetime]:
+        """"Now" as SQL: the database clock on PostgreSQL, so skewed hosts agree."""
+        if self.strategy is Strategy.POSTGRES:
+            return sa.func.now(type_=self.spec.table.c.locked_until.type)
+        return sa.literal(datetime.now(UTC), self.spec.table.c.locked_until.type)
+
+    def _lease_until(self, now: sa.ColumnElement[datetime], lease: timedelta) -> Any:
+        if self.strategy is Strategy.POSTGRES:
+            return now + sa.literal(lease, sa.Interval())
+        return sa.literal(datetime.now(UTC) + lease, self.spec.table.c.locked_until.type)
+
+    # -- claim --------------------------------------------------------------------------
+
+    def claim(self, worker: str, limit: int) -> Claim:
+        """Lease up to ``limit`` ready rows to ``worker``; never more than ``limit``."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        token = uuid.uuid4().hex
+        if self.strategy is Strategy.POSTGRES:
+            rows = self._claim_postgres(worker, token, limit)
+        elif self.strategy is Strategy.SQLITE:
+            rows = self._claim_sqlite(worker, token, limit)
+        else:
+            rows = self._claim_portable(worker, token, limit)
+        return Claim(self.spec.name, worker, token, self.spec.sort(rows))
+
+    def _candidates(
+        self, now: sa.ColumnElement[datetime], limit: int, *, lock: bool
+    ) -> tuple[sa.Select[Any], sa.Select[Any]]:
+        """The two branches of a claim: leases that expired, and rows never leased.
+
+        Two selects joined by UNION ALL rather than one ``OR`` across both states, so
+        each is a range scan of its own partial index. Expired leases go first: that
+        work has waited longest (its worker most likely crashed).
+        """
+        t, spec = self.spec.table, self.spec
+        ready = [spec.ready(now)] if spec.ready is not None else []
+        expired = (
+            sa.select(t.c.id)
+            .where(spec.pending, t.c.locked_until.is_not(None), t.c.locked_until <= now, *ready)
+            .order_by(t.c.locked_until)
+            .limit(limit)
+        )
+        free = (
+            sa.select(t.c.id)
+            .where(spec.pending, t.c.locked_until.is_(None), *ready)
+            .order_by(*(term.sql() for term in spec.order))
+            .limit(limit)
+        )
+        if lock:
+            expired = expired.with_for_update(skip_locked=True)
+            free = free.with_for_update(skip_locked=True)
+        return expired, free
+
+    def _lease_values(self, worker: str, token: str, now: Any) -> dict[str, Any]:
+        return {
+            "locked_until": self._lease_until(now, self.lease),
+            "claimed_by": worker,
+            "claim_token": token,
+        }
+
+    def _claim_postgres(self, worker: str, token: str, limit: int) -> list[RowMapping]:
+        # WITH expired AS MATERIALIZED (... FOR UPDATE SKIP LOCKED),
+        #      free AS MATERIALIZED (... FOR UPDATE SKIP LOCKED),
+        #      c AS MATERIALIZED (SELECT id FROM expired UNION ALL SELECT id FROM free LIMIT n)
+        # UPDATE t SET <lease> FROM c WHERE t.id = c.id RETURNING t.*
+        # MATERIALIZED keeps each CTE evaluated exactly once; the design forbids the
+        # "WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)" form, which the planner may
+        # evaluate more than once and so claim more than n rows. The outer LIMIT stops
+        # pulling (and locking) rows once n are found.
+        t = self.spec.table
+        now = self.now()
+        expired, free = self._candidates(now, limit, lock=True)
+        expired_cte = expired.cte("expired").prefix_with("MATERIALIZED")
+        free_cte = free.cte("free").prefix_with("MATERIALIZED")
+        chosen = (
+            sa.union_all(sa.select(expired_cte.c.id), sa.select(free_cte.c.id))
+            .limit(limit)
+            .cte("c")
+            .prefix_with("MATERIALIZED")
+        )
+        stmt = (
+            sa.update(t)
+            .where(t.c.id == chosen.c.id)
+            .values(self._lease_values(worker, token, now))
+            .returning(*t.c)
+        )
+        with self._autocommit.connect() as conn:
+            return list(conn.execute(stmt).mappings())
+
+    def _claim_sqlite(self, worker: str, token: str, limit: int) -> list[RowMapping]:
+        # UPDATE t SET <lease> WHERE id IN (<expired> UNION ALL <free> LIMIT n) RETURNING *,
+        # inside BEGIN IMMEDIATE (pipeline/db.py begins every SQLite transaction so):
+        # SQLite serialises writers, so two workers cannot claim one row.
+        t = self.spec.table
+        now = self.now()
+        expired, free = self._candidates(now, limit, lock=False)
+        expired_sq, free_sq = expired.subquery(), free.subquery()
+        chosen = sa.union_all(sa.select(expired_sq.c.id), sa.select(free_sq.c.id)).limit(limit)
+        stmt = (
+            sa.update(t)
+            .where(t.c.id.in_(chosen))
+            .values(self._lease_values(worker, token, now))
+            .returning(*t.c)
+        )
+        with self.engine.begin() as conn:
+            return list(conn.execute(stmt).mappings())
+
+    def _claim_portable(self, worker: str, token: str, limit: int) -> list[RowMapping]:
+        # Correct on any SQL database, in 1 + N + 1 round trips: read candidates, then
+        # take each with an UPDATE that re-checks the criteria and the lease, so a row
+        # another worker took in between is skipped (rowcount 0).
+        t, spec = self.spec.table, self.spec
+        now = self.now()
+        expired, free = self._candidates(now, limit, lock=False)
+        expired_sq, free_sq = expired.subquery(), free.subquery()
+        chosen = sa.union_all(sa.select(expired_sq.c.id), sa.select(free_sq.c.id)).limit(limit)
+        ready = [spec.ready(now)] if spec.ready is not None else []
+        taken: list[int] = []
+        with self._autocommit.connect() as conn:
+            candidates = list(conn.execute(chosen).scalars())
+            for row_id in candidates:
+                guarded = (
+                    sa.update(t)
+                    .where(
+                        t.c.id == row_id,
+                        spec.pending,
+                        sa.or_(t.c.locked_until.is_(None), t.c.locked_until <= now),
+                        *ready,
+                    )
+                    .values(self._lease_values(worker, token, now))
+                )
+                if conn.execute(guarded).rowcount == 1:
+                    taken.append(row_id)
+            if not taken:
+                return []
+            return list(conn.execute(sa.select(t).where(t.c.id.in_(taken))).mappings())
+
+    # -- fenced writes ------------------------------------------------------------------
+
+    def _ids_match(self, ids: Sequence[int]) -> Predicate:
+        t = self.spec.table
+        if self.strategy is Strategy.POSTGRES:
+            # One bound array, so the statement text (and its plan) is the same for
+            # every batch size.
+            return t.c.id == sa.any_(sa.literal(list(ids), postgresql.ARRAY(sa.BigInteger())))
+        return t.c.id.in_(list(ids))
+
+    def _fenced_update(
+        self,
+        conn: Connection,
+        claim: Claim,
+        ids: Sequence[int] | None,
+        values: Mapping[str, Any],
+        action: str,
+    ) -> Fenced:
+        t = self.spec.table
+        wanted = list(claim.ids if ids is None else ids)
+        if not wanted:
+            return Fenced(done=[])
+        stmt = (
+            sa.update(t)
+            .where(
+                self._ids_match(wanted),
+                t.c.claim_token == claim.token,
+                t.c.claimed_by == claim.worker,
+            )
+            .values(dict(values))
+            .returning(t.c.id)
+        )
+        done = list(conn.execute(stmt).scalars())
+        lost = sorted(set(wanted) - set(done))
+        if lost:
+            log.warning(
+                "%s of %d %s row(s) by %s changed nothing: they are no longer held under"
+                " this claim (lease expired and claimed again, or already finished;"
+                " token %s, ids %s)",
+                action,
+                len(lost),
+                self.spec.name,
+                claim.worker,
+                claim.token,
+                lost[:20],
+            )
+        return Fenced(done=sorted(done), lost=lost)
+
+    def _run_fenced(
+        self,
+        conn: Connection | None,
+        claim: Claim,
+        ids: Sequence[int] | None,
+        values: Mapping[str, Any],
+        action: str,
+    ) -> Fenced:
+        if conn is not None:
+            return self._fenced_update(conn, claim, ids, values, action)
+        with self.engine.begin() as own:
+            return self._fenced_update(own, claim, ids, values, action)
+
+    _CLEAR = {"locked_until": None, "claimed_by": None, "claim_token": None}
+
+    def complete(
+        self,
+        claim: Claim,
+        values: Mapping[str, Any],
+        *,
+        ids: Sequence[int] | None = None,
+        conn: Connection | None = None,
+    ) -> Fenced:
+        """Finish claimed rows in one statement: clear the lease and write ``values``.
+
+        ``values`` must take the rows out of the queue (e.g. set ``processed_at``).
+        Pass ``conn`` to complete inside the transaction that writes the stage's
+        results, and write results only for ``Fenced.done``: rows in ``Fenced.lost``
+        belong to another worker now.
+        """
+        return self._run_fenced(conn, claim, ids, {**values, **self._CLEAR}, "completion")
+
+    def release(
+        self,
+        claim: Claim,
+        values: Mapping[str, Any] | None = None,
+        *,
+        ids: Sequence[int] | None = None,
+        conn: Connection | None = None,
+    ) -> Fenced:
+        """Give claimed rows back unfinished; they are claimable again at once."""
+        return self._run_fenced(conn, claim, ids, {**(values or {}), **self._CLEAR}, "release")
+
+    def extend(
+        self,
+        claim: Claim,
+        *,
+        seconds: int | None = None,
+        ids: Sequence[int] | None = None,
+        conn: Connection | None = None,
+    ) -> Fenced:
+        """Push the lease of still-owned rows to now + ``seconds`` (default: the lease)."""
+        lease = self.lease if seconds is None else timedelta(seconds=seconds)
+        until = self._lease_until(self.now(), lease)
+        return self._run_fenced(conn, claim, ids, {"locked_until": until}, "lease extension")

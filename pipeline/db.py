@@ -1,0 +1,170 @@
+"""Connecting to the pipeline database and migrating it.
+
+``DATABASE_URL`` is a SQLAlchemy URL; ``postgresql://`` is driven by psycopg 3. Unset, the
+embedded default is a SQLite file in the project-local state folder (WAL mode, a busy
+timeout, every transaction ``BEGIN IMMEDIATE`` so writers queue instead of failing).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.util import CommandError
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
+
+from pipeline.errors import ConfigError, DatabaseUnavailable, SchemaMismatch
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+MIN_SQLITE_VERSION = (3, 35, 0)  # UPDATE ... RETURNING
+
+
+def parse_url(raw: str) -> sa.URL:
+    """Parse DATABASE_URL, choosing psycopg 3 for PostgreSQL; ConfigError when malformed."""
+    try:
+        url = sa.make_url(raw)
+    except ArgumentError:
+        raise ConfigError(f"DATABASE_URL {raw!r} is not a database URL") from None
+    if url.drivername in ("postgres", "postgresql"):
+        url = url.set(drivername="postgresql+psycopg")
+    return url
+
+
+def display_url(url: sa.URL | str) -> str:
+    """The URL with its password hidden, for messages and logs."""
+    if isinstance(url, str):
+        try:
+            url = sa.make_url(url)
+        except ArgumentError:
+            return "<unparseable URL>"
+    return url.render_as_string(hide_password=True)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Take transaction control away from the sqlite3 module (it would BEGIN lazily
+        # and DEFERRED); the "begin" hook below emits BEGIN IMMEDIATE instead.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA journal_mode = WAL")
+        cur.execute("PRAGMA synchronous = NORMAL")
+        cur.execute("PRAGMA foreign_keys = ON")
+        cur.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+            return  # each statement is its own transaction
+        # IMMEDIATE takes the write lock up front: a transaction that reads and then
+        # writes cannot deadlock with another doing the same (SQLITE_BUSY on upgrade).
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def create_engine(raw_url: str, **kwargs: Any) -> Engine:
+    """An engine for DATABASE_URL; raises ConfigError for a URL it cannot use."""
+    url = parse_url(raw_url)
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        if sqlite3.sqlite_version_info < MIN_SQLITE_VERSION:
+            raise ConfigError(
+                f"SQLite {sqlite3.sqlite_version} is too old: the pipeline needs"
+                f" {'.'.join(map(str, MIN_SQLITE_VERSION))} or newer (UPDATE ... RETURNING)"
+            )
+        if url.database and url.database != ":memory:":
+            Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    if backend == "postgresql":
+        kwargs.setdefault("pool_pre_ping", True)
+        connect_args = kwargs.setdefault("connect_args", {})
+        connect_args.setdefault("connect_timeout", 10)
+        connect_args.setdefault("application_name", "listings-pipeline")
+    try:
+        engine = sa.create_engine(url, **kwargs)
+    except (ArgumentError, NoSuchModuleError) as exc:
+        raise ConfigError(f"DATABASE_URL {display_url(url)}: {exc}") from None
+    except ImportError as exc:
+        raise ConfigError(f"DATABASE_URL {display_url(url)} needs a driver: {exc}") from None
+    if backend == "sqlite":
+        _configure_sqlite(engine)
+    return engine
+
+
+def check_connection(engine: Engine) -> None:
+    """Raise DatabaseUnavailable, in one line, when the database cannot be reached."""
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except OperationalError as exc:
+        reason = str(exc.orig or exc).strip().splitlines()[0]
+        raise DatabaseUnavailable(f"cannot connect to {display_url(engine.url)}: {reason}") from None
+
+
+# -- migrations ---------------------------------------------------------------------------
+
+
+def alembic_config(engine: Engine) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.attributes["engine"] = engine
+    return cfg
+
+
+def head_revision() -> str:
+    head = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
+    assert head is not None, "migrations/versions holds no revision"
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    check_connection(engine)
+    _refuse_newer_schema(engine)
+    command.upgrade(alembic_config(engine), revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    check_connection(engine)
+    command.downgrade(alembic_config(engine), revision)
+
+
+def _refuse_newer_schema(engine: Engine) -> None:
+    current = current_revision(engine)
+    if current is not None and not _known_revision(current):
+        raise SchemaMismatch(
+            f"the database at {display_url(engine.url)} has schema revision {current},"
+            f" which is newer than this code knows (its newest is {head_revision()});"
+            " upgrade the pipeline package before using this database"
+        )
+
+
+def _known_revision(revision: str) -> bool:
+    try:
+        return ScriptDirectory(str(MIGRATIONS_DIR)).get_revision(revision) is not None
+    except CommandError:  # "Can't locate revision identified by ..."
+        return False
+
+
+def check_schema(engine: Engine) -> None:
+    """Stop unless the database is reachable and at exactly this code's schema revision."""
+    check_connection(engine)
+    _refuse_newer_schema(engine)
+    current, head = current_revision(engine), head_revision()
+    if current != head:
+        state = "has no pipeline schema" if current is None else f"is at revision {current}"
+        raise SchemaMismatch(
+            f"the database at {display_url(engine.url)} {state}, this code needs {head}:"
+            " run `pipeline db upgrade`"
+        )

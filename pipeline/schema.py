@@ -1,0 +1,326 @@
+"""The pipeline's tables as SQLAlchemy Core metadata: the one definition the code queries.
+
+Alembic migrations (migrations/versions) create the same schema; tests/test_migrations.py
+fails when the two drift. Names are public: see ../shared/DESIGN.md ("Schema").
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Dialect
+
+SOURCE_TYPES = ("rss", "http", "youtube")
+NOTIFICATION_STATUSES = ("pending", "sent", "failed", "dead")
+MIN_FETCH_INTERVAL_MINUTES = 1
+MAX_FETCH_INTERVAL_MINUTES = 10080  # one week
+DEFAULT_FETCH_INTERVAL_MINUTES = 60
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+
+class UTCDateTime(sa.TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp on every database.
+
+    PostgreSQL stores ``timestamptz``. SQLite has no such type: values are stored as
+    naive UTC text (which sorts and compares correctly) and come back tagged UTC.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: the pipeline stores UTC-aware times only")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):  # raw SQLite text, e.g. from a text() query
+            value = datetime.fromisoformat(value)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+# JSONB on PostgreSQL (indexable, compact); JSON text elsewhere.
+JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+# SQLite only auto-increments an INTEGER PRIMARY KEY; BIGINT everywhere else.
+IdType = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+
+def _id() -> sa.Column[Any]:
+    return sa.Column("id", IdType, primary_key=True, autoincrement=True)
+
+
+def _claim_columns() -> list[sa.Column[Any]]:
+    """The lease and fencing columns every claimable table carries (pipeline/claim.py)."""
+    return [
+        sa.Column("locked_until", UTCDateTime()),
+        sa.Column("claimed_by", sa.Text()),
+        sa.Column("claim_token", sa.String(36)),
+    ]
+
+
+def _now() -> sa.TextClause:
+    return sa.text("CURRENT_TIMESTAMP")
+
+
+sources = sa.Table(
+    "sources",
+    metadata,
+    _id(),
+    sa.Column("name", sa.Text(), nullable=False),
+    sa.Column("url", sa.Text(), nullable=False),
+    sa.Column("source_type", sa.String(16), nullable=False),
+    sa.Column("config", JSONType, nullable=False, server_default=sa.text("'{}'")),
+    sa.Column("enabled", sa.Boolean(), nullable=False, server_default=sa.true()),
+    sa.Column(
+        "fetch_interval_minutes",
+        sa.Integer(),
+        nullable=False,
+        server_default=sa.text(str(DEFAULT_FETCH_INTERVAL_MINUTES)),
+    ),
+    sa.Column("next_fetch_at", UTCDateTime()),  # NULL = due now
+    sa.Column("last_fetched_at", UTCDateTime()),
+    sa.Column("last_success_at", UTCDateTime()),
+    sa.Column("consecutive_failures", sa.Integer(), nullable=False, server_default=sa.text("0")),
+    sa.Column("last_failure_reason", sa.String(32)),
+    sa.Column("disabled_reason", sa.Text()),
+    sa.Column("priority", sa.Integer(), nullable=False, server_default=sa.text("0")),
+    sa.Column("etag", sa.Text()),
+    sa.Column("last_modified", sa.Text()),
+    sa.Column("content_hash", sa.String(64)),
+    sa.Column("created_at", UTCDateTime(), nullable=False, server_default=_now()),
+    *_claim_columns(),
+    sa.UniqueConstraint("url"),
+    sa.CheckConstraint(
+        "source_type IN ('rss', 'http', 'youtube')", name="source_type"
+    ),
+    sa.CheckConstraint(
+        f"fetch_interval_minutes BETWEEN {MIN_FETCH_INTERVAL_MINUTES}"
+        f" AND {MAX_FETCH_INTERVAL_MINUTES}",
+        name="fetch_interval",
+    ),
+)
+
+listings_raw = sa.Table(
+    "listings_raw",
+    metadata,
+    _id(),
+    sa.Column(
+        "source_id",
+        IdType,
+        sa.ForeignKey("sources.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column("source_item_id", sa.Text(), nullable=False),
+    sa.Column("url", sa.Text(), nullable=False),
+    sa.Column("raw_json", JSONType, nullable=False),
+    # Hash of raw_json: an unchanged item is not stored twice, a changed one is.
+    sa.Column("content_hash", sa.String(64), nullable=False),
+    sa.Column("fetched_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.Column("processed_at", UTCDateTime()),  # NULL = not yet processed
+    sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),
+    sa.Column("last_error", sa.Text()),
+    *_claim_columns(),
+    sa.UniqueConstraint("source_id", "source_item_id", "content_hash"),
+)
+
+listings = sa.Table(
+    "listings",
+    metadata,
+    _id(),
+    sa.Column(
+        "source_id",
+        IdType,
+        sa.ForeignKey("sources.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    sa.Column("source_item_id", sa.Text(), nullable=False),
+    sa.Column("url", sa.Text(), nullable=False),
+    sa.Column("title", sa.Text(), nullable=False, server_default=sa.text("''")),
+    sa.Column("summary", sa.Text(), nullable=False, server_default=sa.text("''")),
+    sa.Column("author", sa.Text()),
+    sa.Column("published_at", UTCDateTime()),
+    sa.Column("categories", JSONType, nullable=False, server_default=sa.text("'[]'")),
+    sa.Column("content_hash", sa.String(64), nullable=False),
+    sa.Column("ingested_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.Column("updated_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.Column("matched_at", UTCDateTime()),  # NULL = not yet matched against filters
+    *_claim_columns(),
+    sa.UniqueConstraint("source_id", "source_item_id"),
+)
+
+users = sa.Table(
+    "users",
+    metadata,
+    _id(),
+    sa.Column("name", sa.Text(), nullable=False),
+    sa.Column("channel", sa.String(16), nullable=False),  # webhook | apprise
+    sa.Column("channel_url", sa.Text(), nullable=False),
+    sa.Column("secret", sa.Text()),  # HMAC key of the webhook channel
+    sa.Column("enabled", sa.Boolean(), nullable=False, server_default=sa.true()),
+    sa.Column("created_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.UniqueConstraint("name"),
+    sa.CheckConstraint("channel IN ('webhook', 'apprise')", name="channel"),
+)
+
+filters = sa.Table(
+    "filters",
+    metadata,
+    _id(),
+    sa.Column(
+        "user_id", IdType, sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column("keywords", JSONType, nullable=False),  # list of lower-case words, all must match
+    sa.Column("source_id", IdType, sa.ForeignKey("sources.id", ondelete="CASCADE")),
+    sa.Column("category", sa.Text()),
+    sa.Column("enabled", sa.Boolean(), nullable=False, server_default=sa.true()),
+    sa.Column("created_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.Index(None, "user_id"),
+)
+
+notifications = sa.Table(
+    "notifications",
+    metadata,
+    _id(),
+    sa.Column(
+        "user_id", IdType, sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column(
+        "listing_id", IdType, sa.ForeignKey("listings.id", ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column("filter_id", IdType, sa.ForeignKey("filters.id", ondelete="SET NULL")),
+    sa.Column("channel", sa.String(16), nullable=False),
+    sa.Column("status", sa.String(8), nullable=False, server_default=sa.text("'pending'")),
+    sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),
+    sa.Column("next_attempt_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.Column("last_error", sa.Text()),
+    sa.Column("created_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.Column("sent_at", UTCDateTime()),
+    *_claim_columns(),
+    # A user is never notified twice about one listing.
+    sa.UniqueConstraint("user_id", "listing_id"),
+    sa.CheckConstraint("status IN ('pending', 'sent', 'failed', 'dead')", name="status"),
+    sa.Index(None, "listing_id"),
+)
+
+ingestion_events = sa.Table(
+    "ingestion_events",
+    metadata,
+    _id(),
+    sa.Column("event", sa.String(32), nullable=False),  # ingestion.started | ingestion.completed
+    sa.Column("occurred_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.Column("source_id", IdType, sa.ForeignKey("sources.id", ondelete="CASCADE")),
+    sa.Column("source_type", sa.String(16)),
+    sa.Column("run_id", sa.Text()),
+    sa.Column("scheduled_at", UTCDateTime()),
+    sa.Column("duration_ms", sa.Integer()),
+    sa.Column("success", sa.Boolean()),
+    sa.Column("failure_reason", sa.String(32)),
+    sa.Column("retry_in_minutes", sa.Float()),
+    sa.Column("http_status", sa.Integer()),
+    sa.Column("items_seen", sa.Integer()),
+    sa.Column("items_new", sa.Integer()),
+    sa.Column("details", JSONType),
+    sa.Index(None, "source_id", "occurred_at"),
+    sa.Index(None, "occurred_at"),
+)
+
+worker_state = sa.Table(
+    "worker_state",
+    metadata,
+    sa.Column("worker_name", sa.Text(), primary_key=True),
+    sa.Column("last_run_at", UTCDateTime()),
+    sa.Column("last_status", sa.Text()),
+    sa.Column("last_error", sa.Text()),
+)
+
+
+# -- Claim queues -------------------------------------------------------------------------
+# What each stage claims (pipeline/claim.py). Each spec also defines its two partial
+# indexes, from the same predicates, so the claim queries and their indexes cannot drift.
+
+
+def _due(now: sa.ColumnElement[datetime]) -> sa.ColumnElement[bool]:
+    # The due predicate of DESIGN.md "Scheduling": NULL means due now.
+    return sa.or_(sources.c.next_fetch_at.is_(None), sources.c.next_fetch_at <= now)
+
+
+def _attempt_due(now: sa.ColumnElement[datetime]) -> sa.ColumnElement[bool]:
+    return notifications.c.next_attempt_at <= now
+
+
+# Imported here, not at the top: claim.py is generic and must not depend on this module.
+from pipeline.claim import OrderTerm, QueueSpec  # noqa: E402
+
+# Due sources, highest priority first, never-fetched first, then longest overdue. The free
+# index ranges over next_fetch_at, so a claim costs in proportion to the sources that are
+# due, not to the size of the catalogue; the due set is then sorted by priority.
+SOURCES_DUE = QueueSpec(
+    name="due",
+    table=sources,
+    pending=sources.c.enabled,
+    ready=_due,
+    order=(
+        OrderTerm(sources.c.priority, descending=True),
+        OrderTerm(sources.c.next_fetch_at, nulls_first=True),
+        OrderTerm(sources.c.id),
+    ),
+    index_on=(sources.c.next_fetch_at,),
+)
+
+# Raw rows not yet processed, oldest first: the free index is read in order.
+RAW_UNPROCESSED = QueueSpec(
+    name="unprocessed",
+    table=listings_raw,
+    pending=listings_raw.c.processed_at.is_(None),
+    order=(OrderTerm(listings_raw.c.fetched_at), OrderTerm(listings_raw.c.id)),
+    index_on=(listings_raw.c.fetched_at, listings_raw.c.id),
+)
+
+# Listings not yet matched against filters (new, or changed since they were matched).
+# The notifier claims these instead of scanning by a time cursor, so a listing whose
+# transaction committed late is never missed.
+LISTINGS_UNMATCHED = QueueSpec(
+    name="unmatched",
+    table=listings,
+    pending=listings.c.matched_at.is_(None),
+    order=(OrderTerm(listings.c.updated_at), OrderTerm(listings.c.id)),
+    index_on=(listings.c.updated_at, listings.c.id),
+)
+
+# Notifications waiting for a (first or repeated) delivery attempt that is due.
+NOTIFICATIONS_DUE = QueueSpec(
+    name="due",
+    table=notifications,
+    # Literals, not bound parameters: a prepared statement's generic plan can only use a
+    # partial index whose predicate the query implies without knowing parameter values.
+    pending=notifications.c.status.in_(
+        [sa.literal_column("'pending'"), sa.literal_column("'failed'")]
+    ),
+    ready=_attempt_due,
+    order=(OrderTerm(notifications.c.next_attempt_at), OrderTerm(notifications.c.id)),
+    index_on=(notifications.c.next_attempt_at, notifications.c.id),
+)
+
+QUEUES: tuple[QueueSpec, ...] = (SOURCES_DUE, RAW_UNPROCESSED, LISTINGS_UNMATCHED, NOTIFICATIONS_DUE)
+for _queue in QUEUES:
+    _queue.indexes()
+CLAIMABLE_TABLES: tuple[sa.Table, ...] = tuple(q.table for q in QUEUES)

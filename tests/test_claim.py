@@ -1,0 +1,282 @@
+"""The claim primitive's contract, on PostgreSQL and SQLite, for every claim strategy."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from pipeline import schema
+from pipeline.claim import Strategy, WorkQueue, strategy_for
+from tests.helpers import add_raw_rows, add_source, now, raw_states
+
+# Every test runs on both databases, with the database's own strategy and with the
+# portable default that any other SQLAlchemy dialect would get.
+STRATEGIES = ("native", "portable")
+
+
+@pytest.fixture(params=STRATEGIES)
+def strategy(request: pytest.FixtureRequest, engine: sa.Engine) -> Strategy:
+    if request.param == "portable":
+        return Strategy.PORTABLE
+    return strategy_for(engine.dialect.name)
+
+
+def raw_queue(engine: sa.Engine, strategy: Strategy, lease_seconds: int = 300) -> WorkQueue:
+    return WorkQueue(engine, schema.RAW_UNPROCESSED, lease_seconds=lease_seconds, strategy=strategy)
+
+
+@pytest.fixture
+def source_id(engine: sa.Engine) -> int:
+    with engine.begin() as conn:
+        return add_source(conn)
+
+
+def test_claim_returns_rows_in_post_claim_state(engine, strategy, source_id):
+    with engine.begin() as conn:
+        add_raw_rows(conn, source_id, 5)
+    queue = raw_queue(engine, strategy)
+    before = now()
+    claim = queue.claim("worker-a", 3)
+    assert len(claim) == 3
+    for row in claim.rows:
+        assert row["claimed_by"] == "worker-a"
+        assert row["claim_token"] == claim.token
+        assert row["locked_until"] > before + timedelta(seconds=290)
+
+
+def test_order_is_honoured_and_limit_never_exceeded(engine, strategy, source_id):
+    start = now() - timedelta(hours=1)
+    with engine.begin() as conn:
+        # Inserted newest first, so insertion order and id order disagree with fetched_at.
+        ids = add_raw_rows(conn, source_id, 25, start=start + timedelta(minutes=25),
+                           step=-timedelta(minutes=1))
+    expected = list(reversed(ids))  # oldest fetched_at first
+    queue = raw_queue(engine, strategy)
+    taken: list[int] = []
+    for limit in (1, 7, 3, 100):
+        claim = queue.claim("w", limit)
+        assert len(claim) <= limit
+        taken.extend(claim.ids)
+    assert taken == expected
+
+
+def test_sources_are_claimed_by_priority_then_next_fetch_at_nulls_first(engine, strategy):
+    t0 = now() - timedelta(hours=2)
+    with engine.begin() as conn:
+        late = add_source(conn, "http://127.0.0.1/late", next_fetch_at=t0 + timedelta(hours=1))
+        early = add_source(conn, "http://127.0.0.1/early", next_fetch_at=t0)
+        never = add_source(conn, "http://127.0.0.1/never")  # NULL: due now, first
+        urgent = add_source(conn, "http://127.0.0.1/urgent", priority=5, next_fetch_at=t0)
+        add_source(conn, "http://127.0.0.1/future", next_fetch_at=now() + timedelta(hours=1))
+        add_source(conn, "http://127.0.0.1/off", enabled=False)
+    queue = WorkQueue(engine, schema.SOURCES_DUE, strategy=strategy)
+    # One at a time, and all at once: both follow the design's order.
+    assert [queue.claim("w", 1).ids[0] for _ in range(2)] == [urgent, never]
+    assert queue.claim("w", 10).ids == [early, late]
+    assert not queue.claim("w", 10), "future and disabled sources are not due"
+
+
+def test_criteria_are_rechecked_at_claim_time(engine, strategy, source_id):
+    """A leased row that meanwhile left the queue is not claimed when its lease expires."""
+    with engine.begin() as conn:
+        ids = add_raw_rows(conn, source_id, 3)
+    queue = raw_queue(engine, strategy, lease_seconds=1)
+    first = queue.claim("a", 3)
+    with engine.begin() as conn:  # someone else finishes row 0 (say, an operator)
+        conn.execute(
+            sa.update(schema.listings_raw)
+            .where(schema.listings_raw.c.id == ids[0])
+            .values(processed_at=now())
+        )
+    time.sleep(1.2)
+    second = queue.claim("b", 10)
+    assert second.ids == ids[1:]
+    assert first.token != second.token
+
+
+def test_release_makes_rows_claimable_at_once(engine, strategy, source_id):
+    with engine.begin() as conn:
+        ids = add_raw_rows(conn, source_id, 4)
+    queue = raw_queue(engine, strategy)
+    claim = queue.claim("a", 4)
+    assert not queue.claim("b", 4), "leased rows are not claimable"
+    released = queue.release(claim, ids=ids[:2])
+    assert released.done == ids[:2] and not released.lost
+    assert queue.claim("b", 4).ids == ids[:2]
+
+
+def test_release_can_write_values(engine, strategy, source_id):
+    with engine.begin() as conn:
+        ids = add_raw_rows(conn, source_id, 1)
+    queue = raw_queue(engine, strategy)
+    claim = queue.claim("a", 1)
+    queue.release(claim, {"attempts": 1, "last_error": "boom"})
+    with engine.connect() as conn:
+        row = raw_states(conn, ids)[ids[0]]
+    assert (row["attempts"], row["last_error"], row["claim_token"]) == (1, "boom", None)
+
+
+def test_expired_lease_is_claimed_again_and_late_completion_is_fenced(
+    engine, strategy, source_id, caplog
+):
+    with engine.begin() as conn:
+        ids = add_raw_rows(conn, source_id, 3)
+    queue = raw_queue(engine, strategy, lease_seconds=1)
+    stale = queue.claim("slow-worker", 3)
+    time.sleep(1.2)
+    fresh = queue.claim("other-worker", 3)
+    assert fresh.ids == ids, "expired leases are claimable again"
+
+    with caplog.at_level(logging.WARNING, logger="pipeline.claim"):
+        late = queue.complete(stale, {"processed_at": now()})
+        extended = queue.extend(stale)
+        released = queue.release(stale)
+    assert late.done == [] and late.lost == ids
+    assert extended.lost == ids and released.lost == ids
+    assert "completion of 3 unprocessed row(s) by slow-worker changed nothing" in caplog.text
+
+    with engine.connect() as conn:
+        states = raw_states(conn, ids)
+    for row in states.values():
+        assert row["processed_at"] is None, "the late completion changed nothing"
+        assert (row["claimed_by"], row["claim_token"]) == ("other-worker", fresh.token)
+
+    done = queue.complete(fresh, {"processed_at": now()})
+    assert done.done == ids and not done.lost
+
+
+def test_late_completion_is_accepted_when_nobody_reclaimed(engine, strategy, source_id):
+    with engine.begin() as conn:
+        ids = add_raw_rows(conn, source_id, 2)
+    queue = raw_queue(engine, strategy, lease_seconds=1)
+    claim = queue.claim("a", 2)
+    time.sleep(1.2)
+    assert queue.complete(claim, {"processed_at": now()}).done == ids
+
+
+def test_extend_keeps_rows_from_other_workers(engine, strategy, source_id):
+    with engine.begin() as conn:
+        add_raw_rows(conn, source_id, 2)
+    queue = raw_queue(engine, strategy, lease_seconds=1)
+    claim = queue.claim("a", 2)
+    assert queue.extend(claim, seconds=60).done == claim.ids
+    time.sleep(1.2)
+    assert not queue.claim("b", 2), "the extended lease still holds"
+
+
+def test_completion_inside_the_callers_transaction_rolls_back_with_it(
+    engine, strategy, source_id
+):
+    with engine.begin() as conn:
+        ids = add_raw_rows(conn, source_id, 2)
+    queue = raw_queue(engine, strategy)
+    claim = queue.claim("a", 2)
+    with pytest.raises(RuntimeError), engine.begin() as conn:
+        assert queue.complete(claim, {"processed_at": now()}, conn=conn).done == ids
+        raise RuntimeError("the stage's own write failed")
+    with engine.connect() as conn:
+        assert all(r["processed_at"] is None for r in raw_states(conn, ids).values())
+    assert queue.complete(claim, {"processed_at": now()}).done == ids
+
+
+def test_a_batch_completes_in_one_statement(engine, strategy, source_id):
+    with engine.begin() as conn:
+        add_raw_rows(conn, source_id, 50)
+    queue = raw_queue(engine, strategy)
+    claim = queue.claim("a", 50)
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("UPDATE"):
+            statements.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", count)
+    try:
+        assert len(queue.complete(claim, {"processed_at": now()}).done) == 50
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", count)
+    assert len(statements) == 1
+
+
+def test_postgres_claim_is_one_round_trip(pg_engine):
+    engine = pg_engine
+    with engine.begin() as conn:
+        source_id = add_source(conn)
+        add_raw_rows(conn, source_id, 10)
+    queue = raw_queue(engine, Strategy.POSTGRES)
+    queue.claim("warm-up", 1)  # first use may check the connection
+    statements: list[str] = []
+    listener = lambda *args: statements.append(args[2])  # noqa: E731
+    sa.event.listen(engine, "before_cursor_execute", listener)
+    try:
+        claim = queue.claim("a", 5)
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", listener)
+    assert len(claim) == 5
+    assert len(statements) == 1
+    assert "FOR UPDATE SKIP LOCKED" in statements[0] and "RETURNING" in statements[0]
+    assert " IN (SELECT" not in statements[0].upper()
+
+
+def test_skip_locked_passes_over_rows_another_transaction_holds(pg_engine):
+    """A row locked by a transaction in flight is skipped, then re-checked once it commits."""
+    engine = pg_engine
+    with engine.begin() as conn:
+        source_id = add_source(conn)
+        ids = add_raw_rows(conn, source_id, 3)
+    queue = raw_queue(engine, Strategy.POSTGRES)
+    t = schema.listings_raw
+    with engine.connect() as holder:
+        tx = holder.begin()
+        holder.execute(sa.update(t).where(t.c.id == ids[0]).values(processed_at=now()))
+        assert queue.claim("a", 1).ids == [ids[1]]  # row 0 is locked: skipped, not waited on
+        tx.commit()
+    assert queue.claim("a", 5).ids == [ids[2]]  # row 0 is processed now
+
+
+def test_limit_must_be_positive(engine):
+    with pytest.raises(ValueError, match="limit must be at least 1"):
+        raw_queue(engine, strategy_for(engine.dialect.name)).claim("a", 0)
+
+
+def test_every_queue_claims_and_completes(engine, strategy):
+    """The four stage queues of the schema work end to end."""
+    with engine.begin() as conn:
+        sid = add_source(conn)
+        add_raw_rows(conn, sid, 1)
+        listing = conn.execute(
+            sa.insert(schema.listings)
+            .values(source_id=sid, source_item_id="x", url="http://127.0.0.1/x", content_hash="h")
+            .returning(schema.listings.c.id)
+        ).scalar_one()
+        user = conn.execute(
+            sa.insert(schema.users)
+            .values(name="u", channel="webhook", channel_url="http://127.0.0.1/hook")
+            .returning(schema.users.c.id)
+        ).scalar_one()
+        conn.execute(
+            sa.insert(schema.notifications).values(
+                user_id=user, listing_id=listing, channel="webhook",
+                next_attempt_at=now() - timedelta(seconds=1),
+            )
+        )
+    finish = {
+        "due": {"next_fetch_at": now() + timedelta(hours=1)},
+        "unprocessed": {"processed_at": now()},
+        "unmatched": {"matched_at": now()},
+    }
+    for spec in schema.QUEUES:
+        queue = WorkQueue(engine, spec, strategy=strategy)
+        claim = queue.claim("w", 10)
+        assert len(claim) == 1, spec.table.name
+        values = (
+            {"status": "sent", "sent_at": now()}
+            if spec.table is schema.notifications
+            else finish[spec.name]
+        )
+        assert queue.complete(claim, values).done == claim.ids
+        assert not queue.claim("w", 10), f"{spec.table.name}: completion left the queue"

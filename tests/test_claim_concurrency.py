@@ -1,0 +1,69 @@
+"""Many worker processes, each with its own connection, drain one queue: no row twice."""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+import sqlalchemy as sa
+
+from pipeline import schema
+from tests.claim_workers import drain
+from tests.helpers import add_raw_rows, add_source
+
+pytestmark = pytest.mark.slow
+
+
+def run_workers(url: str, processes: int, max_batch: int, strategy: str | None = None):
+    spawn = multiprocessing.get_context("spawn")
+    start_at = time.time() + 3.0  # after every process has imported and connected
+    with ProcessPoolExecutor(max_workers=processes, mp_context=spawn) as pool:
+        futures = [
+            pool.submit(drain, url, strategy, f"worker-{i}", max_batch, start_at, seed=i)
+            for i in range(processes)
+        ]
+        return [f.result(timeout=600) for f in futures]
+
+
+def assert_claimed_exactly_once(engine: sa.Engine, ids: list[int], logs) -> None:
+    claimed = collections.Counter()
+    claims = 0
+    for log in logs:
+        for limit, batch, lost in log:
+            claims += 1
+            assert len(batch) <= limit, f"a claim of limit {limit} returned {len(batch)} rows"
+            assert not lost, "no lease expired in this test, so nothing may be fenced"
+            claimed.update(batch)
+    twice = [row_id for row_id, n in claimed.items() if n > 1]
+    assert not twice, f"{len(twice)} rows were claimed more than once, e.g. {twice[:10]}"
+    assert set(claimed) == set(ids), "every row is claimed"
+    busy_workers = sum(1 for log in logs if log)
+    assert busy_workers > 1, "the workers really ran side by side"
+    t = schema.listings_raw
+    with engine.connect() as conn:
+        left = conn.execute(
+            sa.select(sa.func.count()).where(t.c.processed_at.is_(None))
+        ).scalar_one()
+        held = conn.execute(
+            sa.select(sa.func.count()).where(t.c.locked_until.is_not(None))
+        ).scalar_one()
+    assert (left, held) == (0, 0)
+
+
+def test_eight_processes_drain_20000_rows_each_claimed_once(engine, db_url):
+    with engine.begin() as conn:
+        ids = add_raw_rows(conn, add_source(conn), 20_000)
+    logs = run_workers(db_url, processes=8, max_batch=50)
+    assert_claimed_exactly_once(engine, ids, logs)
+
+
+def test_portable_strategy_under_contention(pg_engine):
+    """The 1+N fallback for other dialects, checked on PostgreSQL's row locking."""
+    url = pg_engine.url.render_as_string(hide_password=False)
+    with pg_engine.begin() as conn:
+        ids = add_raw_rows(conn, add_source(conn), 3_000)
+    logs = run_workers(url, processes=8, max_batch=20, strategy="portable")
+    assert_claimed_exactly_once(pg_engine, ids, logs)
