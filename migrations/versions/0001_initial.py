@@ -81,10 +81,10 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name="pk_sources"),
         sa.UniqueConstraint("url", name="uq_sources_url"),
         sa.CheckConstraint(
-            "source_type IN ('rss', 'http', 'youtube')", name="ck_sources_source_type"
+            "source_type IN ('rss', 'http', 'youtube')", name=op.f("ck_sources_source_type")
         ),
         sa.CheckConstraint(
-            "fetch_interval_minutes BETWEEN 1 AND 10080", name="ck_sources_fetch_interval"
+            "fetch_interval_minutes BETWEEN 1 AND 10080", name=op.f("ck_sources_fetch_interval")
         ),
     )
     _queue_indexes("sources", "due", ["next_fetch_at"], "enabled", "enabled = 1")
@@ -156,7 +156,7 @@ def upgrade() -> None:
         sa.Column("created_at", TS, nullable=False, server_default=NOW),
         sa.PrimaryKeyConstraint("id", name="pk_users"),
         sa.UniqueConstraint("name", name="uq_users_name"),
-        sa.CheckConstraint("channel IN ('webhook', 'apprise')", name="ck_users_channel"),
+        sa.CheckConstraint("channel IN ('webhook', 'apprise')", name=op.f("ck_users_channel")),
     )
 
     op.create_table(
@@ -207,7 +207,7 @@ def upgrade() -> None:
         ),
         sa.UniqueConstraint("user_id", "listing_id", name="uq_notifications_user_id_listing_id"),
         sa.CheckConstraint(
-            "status IN ('pending', 'sent', 'failed', 'dead')", name="ck_notifications_status"
+            "status IN ('pending', 'sent', 'failed', 'dead')", name=op.f("ck_notifications_status")
         ),
     )
     op.create_index("ix_notifications_listing_id", "notifications", ["listing_id"])
