@@ -148,7 +148,11 @@ def strategy_for(dialect_name: str) -> Strategy:
 
 
 class WorkQueue:
-    """Claim, complete, release and extend rows of one queue on one engine."""
+    """Claim, complete, release and extend rows of one queue on one engine.
+
+    Each statement is built once per queue, with bound parameters, and reused: a claim
+    costs one execution, not a rebuild of the SQL (see bench/claim_throughput.py).
+    """
 
     def __init__(
         self,
@@ -166,19 +170,29 @@ class WorkQueue:
         self.strategy = strategy or strategy_for(engine.dialect.name)
         # Claims run as one short statement each, outside any caller's transaction.
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._time_type = spec.table.c.locked_until.type
+        self._claim_stmt = self._build_claim()
+        self._fenced: dict[tuple[str, ...], sa.Update] = {}
 
     # -- time ---------------------------------------------------------------------------
 
     def now(self) -> sa.ColumnElement[datetime]:
-        """"Now" as SQL: the database clock on PostgreSQL, so skewed hosts agree."""
+        """"Now" as SQL: the database clock on PostgreSQL, so skewed hosts agree; elsewhere
+        the bound parameter ``claim_now`` (see ``_time_params``)."""
         if self.strategy is Strategy.POSTGRES:
-            return sa.func.now(type_=self.spec.table.c.locked_until.type)
-        return sa.literal(datetime.now(UTC), self.spec.table.c.locked_until.type)
+            return sa.func.now(type_=self._time_type)
+        return sa.bindparam("claim_now", type_=self._time_type)
 
-    def _lease_until(self, now: sa.ColumnElement[datetime], lease: timedelta) -> Any:
+    def _lease_until(self) -> sa.ColumnElement[datetime]:
         if self.strategy is Strategy.POSTGRES:
-            return now + sa.literal(lease, sa.Interval())
-        return sa.literal(datetime.now(UTC) + lease, self.spec.table.c.locked_until.type)
+            return self.now() + sa.bindparam("claim_lease", type_=sa.Interval())
+        return sa.bindparam("claim_until", type_=self._time_type)
+
+    def _time_params(self, lease: timedelta) -> dict[str, Any]:
+        if self.strategy is Strategy.POSTGRES:
+            return {"claim_lease": lease}
+        now = datetime.now(UTC)
+        return {"claim_now": now, "claim_until": now + lease}
 
     # -- claim --------------------------------------------------------------------------
 
@@ -187,17 +201,23 @@ class WorkQueue:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         token = uuid.uuid4().hex
+        params = {
+            "claim_limit": limit,
+            "claim_worker": worker,
+            "claim_token": token,
+            **self._time_params(self.lease),
+        }
         if self.strategy is Strategy.POSTGRES:
-            rows = self._claim_postgres(worker, token, limit)
+            with self._autocommit.connect() as conn:
+                rows = conn.execute(self._claim_stmt, params).mappings().all()
         elif self.strategy is Strategy.SQLITE:
-            rows = self._claim_sqlite(worker, token, limit)
+            with self.engine.begin() as conn:
+                rows = conn.execute(self._claim_stmt, params).mappings().all()
         else:
-            rows = self._claim_portable(worker, token, limit)
+            rows = self._claim_portable(params)
         return Claim(self.spec.name, worker, token, self.spec.sort(rows))
 
-    def _candidates(
-        self, now: sa.ColumnElement[datetime], limit: int, *, lock: bool
-    ) -> tuple[sa.Select[Any], sa.Select[Any]]:
+    def _candidates(self, *, lock: bool) -> tuple[sa.Select[Any], sa.Select[Any]]:
         """The two branches of a claim: leases that expired, and rows never leased.
 
         Two selects joined by UNION ALL rather than one ``OR`` across both states, so
@@ -205,6 +225,8 @@ class WorkQueue:
         work has waited longest (its worker most likely crashed).
         """
         t, spec = self.spec.table, self.spec
+        now = self.now()
+        limit = sa.bindparam("claim_limit", type_=sa.Integer())
         ready = [spec.ready(now)] if spec.ready is not None else []
         expired = (
             sa.select(t.c.id)
@@ -223,123 +245,158 @@ class WorkQueue:
             free = free.with_for_update(skip_locked=True)
         return expired, free
 
-    def _lease_values(self, worker: str, token: str, now: Any) -> dict[str, Any]:
+    def _chosen_ids(self) -> sa.CompoundSelect[Any]:
+        """``<expired> UNION ALL <free> LIMIT n`` for the dialects without row locks."""
+        expired, free = self._candidates(lock=False)
+        expired_sq, free_sq = expired.subquery(), free.subquery()
+        return sa.union_all(sa.select(expired_sq.c.id), sa.select(free_sq.c.id)).limit(
+            sa.bindparam("claim_limit", type_=sa.Integer())
+        )
+
+    def _lease_values(self) -> dict[str, Any]:
         return {
-            "locked_until": self._lease_until(now, self.lease),
-            "claimed_by": worker,
-            "claim_token": token,
+            "locked_until": self._lease_until(),
+            "claimed_by": sa.bindparam("claim_worker", type_=sa.Text()),
+            "claim_token": sa.bindparam("claim_token", type_=sa.String()),
         }
 
-    def _claim_postgres(self, worker: str, token: str, limit: int) -> list[RowMapping]:
-        # WITH expired AS MATERIALIZED (... FOR UPDATE SKIP LOCKED),
-        #      free AS MATERIALIZED (... FOR UPDATE SKIP LOCKED),
-        #      c AS MATERIALIZED (SELECT id FROM expired UNION ALL SELECT id FROM free LIMIT n)
-        # UPDATE t SET <lease> FROM c WHERE t.id = c.id RETURNING t.*
-        # MATERIALIZED keeps each CTE evaluated exactly once; the design forbids the
-        # "WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)" form, which the planner may
-        # evaluate more than once and so claim more than n rows. The outer LIMIT stops
-        # pulling (and locking) rows once n are found.
+    def _build_claim(self) -> sa.Executable:
         t = self.spec.table
-        now = self.now()
-        expired, free = self._candidates(now, limit, lock=True)
-        expired_cte = expired.cte("expired").prefix_with("MATERIALIZED")
-        free_cte = free.cte("free").prefix_with("MATERIALIZED")
-        chosen = (
-            sa.union_all(sa.select(expired_cte.c.id), sa.select(free_cte.c.id))
-            .limit(limit)
-            .cte("c")
-            .prefix_with("MATERIALIZED")
-        )
-        stmt = (
+        if self.strategy is Strategy.POSTGRES:
+            # WITH expired AS MATERIALIZED (... FOR UPDATE SKIP LOCKED),
+            #      free AS MATERIALIZED (... FOR UPDATE SKIP LOCKED),
+            #      c AS MATERIALIZED (SELECT id FROM expired UNION ALL SELECT id FROM free LIMIT n)
+            # UPDATE t SET <lease> FROM c WHERE t.id = c.id RETURNING t.*
+            # MATERIALIZED keeps each CTE evaluated exactly once; the design forbids the
+            # "WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)" form, which the planner
+            # may evaluate more than once and so claim more than n rows. The outer LIMIT
+            # stops pulling (and locking) rows once n are found.
+            expired, free = self._candidates(lock=True)
+            expired_cte = expired.cte("expired").prefix_with("MATERIALIZED")
+            free_cte = free.cte("free").prefix_with("MATERIALIZED")
+            chosen = (
+                sa.union_all(sa.select(expired_cte.c.id), sa.select(free_cte.c.id))
+                .limit(sa.bindparam("claim_limit", type_=sa.Integer()))
+                .cte("c")
+                .prefix_with("MATERIALIZED")
+            )
+            return (
+                sa.update(t)
+                .where(t.c.id == chosen.c.id)
+                .values(self._lease_values())
+                .returning(*t.c)
+            )
+        if self.strategy is Strategy.SQLITE:
+            # UPDATE t SET <lease> WHERE id IN (<expired> UNION ALL <free> LIMIT n)
+            # RETURNING *, inside BEGIN IMMEDIATE (pipeline/db.py begins every SQLite
+            # transaction so): SQLite serialises writers, so no row is claimed twice.
+            return (
+                sa.update(t)
+                .where(t.c.id.in_(self._chosen_ids()))
+                .values(self._lease_values())
+                .returning(*t.c)
+            )
+        # Portable: take one candidate with an UPDATE that re-checks the criteria and
+        # the lease, so a row another worker took in between is skipped (rowcount 0).
+        ready = [self.spec.ready(self.now())] if self.spec.ready is not None else []
+        return (
             sa.update(t)
-            .where(t.c.id == chosen.c.id)
-            .values(self._lease_values(worker, token, now))
-            .returning(*t.c)
+            .where(
+                t.c.id == sa.bindparam("claim_id"),
+                self.spec.pending,
+                sa.or_(t.c.locked_until.is_(None), t.c.locked_until <= self.now()),
+                *ready,
+            )
+            .values(self._lease_values())
         )
-        with self._autocommit.connect() as conn:
-            return list(conn.execute(stmt).mappings())
 
-    def _claim_sqlite(self, worker: str, token: str, limit: int) -> list[RowMapping]:
-        # UPDATE t SET <lease> WHERE id IN (<expired> UNION ALL <free> LIMIT n) RETURNING *,
-        # inside BEGIN IMMEDIATE (pipeline/db.py begins every SQLite transaction so):
-        # SQLite serialises writers, so two workers cannot claim one row.
+    def _claim_portable(self, params: dict[str, Any]) -> Sequence[RowMapping]:
+        # Correct on any SQL database, in 1 + N + 1 round trips: read candidates, take
+        # each with the guarded UPDATE of _build_claim, read back the rows taken.
         t = self.spec.table
-        now = self.now()
-        expired, free = self._candidates(now, limit, lock=False)
-        expired_sq, free_sq = expired.subquery(), free.subquery()
-        chosen = sa.union_all(sa.select(expired_sq.c.id), sa.select(free_sq.c.id)).limit(limit)
-        stmt = (
-            sa.update(t)
-            .where(t.c.id.in_(chosen))
-            .values(self._lease_values(worker, token, now))
-            .returning(*t.c)
-        )
-        with self.engine.begin() as conn:
-            return list(conn.execute(stmt).mappings())
-
-    def _claim_portable(self, worker: str, token: str, limit: int) -> list[RowMapping]:
-        # Correct on any SQL database, in 1 + N + 1 round trips: read candidates, then
-        # take each with an UPDATE that re-checks the criteria and the lease, so a row
-        # another worker took in between is skipped (rowcount 0).
-        t, spec = self.spec.table, self.spec
-        now = self.now()
-        expired, free = self._candidates(now, limit, lock=False)
-        expired_sq, free_sq = expired.subquery(), free.subquery()
-        chosen = sa.union_all(sa.select(expired_sq.c.id), sa.select(free_sq.c.id)).limit(limit)
-        ready = [spec.ready(now)] if spec.ready is not None else []
         taken: list[int] = []
         with self._autocommit.connect() as conn:
-            candidates = list(conn.execute(chosen).scalars())
+            candidates = list(conn.execute(self._chosen_ids(), params).scalars())
             for row_id in candidates:
-                guarded = (
-                    sa.update(t)
-                    .where(
-                        t.c.id == row_id,
-                        spec.pending,
-                        sa.or_(t.c.locked_until.is_(None), t.c.locked_until <= now),
-                        *ready,
-                    )
-                    .values(self._lease_values(worker, token, now))
-                )
-                if conn.execute(guarded).rowcount == 1:
+                if conn.execute(self._claim_stmt, {**params, "claim_id": row_id}).rowcount == 1:
                     taken.append(row_id)
             if not taken:
                 return []
-            return list(conn.execute(sa.select(t).where(t.c.id.in_(taken))).mappings())
+            return conn.execute(sa.select(t).where(t.c.id.in_(taken))).mappings().all()
 
     # -- fenced writes ------------------------------------------------------------------
 
-    def _ids_match(self, ids: Sequence[int]) -> Predicate:
-        t = self.spec.table
-        if self.strategy is Strategy.POSTGRES:
-            # One bound array, so the statement text (and its plan) is the same for
-            # every batch size.
-            return t.c.id == sa.any_(sa.literal(list(ids), postgresql.ARRAY(sa.BigInteger())))
-        return t.c.id.in_(list(ids))
+    def _fenced_statement(self, columns: tuple[str, ...], *, extend: bool = False) -> sa.Update:
+        """``UPDATE t SET ... WHERE id IN <ids> AND token AND worker RETURNING id``.
 
-    def _fenced_update(
+        One statement for the whole batch: ``= ANY(:ids)`` with one bound array on
+        PostgreSQL (the same text, and plan, for every batch size), an expanding ``IN``
+        elsewhere. Completion and release set ``columns`` and clear the lease; extension
+        moves ``locked_until`` only. Built once per kind.
+        """
+        key = (*columns, "+extend") if extend else columns
+        stmt = self._fenced.get(key)
+        if stmt is None:
+            t = self.spec.table
+            if self.strategy is Strategy.POSTGRES:
+                array = postgresql.ARRAY(sa.BigInteger())
+                ids = t.c.id == sa.any_(sa.bindparam("ids", type_=array))
+            else:
+                ids = t.c.id.in_(sa.bindparam("ids", expanding=True))
+            values: dict[str, Any]
+            if extend:
+                values = {"locked_until": self._lease_until()}
+            else:
+                values = {name: sa.bindparam(f"set_{name}", type_=t.c[name].type) for name in columns}
+                values.update(locked_until=None, claimed_by=None, claim_token=None)
+            stmt = (
+                sa.update(t)
+                .where(
+                    ids,
+                    t.c.claim_token == sa.bindparam("fence_token"),
+                    t.c.claimed_by == sa.bindparam("fence_worker"),
+                )
+                .values(values)
+                .returning(t.c.id)
+            )
+            self._fenced[key] = stmt
+        return stmt
+
+    def _finish(
         self,
-        conn: Connection,
+        conn: Connection | None,
         claim: Claim,
         ids: Sequence[int] | None,
         values: Mapping[str, Any],
         action: str,
     ) -> Fenced:
-        t = self.spec.table
+        if "locked_until" in values or "claim_token" in values:
+            raise ValueError(f"the {action} clears the lease itself; do not set claim columns")
+        if all(not isinstance(v, sa.ClauseElement) for v in values.values()):
+            stmt = self._fenced_statement(tuple(sorted(values)))
+            params = {f"set_{name}": value for name, value in values.items()}
+        else:  # a SQL expression among the values: this statement is built as given
+            stmt, params = self._fenced_statement(()).values(dict(values)), {}
+        return self._run_fenced(conn, claim, ids, stmt, params, action)
+
+    def _run_fenced(
+        self,
+        conn: Connection | None,
+        claim: Claim,
+        ids: Sequence[int] | None,
+        stmt: sa.Update,
+        params: dict[str, Any],
+        action: str,
+    ) -> Fenced:
         wanted = list(claim.ids if ids is None else ids)
         if not wanted:
             return Fenced(done=[])
-        stmt = (
-            sa.update(t)
-            .where(
-                self._ids_match(wanted),
-                t.c.claim_token == claim.token,
-                t.c.claimed_by == claim.worker,
-            )
-            .values(dict(values))
-            .returning(t.c.id)
-        )
-        done = list(conn.execute(stmt).scalars())
+        params = {**params, "ids": wanted, "fence_token": claim.token, "fence_worker": claim.worker}
+        if conn is not None:
+            done = conn.execute(stmt, params).scalars().all()
+        else:
+            with self.engine.begin() as own:
+                done = own.execute(stmt, params).scalars().all()
         lost = sorted(set(wanted) - set(done))
         if lost:
             log.warning(
@@ -354,21 +411,6 @@ class WorkQueue:
                 lost[:20],
             )
         return Fenced(done=sorted(done), lost=lost)
-
-    def _run_fenced(
-        self,
-        conn: Connection | None,
-        claim: Claim,
-        ids: Sequence[int] | None,
-        values: Mapping[str, Any],
-        action: str,
-    ) -> Fenced:
-        if conn is not None:
-            return self._fenced_update(conn, claim, ids, values, action)
-        with self.engine.begin() as own:
-            return self._fenced_update(own, claim, ids, values, action)
-
-    _CLEAR = {"locked_until": None, "claimed_by": None, "claim_token": None}
 
     def complete(
         self,
@@ -385,7 +427,7 @@ class WorkQueue:
         results, and write results only for ``Fenced.done``: rows in ``Fenced.lost``
         belong to another worker now.
         """
-        return self._run_fenced(conn, claim, ids, {**values, **self._CLEAR}, "completion")
+        return self._finish(conn, claim, ids, values, "completion")
 
     def release(
         self,
@@ -396,7 +438,7 @@ class WorkQueue:
         conn: Connection | None = None,
     ) -> Fenced:
         """Give claimed rows back unfinished; they are claimable again at once."""
-        return self._run_fenced(conn, claim, ids, {**(values or {}), **self._CLEAR}, "release")
+        return self._finish(conn, claim, ids, values or {}, "release")
 
     def extend(
         self,
@@ -408,5 +450,5 @@ class WorkQueue:
     ) -> Fenced:
         """Push the lease of still-owned rows to now + ``seconds`` (default: the lease)."""
         lease = self.lease if seconds is None else timedelta(seconds=seconds)
-        until = self._lease_until(self.now(), lease)
-        return self._run_fenced(conn, claim, ids, {"locked_until": until}, "lease extension")
+        stmt = self._fenced_statement((), extend=True)
+        return self._run_fenced(conn, claim, ids, stmt, self._time_params(lease), "lease extension")

@@ -6,13 +6,14 @@ fails when the two drift. Names are public: see ../shared/DESIGN.md ("Schema").
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 
+_ZERO = timedelta(0)
 SOURCE_TYPES = ("rss", "http", "youtube")
 NOTIFICATION_STATUSES = ("pending", "sent", "failed", "dead")
 MIN_FETCH_INTERVAL_MINUTES = 1
@@ -55,6 +56,8 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
             value = datetime.fromisoformat(value)
         if value.tzinfo is None:
             return value.replace(tzinfo=UTC)
+        if value.utcoffset() == _ZERO:  # already UTC (the session time zone): the hot path
+            return value
         return value.astimezone(UTC)
 
 
