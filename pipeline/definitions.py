@@ -1,0 +1,17 @@
+"""The one ``dg.Definitions`` of the project, loaded by workspace.yaml."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from assets import ASSET_CHECKS, ASSETS
+from resources import PipelineDatabase
+from sensors import SCHEDULES, SENSORS
+
+defs = dg.Definitions(
+    assets=ASSETS,
+    asset_checks=ASSET_CHECKS,
+    sensors=SENSORS,
+    schedules=SCHEDULES,
+    resources={"database": PipelineDatabase()},
+)
