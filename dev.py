@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Set up and run the project with nothing but Python 3.11+ and the package index.
+
+    python3 dev.py up      # the Dagster UI and daemon on the embedded default (SQLite)
+    python3 dev.py test    # the test suite (TEST_DATABASE_URL, else a throwaway PostgreSQL)
+
+Both create .venv/ on first use and reinstall the project when pyproject.toml changes.
+Extra arguments go to pytest (``test``) or to ``dagster dev`` (``up``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+STATE = ROOT / ".state"
+
+
+def say(message: str) -> None:
+    print(f"dev.py: {message}", flush=True)
+
+
+def ensure_venv(extras: str) -> None:
+    """Create .venv and install the project (editable) with ``extras`` when needed."""
+    if sys.version_info < (3, 11):
+        sys.exit(f"dev.py: Python 3.11 or newer is needed, this is {sys.version.split()[0]}")
+    if not (BIN / "python").exists():
+        say(f"creating {VENV.relative_to(ROOT)}/")
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
+    stamp = VENV / f".installed-{extras or 'base'}-{digest}"
+    if stamp.exists():
+        return
+    target = f".[{extras}]" if extras else "."
+    say(f"installing the project and its dependencies ({target}); the first time takes a few minutes")
+    subprocess.run(
+        [str(BIN / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+         "-e", target],
+        cwd=ROOT,
+        check=True,
+    )
+    for old in VENV.glob(f".installed-{extras or 'base'}-*"):
+        old.unlink()
+    stamp.touch()
+
+
+def run(argv: list[str], env: dict[str, str] | None = None) -> int:
+    try:
+        return subprocess.run(argv, cwd=ROOT, env=env).returncode
+    except KeyboardInterrupt:
+        return 130
+
+
+def test(args: list[str]) -> int:
+    ensure_venv("test")
+    code = run([str(BIN / "python"), "-m", "pytest", *args])
+    if code == 5:  # pytest ran nothing: never a pass
+        say("pytest collected no tests")
+        return 1
+    return code
+
+
+def up(args: list[str]) -> int:
+    ensure_venv("")
+    env = dict(os.environ)
+    dagster_home = Path(env.setdefault("DAGSTER_HOME", str(STATE / "dagster")))
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    config = dagster_home / "dagster.yaml"
+    if not config.exists():
+        config.write_text("telemetry:\n  enabled: false\n")
+    code = run([str(BIN / "pipeline"), "db", "upgrade"], env=env)
+    if code != 0:
+        return code
+    say("starting the Dagster UI on http://127.0.0.1:3000 (Ctrl-C stops it)")
+    return run(
+        [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", "3000", *args],
+        env=env,
+    )
+
+
+def main() -> int:
+    commands = {"test": test, "up": up}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    return commands[sys.argv[1]](sys.argv[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
