@@ -135,14 +135,33 @@ listings_raw = sa.Table(
     sa.Column("source_item_id", sa.Text(), nullable=False),
     sa.Column("url", sa.Text(), nullable=False),
     sa.Column("raw_json", JSONType, nullable=False),
-    # Hash of raw_json: an unchanged item is not stored twice, a changed one is.
-    sa.Column("content_hash", sa.String(64), nullable=False),
+    sa.Column("content_hash", sa.String(64), nullable=False),  # hash of raw_json
     sa.Column("fetched_at", UTCDateTime(), nullable=False, server_default=_now()),
     sa.Column("processed_at", UTCDateTime()),  # NULL = not yet processed
     sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),
     sa.Column("last_error", sa.Text()),
     *_claim_columns(),
-    sa.UniqueConstraint("source_id", "source_item_id", "content_hash"),
+    # No unique key here: every index on a queue table is written on each claim and
+    # completion (neither is a HOT update), so dedupe lives in source_items below.
+    # Deleting a source seq-scans this table (no index on source_id), a rare admin act.
+)
+
+# The newest content hash of every item a source has yielded. The collector upserts it
+# and inserts a raw row only for items that are new or changed, so an unchanged item is
+# never stored twice, even after processed raw rows have been deleted by retention.
+source_items = sa.Table(
+    "source_items",
+    metadata,
+    sa.Column(
+        "source_id",
+        IdType,
+        sa.ForeignKey("sources.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("source_item_id", sa.Text(), primary_key=True),
+    sa.Column("content_hash", sa.String(64), nullable=False),
+    sa.Column("first_seen_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.Column("changed_at", UTCDateTime(), nullable=False, server_default=_now()),
 )
 
 listings = sa.Table(

@@ -1,5 +1,5 @@
-"""The initial schema: sources, raw listings, listings, users, filters, notifications,
-telemetry and worker state, with the claim columns and partial indexes of each queue.
+"""The initial schema: sources, raw listings and the items seen, listings, users, filters,
+notifications, telemetry and worker state, with the claim columns and partial indexes of each queue.
 
 Revision ID: 0001
 Revises:
@@ -106,15 +106,22 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(
             ["source_id"], ["sources.id"], name="fk_listings_raw_source_id_sources", ondelete="CASCADE"
         ),
-        sa.UniqueConstraint(
-            "source_id",
-            "source_item_id",
-            "content_hash",
-            name="uq_listings_raw_source_id_source_item_id_content_hash",
-        ),
     )
     _queue_indexes(
         "listings_raw", "unprocessed", ["fetched_at", "id"], "processed_at IS NULL", "processed_at IS NULL"
+    )
+
+    op.create_table(
+        "source_items",
+        sa.Column("source_id", ID, nullable=False),
+        sa.Column("source_item_id", sa.Text(), nullable=False),
+        sa.Column("content_hash", sa.String(64), nullable=False),
+        sa.Column("first_seen_at", TS, nullable=False, server_default=NOW),
+        sa.Column("changed_at", TS, nullable=False, server_default=NOW),
+        sa.PrimaryKeyConstraint("source_id", "source_item_id", name="pk_source_items"),
+        sa.ForeignKeyConstraint(
+            ["source_id"], ["sources.id"], name="fk_source_items_source_id_sources", ondelete="CASCADE"
+        ),
     )
 
     op.create_table(
@@ -259,6 +266,7 @@ def downgrade() -> None:
         "filters",
         "users",
         "listings",
+        "source_items",
         "listings_raw",
         "sources",
     ):
