@@ -168,8 +168,12 @@ class WorkQueue:
         self.spec = spec
         self.lease = timedelta(seconds=lease_seconds)
         self.strategy = strategy or strategy_for(engine.dialect.name)
-        # Claims run as one short statement each, outside any caller's transaction.
+        # A claim, and a fenced write the caller does not put in its own transaction,
+        # is one statement: atomic by itself, so on PostgreSQL it runs in autocommit
+        # (one round trip, no BEGIN/COMMIT). SQLite keeps BEGIN IMMEDIATE: there, a
+        # write that starts as a read can fail on a busy snapshot without waiting.
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._one_statement = engine if self.strategy is Strategy.SQLITE else self._autocommit
         self._time_type = spec.table.c.locked_until.type
         self._claim_stmt = self._build_claim()
         self._fenced: dict[tuple[str, ...], sa.Update] = {}
@@ -207,14 +211,11 @@ class WorkQueue:
             "claim_token": token,
             **self._time_params(self.lease),
         }
-        if self.strategy is Strategy.POSTGRES:
-            with self._autocommit.connect() as conn:
-                rows = conn.execute(self._claim_stmt, params).mappings().all()
-        elif self.strategy is Strategy.SQLITE:
-            with self.engine.begin() as conn:
-                rows = conn.execute(self._claim_stmt, params).mappings().all()
-        else:
+        if self.strategy is Strategy.PORTABLE:
             rows = self._claim_portable(params)
+        else:
+            with self._one_statement.begin() as conn:
+                rows = conn.execute(self._claim_stmt, params).mappings().all()
         return Claim(self.spec.name, worker, token, self.spec.sort(rows))
 
     def _candidates(self, *, lock: bool) -> tuple[sa.Select[Any], sa.Select[Any]]:
@@ -241,8 +242,10 @@ class WorkQueue:
             .limit(limit)
         )
         if lock:
-            expired = expired.with_for_update(skip_locked=True)
-            free = free.with_for_update(skip_locked=True)
+            # FOR NO KEY UPDATE: the claim never changes a key, so rows that reference
+            # a claimed row (their foreign-key checks take KEY SHARE) are not blocked.
+            expired = expired.with_for_update(skip_locked=True, key_share=True)
+            free = free.with_for_update(skip_locked=True, key_share=True)
         return expired, free
 
     def _chosen_ids(self) -> sa.CompoundSelect[Any]:
@@ -263,8 +266,8 @@ class WorkQueue:
     def _build_claim(self) -> sa.Executable:
         t = self.spec.table
         if self.strategy is Strategy.POSTGRES:
-            # WITH expired AS MATERIALIZED (... FOR UPDATE SKIP LOCKED),
-            #      free AS MATERIALIZED (... FOR UPDATE SKIP LOCKED),
+            # WITH expired AS MATERIALIZED (... FOR NO KEY UPDATE SKIP LOCKED),
+            #      free AS MATERIALIZED (... FOR NO KEY UPDATE SKIP LOCKED),
             #      c AS MATERIALIZED (SELECT id FROM expired UNION ALL SELECT id FROM free LIMIT n)
             # UPDATE t SET <lease> FROM c WHERE t.id = c.id RETURNING t.*
             # MATERIALIZED keeps each CTE evaluated exactly once; the design forbids the
@@ -395,7 +398,7 @@ class WorkQueue:
         if conn is not None:
             done = conn.execute(stmt, params).scalars().all()
         else:
-            with self.engine.begin() as own:
+            with self._one_statement.begin() as own:
                 done = own.execute(stmt, params).scalars().all()
         lost = sorted(set(wanted) - set(done))
         if lost:

@@ -218,7 +218,7 @@ def test_postgres_claim_is_one_round_trip(pg_engine):
         sa.event.remove(engine, "before_cursor_execute", listener)
     assert len(claim) == 5
     assert len(statements) == 1
-    assert "FOR UPDATE SKIP LOCKED" in statements[0] and "RETURNING" in statements[0]
+    assert "FOR NO KEY UPDATE SKIP LOCKED" in statements[0] and "RETURNING" in statements[0]
     assert " IN (SELECT" not in statements[0].upper()
 
 
