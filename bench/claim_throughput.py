@@ -1,7 +1,8 @@
 """Claim-and-complete throughput of pipeline/claim.py on PostgreSQL, beside two baselines.
 
 For 1, 4 and 8 worker processes and batch sizes 1, 10 and 100, each system drains the
-same number of queued rows; the figure is rows (or jobs) per second of wall time.
+same number of queued rows; the figure is rows (or jobs) per second of wall time, the
+median of --repeat runs (3 by default), the systems taking turns.
 
 * project  -- ``WorkQueue.claim`` + ``WorkQueue.complete`` (SQLAlchemy Core, psycopg 3).
 * raw      -- the ceiling: the same CTE claim and batch completion, hand-written SQL sent
@@ -23,6 +24,7 @@ import argparse
 import asyncio
 import multiprocessing
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -46,11 +48,11 @@ RAW_CLAIM = """
 WITH expired AS MATERIALIZED (
     SELECT id FROM listings_raw
     WHERE processed_at IS NULL AND locked_until IS NOT NULL AND locked_until <= now()
-    ORDER BY locked_until LIMIT %(n)s FOR UPDATE SKIP LOCKED),
+    ORDER BY locked_until LIMIT %(n)s FOR NO KEY UPDATE SKIP LOCKED),
 free AS MATERIALIZED (
     SELECT id FROM listings_raw
     WHERE processed_at IS NULL AND locked_until IS NULL
-    ORDER BY fetched_at, id LIMIT %(n)s FOR UPDATE SKIP LOCKED),
+    ORDER BY fetched_at, id LIMIT %(n)s FOR NO KEY UPDATE SKIP LOCKED),
 c AS MATERIALIZED (
     SELECT id FROM expired UNION ALL SELECT id FROM free LIMIT %(n)s)
 UPDATE listings_raw t
@@ -95,9 +97,8 @@ def raw_worker(url: str, worker: str, batch: int, start_at: float) -> tuple[int,
             ids = [row[0] for row in conn.execute(RAW_CLAIM, params)]
             if not ids:
                 break
-            with conn.transaction():
-                completed = conn.execute(RAW_COMPLETE, {"ids": ids, "token": token, "worker": worker})
-                done += len(completed.fetchall())
+            completed = conn.execute(RAW_COMPLETE, {"ids": ids, "token": token, "worker": worker})
+            done += len(completed.fetchall())
     return done, time.time()
 
 
@@ -202,6 +203,7 @@ def main() -> int:
     parser.add_argument("--workers", default="1,4,8")
     parser.add_argument("--batches", default="1,10,100")
     parser.add_argument("--skip-pgqueuer", action="store_true")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is shown")
     args = parser.parse_args()
 
     server = db.parse_url(args.database_url)
@@ -231,25 +233,33 @@ def main() -> int:
         header += f" {'pgqueuer':>9} {'proj/pgq':>8}"
     print(header + "   (rows/s)")
 
+    systems: list[tuple[str, Callable[..., tuple[int, float]], str]] = [
+        ("project", project_worker, sa_url),
+        ("raw", raw_worker, driver_url),
+    ]
+    if with_pgqueuer:
+        systems.append(("pgqueuer", pgqueuer_worker, driver_url))
     for workers in [int(w) for w in args.workers.split(",")]:
         for batch in [int(b) for b in args.batches.split(",")]:
             rows = ROWS_FOR_BATCH.get(batch, 20_000)
-            rates = {}
-            for name, target in (("project", project_worker), ("raw", raw_worker)):
-                fill_raw(engine, source_id, rows)
-                conn_url = sa_url if name == "project" else driver_url
-                done, elapsed = run_workers(target, conn_url, workers, batch)
-                assert done == rows, f"{name}: {done} of {rows} rows completed"
-                rates[name] = done / elapsed
+            samples: dict[str, list[float]] = {name: [] for name, _, _ in systems}
+            # Interleaved repeats, median kept: this machine's noise is larger than
+            # the differences of interest (the same run varies by +-20%).
+            for _ in range(args.repeat):
+                for name, target, conn_url in systems:
+                    if name == "pgqueuer":
+                        fill_pgqueuer(driver_url, rows)
+                    else:
+                        fill_raw(engine, source_id, rows)
+                    done, elapsed = run_workers(target, conn_url, workers, batch)
+                    assert done == rows, f"{name}: {done} of {rows} rows completed"
+                    samples[name].append(done / elapsed)
+            rates = {name: statistics.median(values) for name, values in samples.items()}
             line = (
                 f"{workers:>7} {batch:>5} {rows:>7} {rates['project']:>9.0f} {rates['raw']:>9.0f}"
                 f" {rates['project'] / rates['raw']:>8.2f}"
             )
             if with_pgqueuer:
-                fill_pgqueuer(driver_url, rows)
-                done, elapsed = run_workers(pgqueuer_worker, driver_url, workers, batch)
-                assert done == rows, f"pgqueuer: {done} of {rows} jobs completed"
-                rates["pgqueuer"] = done / elapsed
                 line += f" {rates['pgqueuer']:>9.0f} {rates['project'] / rates['pgqueuer']:>8.2f}"
             print(line, flush=True)
 
