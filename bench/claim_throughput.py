@@ -36,8 +36,8 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline import db, schema  # noqa: E402
-from pipeline.claim import WorkQueue  # noqa: E402
+from pipeline import db, schema
+from pipeline.claim import WorkQueue
 
 DB_NAME = "bench_claim"
 ROWS_FOR_BATCH = {1: 4_000, 10: 20_000, 100: 100_000}
@@ -116,7 +116,7 @@ def pgqueuer_worker(url: str, worker: str, batch: int, start_at: float) -> tuple
         qm = QueueManager(Queries(AsyncpgDriver(conn)))
 
         @qm.entrypoint("bench")
-        async def handle(job) -> None:  # noqa: ANN001
+        async def handle(job) -> None:
             nonlocal done
             done += 1
 

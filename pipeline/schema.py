@@ -52,13 +52,13 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
-        if isinstance(value, str):  # raw SQLite text, e.g. from a text() query
-            value = datetime.fromisoformat(value)
-        if value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        if value.utcoffset() == _ZERO:  # already UTC (the session time zone): the hot path
-            return value
-        return value.astimezone(UTC)
+        # A str is raw SQLite text, e.g. from a text() query.
+        stamp: datetime = datetime.fromisoformat(value) if isinstance(value, str) else value
+        if stamp.tzinfo is None:
+            return stamp.replace(tzinfo=UTC)
+        if stamp.utcoffset() == _ZERO:  # already UTC (the session time zone): the hot path
+            return stamp
+        return stamp.astimezone(UTC)
 
 
 # JSONB on PostgreSQL (indexable, compact); JSON text elsewhere.
@@ -78,6 +78,13 @@ def _claim_columns() -> list[sa.Column[Any]]:
         sa.Column("claimed_by", sa.Text()),
         sa.Column("claim_token", sa.String(36)),
     ]
+
+
+def _source_id() -> sa.Column[Any]:
+    """The owning source; rows go when their source is deleted."""
+    return sa.Column(
+        "source_id", IdType, sa.ForeignKey("sources.id", ondelete="CASCADE"), nullable=False
+    )
 
 
 def _now() -> sa.TextClause:
@@ -126,12 +133,7 @@ listings_raw = sa.Table(
     "listings_raw",
     metadata,
     _id(),
-    sa.Column(
-        "source_id",
-        IdType,
-        sa.ForeignKey("sources.id", ondelete="CASCADE"),
-        nullable=False,
-    ),
+    _source_id(),
     sa.Column("source_item_id", sa.Text(), nullable=False),
     sa.Column("url", sa.Text(), nullable=False),
     sa.Column("raw_json", JSONType, nullable=False),
@@ -168,12 +170,7 @@ listings = sa.Table(
     "listings",
     metadata,
     _id(),
-    sa.Column(
-        "source_id",
-        IdType,
-        sa.ForeignKey("sources.id", ondelete="CASCADE"),
-        nullable=False,
-    ),
+    _source_id(),
     sa.Column("source_item_id", sa.Text(), nullable=False),
     sa.Column("url", sa.Text(), nullable=False),
     sa.Column("title", sa.Text(), nullable=False, server_default=sa.text("''")),
@@ -290,7 +287,7 @@ def _attempt_due(now: sa.ColumnElement[datetime]) -> sa.ColumnElement[bool]:
 
 
 # Imported here, not at the top: claim.py is generic and must not depend on this module.
-from pipeline.claim import OrderTerm, QueueSpec  # noqa: E402
+from pipeline.claim import OrderTerm, QueueSpec
 
 # Due sources, highest priority first, never-fetched first, then longest overdue. The free
 # index ranges over next_fetch_at, so a claim costs in proportion to the sources that are

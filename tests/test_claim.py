@@ -210,7 +210,7 @@ def test_postgres_claim_is_one_round_trip(pg_engine):
     queue = raw_queue(engine, Strategy.POSTGRES)
     queue.claim("warm-up", 1)  # first use may check the connection
     statements: list[str] = []
-    listener = lambda *args: statements.append(args[2])  # noqa: E731
+    listener = lambda *args: statements.append(args[2])
     sa.event.listen(engine, "before_cursor_execute", listener)
     try:
         claim = queue.claim("a", 5)

@@ -23,6 +23,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,
     )
 
 
