@@ -52,10 +52,14 @@ def ensure_venv(extras: str) -> None:
 
 
 def run(argv: list[str], env: dict[str, str] | None = None) -> int:
-    try:
-        return subprocess.run(argv, cwd=ROOT, env=env, check=False).returncode
-    except KeyboardInterrupt:
-        return 130
+    process = subprocess.Popen(argv, cwd=ROOT, env=env)
+    while True:
+        try:
+            return process.wait()
+        except KeyboardInterrupt:
+            # The terminal sent Ctrl-C to the child as well: let it shut down cleanly
+            # (subprocess.run would kill it a quarter of a second later).
+            continue
 
 
 def test(args: list[str]) -> int:
