@@ -70,6 +70,17 @@ def _configure_sqlite(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def _configure_postgres(engine: Engine) -> None:
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Every timestamp is UTC (DESIGN.md "Databases"): timestamptz values then come
+        # back from the driver already in UTC, whatever the server's default zone.
+        autocommit = dbapi_conn.autocommit
+        dbapi_conn.autocommit = True
+        dbapi_conn.execute("SET TIME ZONE 'UTC'")
+        dbapi_conn.autocommit = autocommit
+
+
 def create_engine(raw_url: str, **kwargs: Any) -> Engine:
     """An engine for DATABASE_URL; raises ConfigError for a URL it cannot use."""
     url = parse_url(raw_url)
@@ -97,6 +108,8 @@ def create_engine(raw_url: str, **kwargs: Any) -> Engine:
         raise ConfigError(f"DATABASE_URL {display_url(url)} needs a driver: {exc}") from None
     if backend == "sqlite":
         _configure_sqlite(engine)
+    if backend == "postgresql":
+        _configure_postgres(engine)
     return engine
 
 

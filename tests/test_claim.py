@@ -280,3 +280,19 @@ def test_every_queue_claims_and_completes(engine, strategy):
         )
         assert queue.complete(claim, values).done == claim.ids
         assert not queue.claim("w", 10), f"{spec.table.name}: completion left the queue"
+
+
+def test_claimed_timestamps_are_utc_whatever_the_server_zone(pg_engine):
+    engine = pg_engine
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        name = conn.exec_driver_sql("SELECT current_database()").scalar_one()
+        conn.exec_driver_sql(f"ALTER DATABASE {name} SET timezone = 'America/New_York'")
+    engine.dispose()  # new sessions pick up the database default
+    with engine.begin() as conn:
+        add_raw_rows(conn, add_source(conn), 1)
+        assert conn.exec_driver_sql("SHOW timezone").scalar_one() == "UTC"
+    claim = raw_queue(engine, Strategy.POSTGRES).claim("a", 1)
+    row = claim.rows[0]
+    for column in ("fetched_at", "locked_until"):
+        assert row[column].utcoffset() == timedelta(0), column
+    assert row["raw_json"] == {"title": "item 0"}
