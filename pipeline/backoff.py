@@ -1,0 +1,96 @@
+"""When a source is fetched next: the cadence and the backoff formula, as pure functions.
+
+No I/O and no clock: the caller passes ``now`` and a uniform random number, so every
+branch is testable exactly. The formula (documented with a worked example in
+docs/runbook.md, "Backoff"):
+
+    n        = consecutive failures, counting this one (1, 2, 3, ...)
+    base     = 5 min (transient) or 60 min (permanent: http_4xx, parse_error, ...)
+    cap      = 24 h (transient) or 7 days (permanent)
+    delay    = min(cap, base * 2 ** (n - 1)) * (1 + jitter * (2 * u - 1))    u in [0, 1)
+    retry_at = max(now + delay, Retry-After)          (Retry-After is a floor)
+    youtube_quota: retry_at = the next midnight in America/Los_Angeles (+ up to 5 min)
+    disable when a permanent failure is the `disable_after`-th (default 10) in a row
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, time, timedelta
+from zoneinfo import ZoneInfo
+
+from pipeline.failures import PERMANENT, FailureReason
+
+PACIFIC = ZoneInfo("America/Los_Angeles")  # YouTube's quota resets at midnight there
+
+
+@dataclass(frozen=True)
+class BackoffPolicy:
+    transient_base: timedelta = timedelta(minutes=5)
+    transient_cap: timedelta = timedelta(hours=24)
+    permanent_base: timedelta = timedelta(hours=1)
+    permanent_cap: timedelta = timedelta(days=7)
+    jitter: float = 0.2  # +-20%, so sources that failed together do not retry together
+    disable_after: int = 10  # permanent failures in a row
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.jitter < 1:
+            raise ValueError(f"jitter must be in [0, 1), got {self.jitter}")
+        if self.disable_after < 1:
+            raise ValueError(f"disable_after must be at least 1, got {self.disable_after}")
+
+
+@dataclass(frozen=True)
+class Retry:
+    """What to do with a source after a failed fetch."""
+
+    at: datetime  # the new next_fetch_at
+    disable: bool  # the source failed permanently too often: disable it
+
+    def minutes_after(self, now: datetime) -> float:
+        return (self.at - now).total_seconds() / 60
+
+
+def next_fetch_after_success(finished_at: datetime, interval_minutes: int) -> datetime:
+    """The cadence: the next fetch is one interval after this one finished."""
+    return finished_at + timedelta(minutes=interval_minutes)
+
+
+def next_quota_reset(now: datetime) -> datetime:
+    """The next midnight in America/Los_Angeles after ``now`` (an aware datetime)."""
+    local = now.astimezone(PACIFIC)
+    midnight = datetime.combine(local.date() + timedelta(days=1), time(0), tzinfo=PACIFIC)
+    return midnight.astimezone(now.tzinfo)
+
+
+def retry_after_failure(
+    reason: FailureReason,
+    consecutive_failures: int,
+    *,
+    now: datetime,
+    u: float,
+    retry_after: datetime | None = None,
+    policy: BackoffPolicy = BackoffPolicy(),
+) -> Retry:
+    """The backoff formula of the module docstring; ``u`` is uniform in [0, 1)."""
+    if consecutive_failures < 1:
+        raise ValueError(f"consecutive_failures counts this failure: >= 1, got {consecutive_failures}")
+    if not 0 <= u < 1:
+        raise ValueError(f"u must be in [0, 1), got {u}")
+    permanent = reason in PERMANENT
+    if reason is FailureReason.YOUTUBE_QUOTA:
+        at = next_quota_reset(now) + timedelta(minutes=5) * u
+    else:
+        base, cap = (
+            (policy.permanent_base, policy.permanent_cap)
+            if permanent
+            else (policy.transient_base, policy.transient_cap)
+        )
+        # Past the cap more doublings change nothing; bounding them keeps the
+        # timedelta arithmetic far from its limits after thousands of failures.
+        doublings = min(consecutive_failures - 1, 30)
+        delay = min(cap, base * 2**doublings) * (1 + policy.jitter * (2 * u - 1))
+        at = now + delay
+    if retry_after is not None and retry_after > at:
+        at = retry_after
+    return Retry(at=at, disable=permanent and consecutive_failures >= policy.disable_after)

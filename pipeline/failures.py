@@ -1,0 +1,59 @@
+"""The failure taxonomy of a fetch (DESIGN.md "Scheduling and backoff"), defined once.
+
+An adapter raises ``FetchError(reason, message)``; the collector maps it to the source's
+``last_failure_reason`` and to the backoff in ``pipeline/backoff.py``. Nothing else
+invents failure codes.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+
+class FailureReason(StrEnum):
+    NETWORK_ERROR = "network_error"  # DNS, refused, reset: the host or the path to it
+    TIMEOUT = "timeout"  # no answer within PIPELINE_HTTP_TIMEOUT_SECONDS
+    HTTP_4XX = "http_4xx"  # the server says the request is wrong (404, 410, 403, ...)
+    HTTP_5XX = "http_5xx"  # the server failed
+    RATE_LIMITED = "rate_limited"  # 429
+    YOUTUBE_QUOTA = "youtube_quota"  # the YouTube Data API's daily quota is spent
+    PARSE_ERROR = "parse_error"  # the body is not a feed / page the adapter can read
+    TOO_LARGE = "too_large"  # the body passed PIPELINE_MAX_RESPONSE_BYTES
+    BLOCKED_ADDRESS = "blocked_address"  # the SSRF guard refused the address
+    INVALID_CONFIG = "invalid_config"  # the source's own settings cannot work
+
+
+# Failures that say something about the source itself rather than about the moment:
+# retrying soon will not help, so they back off longer and can disable the source.
+PERMANENT = frozenset(
+    {
+        FailureReason.HTTP_4XX,
+        FailureReason.PARSE_ERROR,
+        FailureReason.TOO_LARGE,
+        FailureReason.BLOCKED_ADDRESS,
+        FailureReason.INVALID_CONFIG,
+    }
+)
+
+
+class FetchError(Exception):
+    """A fetch failed for ``reason``; ``retry_after`` is the server's floor, if it gave one."""
+
+    def __init__(
+        self,
+        reason: FailureReason,
+        message: str,
+        *,
+        http_status: int | None = None,
+        retry_after: datetime | None = None,
+    ) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+        self.http_status = http_status
+        self.retry_after = retry_after
+
+    @property
+    def permanent(self) -> bool:
+        return self.reason in PERMANENT
