@@ -276,7 +276,7 @@ class WorkQueue:
             "claim_token": sa.bindparam("claim_token", type_=sa.String()),
         }
 
-    def _build_claim(self) -> sa.Executable:
+    def _build_claim(self) -> sa.Update:
         t = self.spec.table
         if self.strategy is Strategy.POSTGRES:
             # WITH expired AS MATERIALIZED (... FOR NO KEY UPDATE SKIP LOCKED),

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 import sqlalchemy as sa
 
-from pipeline import db
+from pipeline import db, schema, sources
 from pipeline.errors import PipelineError
 from pipeline.settings import Settings
 from pipeline.status import collect_status, status_as_json, status_as_text
@@ -62,6 +63,91 @@ def db_current() -> None:
     engine = _engine(check=False)
     db.check_connection(engine)
     click.echo(f"database: {db.current_revision(engine) or 'none'}; code: {db.head_revision()}")
+
+
+@cli.group("sources")
+def sources_group() -> None:
+    """Add, import, list and steer the sources."""
+
+
+@sources_group.command("add")
+@click.argument("url")
+@click.option("--type", "source_type", type=click.Choice(schema.SOURCE_TYPES),
+              help="Adapter; default: youtube for YouTube URLs, channel ids and @handles, else rss.")
+@click.option("--name", help="Display name; default: the URL.")
+@click.option("--interval", type=int, default=schema.DEFAULT_FETCH_INTERVAL_MINUTES,
+              show_default=True, help="Minutes between fetches (1 to 10080).")
+@click.option("--category", help="A category recorded with the source.")
+def sources_add(
+    url: str, source_type: str | None, name: str | None, interval: int, category: str | None
+) -> None:
+    """Add a source and print its id."""
+    spec = sources.make_spec(
+        url, source_type=source_type, name=name, interval=interval, category=category
+    )
+    with _engine().begin() as conn:
+        click.echo(sources.add_source(conn, spec))
+
+
+@sources_group.command("import")
+@click.argument("file", type=click.Path(path_type=Path))
+def sources_import(file: Path) -> None:
+    """Add every source of an OPML, YAML or CSV FILE whose URL is new.
+
+    All entries are checked first: one bad entry rejects the whole file.
+    """
+    specs = sources.read_source_file(file)
+    with _engine().begin() as conn:
+        result = sources.import_sources(conn, specs)
+    click.echo(f"{result.added} added, {result.present} already present")
+
+
+@sources_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def sources_list(as_json: bool) -> None:
+    """Every source with its schedule and health."""
+    with _engine().connect() as conn:
+        rows = sources.list_sources(conn)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    for row in rows:
+        state = "enabled" if row["enabled"] else f"disabled ({row['disabled_reason']})"
+        failing = (
+            f", {row['consecutive_failures']} failures ({row['last_failure_reason']})"
+            if row["consecutive_failures"]
+            else ""
+        )
+        due = row["next_fetch_at"].isoformat() if row["next_fetch_at"] else "now"
+        click.echo(
+            f"{row['id']:>6}  {row['source_type']:<7} every {row['fetch_interval_minutes']} min,"
+            f" next {due}, {state}{failing}  {row['url']}"
+        )
+
+
+@sources_group.command("enable")
+@click.argument("source_id", type=int)
+def sources_enable(source_id: int) -> None:
+    """Enable a source, clear its failure streak and make it due now."""
+    with _engine().begin() as conn:
+        sources.enable_source(conn, source_id)
+
+
+@sources_group.command("disable")
+@click.argument("source_id", type=int)
+@click.option("--reason", default="disabled by an operator", show_default=True)
+def sources_disable(source_id: int, reason: str) -> None:
+    """Stop fetching a source."""
+    with _engine().begin() as conn:
+        sources.disable_source(conn, source_id, reason)
+
+
+@sources_group.command("refresh")
+@click.argument("source_id", type=int)
+def sources_refresh(source_id: int) -> None:
+    """Make a source due now."""
+    with _engine().begin() as conn:
+        sources.refresh_source(conn, source_id)
 
 
 @cli.command("status")

@@ -17,6 +17,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 
@@ -121,6 +122,28 @@ def check_connection(engine: Engine) -> None:
     except OperationalError as exc:
         reason = str(exc.orig or exc).strip().splitlines()[0]
         raise DatabaseUnavailable(f"cannot connect to {display_url(engine.url)}: {reason}") from None
+
+
+def insert_ignoring_conflicts(
+    conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]], keys: list[str]
+) -> int:
+    """Insert ``rows``, skipping those whose ``keys`` already exist; return how many went in."""
+    if not rows:
+        return 0
+    name = conn.dialect.name
+    if name in ("postgresql", "sqlite"):
+        dialect_insert = postgresql.insert if name == "postgresql" else sqlite.insert
+        stmt = dialect_insert(table).on_conflict_do_nothing(index_elements=keys)
+        return len(conn.execute(stmt.returning(table.c[keys[0]]), rows).all())
+    # Any other dialect: look first (correct within one transaction of one writer).
+    present = {
+        tuple(r)
+        for r in conn.execute(sa.select(*(table.c[k] for k in keys)))
+    }
+    fresh = [r for r in rows if tuple(r[k] for k in keys) not in present]
+    if fresh:
+        conn.execute(sa.insert(table), fresh)
+    return len(fresh)
 
 
 # -- migrations ---------------------------------------------------------------------------

@@ -1,0 +1,202 @@
+"""Sources from the command line: add, import (OPML, YAML, CSV), list, enable, disable, refresh."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from pipeline import schema
+from pipeline.sources import SourceError, make_spec, read_source_file
+from tests.helpers import now
+from tests.test_cli import assert_one_line_error, run
+
+OPML = """<?xml version="1.0" encoding="UTF-8"?>
+<opml version="2.0">
+  <head><title>Subscriptions</title></head>
+  <body>
+    <outline text="News">
+      <outline type="rss" text="Example news" xmlUrl="http://127.0.0.1:8000/news.xml"/>
+      <outline type="rss" title="Atom feed" xmlUrl="http://127.0.0.1:8000/atom.xml"/>
+    </outline>
+    <outline type="rss" text="Top level" xmlUrl="http://127.0.0.1:8000/top.xml"/>
+  </body>
+</opml>
+"""
+
+
+def sources_rows(engine: sa.Engine) -> list[dict]:
+    t = schema.sources
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(sa.select(t).order_by(t.c.id)).mappings()]
+
+
+def test_add_prints_the_id_and_defaults_to_rss_every_60_minutes(engine, db_url):
+    result = run("sources", "add", "http://127.0.0.1:8000/feed.xml", env={"DATABASE_URL": db_url})
+    assert result.returncode == 0, result.stderr
+    [row] = sources_rows(engine)
+    assert result.stdout.strip() == str(row["id"])
+    assert (row["source_type"], row["fetch_interval_minutes"], row["enabled"]) == ("rss", 60, True)
+    assert row["next_fetch_at"] is None, "a new source is due at once"
+
+
+def test_add_with_every_option(engine, db_url):
+    result = run(
+        "sources", "add", "http://127.0.0.1:8000/page", "--type", "http", "--name", "Jobs page",
+        "--interval", "15", "--category", "jobs", env={"DATABASE_URL": db_url},
+    )
+    assert result.returncode == 0, result.stderr
+    [row] = sources_rows(engine)
+    assert (row["source_type"], row["name"], row["fetch_interval_minutes"]) == ("http", "Jobs page", 15)
+    assert row["config"] == {"category": "jobs"}
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["ftp://127.0.0.1/feed"], "'ftp://127.0.0.1/feed' is not an http(s) URL"),
+        (["not a url"], "is not an http(s) URL"),
+        (["http://127.0.0.1/f", "--interval", "0"], "interval 0 is out of bounds: it must be 1 to 10080"),
+        (["http://127.0.0.1/f", "--interval", "10081"], "interval 10081 is out of bounds"),
+    ],
+)
+def test_add_rejects_bad_input_in_one_line(engine, db_url, args, fragment):
+    assert_one_line_error(run("sources", "add", *args, env={"DATABASE_URL": db_url}), fragment)
+    assert sources_rows(engine) == []
+
+
+def test_an_unknown_type_is_refused_by_name(db_url):
+    result = run("sources", "add", "http://127.0.0.1/f", "--type", "gopher", env={"DATABASE_URL": db_url})
+    assert result.returncode == 2 and "gopher" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_duplicate_url_is_refused(engine, db_url):
+    env = {"DATABASE_URL": db_url}
+    assert run("sources", "add", "http://127.0.0.1/f", env=env).returncode == 0
+    assert_one_line_error(run("sources", "add", "http://127.0.0.1/f", env=env), "exists already (id")
+
+
+def test_the_database_refuses_intervals_out_of_bounds_too(engine):
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+        conn.execute(
+            sa.insert(schema.sources).values(
+                name="x", url="http://127.0.0.1/x", source_type="rss", fetch_interval_minutes=0
+            )
+        )
+
+
+@pytest.mark.parametrize(
+    ("value", "url"),
+    [
+        ("UCabcdefghijklmnopqrstuv", "https://www.youtube.com/channel/UCabcdefghijklmnopqrstuv"),
+        ("@SomeChannel", "https://www.youtube.com/@SomeChannel"),
+        ("https://www.youtube.com/playlist?list=PL123", "https://www.youtube.com/playlist?list=PL123"),
+    ],
+)
+def test_youtube_channel_ids_handles_and_urls_are_youtube_sources(value, url):
+    spec = make_spec(value)
+    assert (spec.source_type, spec.url) == ("youtube", url)
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_import_opml_is_idempotent_by_url(engine, db_url, tmp_path):
+    path = write(tmp_path, "subs.opml", OPML)
+    env = {"DATABASE_URL": db_url}
+    first = run("sources", "import", str(path), env=env)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == "3 added, 0 already present"
+    second = run("sources", "import", str(path), env=env)
+    assert second.stdout.strip() == "0 added, 3 already present"
+    rows = {r["url"]: r for r in sources_rows(engine)}
+    assert len(rows) == 3
+    assert rows["http://127.0.0.1:8000/news.xml"]["name"] == "Example news"
+    assert rows["http://127.0.0.1:8000/news.xml"]["config"] == {"category": "News"}
+    assert rows["http://127.0.0.1:8000/top.xml"]["config"] == {}
+
+
+def test_import_yaml_and_csv(engine, db_url, tmp_path):
+    env = {"DATABASE_URL": db_url}
+    yaml_file = write(
+        tmp_path, "feeds.yaml",
+        "sources:\n"
+        "  - http://127.0.0.1:8000/a.xml\n"
+        "  - {url: 'http://127.0.0.1:8000/page', type: http, interval: 30, name: Page}\n",
+    )
+    csv_file = write(
+        tmp_path, "feeds.csv",
+        "url,type,name,interval,category\n"
+        "http://127.0.0.1:8000/b.xml,rss,B,120,tech\n"
+        "http://127.0.0.1:8000/a.xml,,,,\n",
+    )
+    assert run("sources", "import", str(yaml_file), env=env).stdout.strip() == "2 added, 0 already present"
+    assert run("sources", "import", str(csv_file), env=env).stdout.strip() == "1 added, 1 already present"
+    rows = {r["url"]: r for r in sources_rows(engine)}
+    assert rows["http://127.0.0.1:8000/page"]["fetch_interval_minutes"] == 30
+    assert rows["http://127.0.0.1:8000/b.xml"]["config"] == {"category": "tech"}
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "fragment"),
+    [
+        ("bad.csv", "url,interval\nhttp://127.0.0.1/ok,10\nhttp://127.0.0.1/bad,0\n",
+         "bad.csv, line 3: interval 0 is out of bounds"),
+        ("bad.csv", "link\nhttp://127.0.0.1/x\n", "must name a 'url' column"),
+        ("bad.yaml", "- http://127.0.0.1/ok\n- {url: 'mailto:x@y', type: rss}\n",
+         "bad.yaml, entry 2: 'mailto:x@y' is not an http(s) URL"),
+        ("bad.yaml", "sources: [unclosed\n", "not valid YAML"),
+        ("bad.opml", "<opml><body><outline xmlUrl='http://127.0.0.1/a'>", "not valid OPML"),
+        ("bad.opml", OPML.replace("http://127.0.0.1:8000/top.xml", "javascript:alert(1)"),
+         "outline 'Top level': 'javascript:alert(1)' is not an http(s) URL"),
+        ("bomb.opml", '<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol">]><opml/>',
+         "DOCTYPE or ENTITY declaration is not accepted"),
+        ("feeds.txt", "http://127.0.0.1/a\n", "unknown file type '.txt'"),
+    ],
+)
+def test_a_bad_file_names_the_entry_and_writes_nothing(engine, db_url, tmp_path, name, text, fragment):
+    path = write(tmp_path, name, text)
+    assert_one_line_error(run("sources", "import", str(path), env={"DATABASE_URL": db_url}), fragment)
+    assert sources_rows(engine) == [], "nothing of a rejected file is written"
+
+
+def test_a_missing_file_is_one_line(db_url, tmp_path):
+    result = run("sources", "import", str(tmp_path / "nope.opml"), env={"DATABASE_URL": db_url})
+    assert_one_line_error(result, "no such file")
+
+
+def test_every_bad_entry_is_reported_at_once(tmp_path):
+    path = write(tmp_path, "many.csv", "url\nftp://a\nftp://b\nhttp://127.0.0.1/ok\n")
+    with pytest.raises(SourceError) as error:
+        read_source_file(path)
+    assert "line 2" in str(error.value) and "line 3" in str(error.value)
+
+
+def test_list_enable_disable_refresh(engine, db_url):
+    env = {"DATABASE_URL": db_url}
+    source_id = run("sources", "add", "http://127.0.0.1/f", env=env).stdout.strip()
+    t = schema.sources
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(t).values(
+                next_fetch_at=now() + timedelta(hours=1), consecutive_failures=3,
+                last_failure_reason="http_5xx",
+            )
+        )
+    assert run("sources", "disable", source_id, "--reason", "moved", env=env).returncode == 0
+    [listed] = json.loads(run("sources", "list", "--json", env=env).stdout)
+    assert (listed["enabled"], listed["disabled_reason"]) == (False, "moved")
+    assert "disabled (moved), 3 failures (http_5xx)" in run("sources", "list", env=env).stdout
+
+    assert run("sources", "refresh", source_id, env=env).returncode == 0
+    assert sources_rows(engine)[0]["next_fetch_at"] is None
+    assert run("sources", "enable", source_id, env=env).returncode == 0
+    [row] = sources_rows(engine)
+    assert (row["enabled"], row["disabled_reason"], row["consecutive_failures"]) == (True, None, 0)
+    assert_one_line_error(run("sources", "enable", "999999", env=env), "no source with id 999999")
