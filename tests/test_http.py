@@ -1,0 +1,230 @@
+"""pipeline/http.py against a real server on 127.0.0.1: every failure code it can produce,
+conditional GET, redirects, the size cap, the deadline, the per-host limit, the guard.
+
+The SSRF guard is exercised only with loopback addresses outside the allow-list
+(127.0.0.2); no test sends or redirects traffic anywhere else.
+"""
+
+from __future__ import annotations
+
+import gzip
+import ipaddress
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from pipeline.failures import FailureReason, FetchError
+from pipeline.http import USER_AGENT, AddressGuard, Fetcher, parse_retry_after
+from tests.http_server import Handler, LocalServer
+
+FEED = b"<rss version='2.0'><channel><title>t</title></channel></rss>"
+ALLOW = ["127.0.0.1/32"]
+CAP = 64 * 1024
+
+
+@pytest.fixture
+def server():
+    srv = LocalServer().start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def fetcher():
+    with Fetcher(timeout=1.0, max_bytes=CAP, allow_networks=ALLOW) as f:
+        yield f
+
+
+def failure(fetcher: Fetcher, url: str) -> FetchError:
+    with pytest.raises(FetchError) as caught:
+        fetcher.fetch(url)
+    return caught.value
+
+
+def feed_route(h: Handler) -> None:
+    if h.headers.get("If-None-Match") == '"v1"':
+        h.reply(304, headers={"ETag": '"v1"'})
+    else:
+        h.reply(200, FEED, {
+            "Content-Type": "application/rss+xml", "ETag": '"v1"',
+            "Last-Modified": "Sat, 21 Nov 2026 10:00:00 GMT",
+        })
+
+
+def test_fetch_returns_body_and_validators_then_304_adds_nothing(server, fetcher):
+    server.routes["/feed"] = feed_route
+    first = fetcher.fetch(server.url("/feed"))
+    assert (first.status, first.body, first.etag) == (200, FEED, '"v1"')
+    assert first.last_modified == "Sat, 21 Nov 2026 10:00:00 GMT"
+    again = fetcher.fetch(server.url("/feed"), etag=first.etag, last_modified=first.last_modified)
+    assert again.not_modified and again.body == b""
+    sent = server.requests[-1]["headers"]
+    assert sent["If-None-Match"] == '"v1"'
+    assert sent["If-Modified-Since"] == "Sat, 21 Nov 2026 10:00:00 GMT"
+
+
+def test_real_user_agent_gzip_and_one_reused_connection(server, fetcher):
+    server.routes["/gz"] = lambda h: h.reply(200, gzip.compress(FEED), {"Content-Encoding": "gzip"})
+    for _ in range(5):
+        assert fetcher.fetch(server.url("/gz")).body == FEED
+    assert server.requests[0]["headers"]["User-Agent"] == USER_AGENT
+    assert "gzip" in server.requests[0]["headers"]["Accept-Encoding"]
+    assert len(server.connections) == 1, "keep-alive: five fetches, one connection"
+
+
+@pytest.mark.parametrize(
+    ("status", "reason"),
+    [(404, FailureReason.HTTP_4XX), (410, FailureReason.HTTP_4XX), (500, FailureReason.HTTP_5XX),
+     (503, FailureReason.HTTP_5XX), (429, FailureReason.RATE_LIMITED)],
+)
+def test_status_codes_map_to_the_taxonomy(server, fetcher, status, reason):
+    server.routes["/x"] = lambda h: h.reply(status, b"no")
+    error = failure(fetcher, server.url("/x"))
+    assert (error.reason, error.http_status) == (reason, status)
+
+
+def test_retry_after_seconds_and_http_date(server, fetcher):
+    server.routes["/429"] = lambda h: h.reply(429, headers={"Retry-After": "120"})
+    when = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+    server.routes["/503"] = lambda h: h.reply(503, headers={"Retry-After": "Tue, 01 Jan 2030 12:00:00 GMT"})
+    before = datetime.now(UTC)
+    limited = failure(fetcher, server.url("/429"))
+    assert before + timedelta(seconds=119) < limited.retry_after < datetime.now(UTC) + timedelta(seconds=121)
+    assert failure(fetcher, server.url("/503")).retry_after == when
+
+
+def test_parse_retry_after_ignores_garbage():
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    assert parse_retry_after("soon", now) is None and parse_retry_after(None, now) is None
+    assert parse_retry_after("0", now) == now
+
+
+def test_body_over_the_cap_is_too_large_declared_or_streamed(server, fetcher):
+    big = b"x" * (CAP + 1)
+    server.routes["/declared"] = lambda h: h.reply(200, big)
+
+    def chunked(h: Handler) -> None:  # no Content-Length: only counting can stop it
+        h.send_response(200)
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        for _ in range(CAP // 1024 + 8):
+            h.wfile.write(b"400\r\n" + b"y" * 1024 + b"\r\n")
+        h.wfile.write(b"0\r\n\r\n")
+
+    server.routes["/chunked"] = chunked
+    bomb = gzip.compress(b"\0" * (CAP * 50))  # about 6 KB on the wire
+    server.routes["/bomb"] = lambda h: h.reply(200, bomb, {"Content-Encoding": "gzip"})
+    for path in ("/declared", "/chunked", "/bomb"):
+        assert failure(fetcher, server.url(path)).reason is FailureReason.TOO_LARGE, path
+
+
+def test_a_server_slower_than_the_timeout(server, fetcher):
+    server.routes["/slow"] = lambda h: (time.sleep(2), h.reply(200, FEED))
+    started = time.monotonic()
+    assert failure(fetcher, server.url("/slow")).reason is FailureReason.TIMEOUT
+    assert time.monotonic() - started < 1.9
+
+
+def test_a_server_that_drips_bytes_hits_the_overall_deadline(server, fetcher):
+    def drip(h: Handler) -> None:
+        h.send_response(200)
+        h.send_header("Content-Length", "1000")
+        h.end_headers()
+        for _ in range(1000):  # each byte well within the read timeout
+            h.wfile.write(b"z")
+            h.wfile.flush()
+            time.sleep(0.05)
+
+    server.routes["/drip"] = drip
+    started = time.monotonic()
+    assert failure(fetcher, server.url("/drip")).reason is FailureReason.TIMEOUT
+    assert time.monotonic() - started < 2.5
+
+
+def test_permanent_redirect_reports_the_new_url(server, fetcher):
+    server.routes["/feed"] = feed_route
+    server.routes["/old"] = lambda h: h.reply(301, headers={"Location": "/feed"})
+    server.routes["/temp"] = lambda h: h.reply(302, headers={"Location": "/feed"})
+    server.routes["/old-then-temp"] = lambda h: h.reply(308, headers={"Location": "/temp"})
+    moved = fetcher.fetch(server.url("/old"))
+    assert (moved.body, moved.moved_to, moved.url) == (FEED, server.url("/feed"), server.url("/feed"))
+    assert fetcher.fetch(server.url("/temp")).moved_to is None
+    assert fetcher.fetch(server.url("/old-then-temp")).moved_to == server.url("/temp")
+
+
+def test_a_redirect_loop_stops_after_five_hops(server, fetcher):
+    server.routes["/loop"] = lambda h: h.reply(302, headers={"Location": "/loop"})
+    error = failure(fetcher, server.url("/loop"))
+    assert error.reason is FailureReason.HTTP_4XX and "more than 5 redirects" in str(error)
+    assert len(server.requests) == 6
+
+
+def test_a_redirect_to_a_blocked_address_is_refused_at_that_hop(server, fetcher):
+    server.routes["/feed"] = feed_route
+    server.routes["/jump"] = lambda h: h.reply(302, headers={"Location": server.url("/feed", host="127.0.0.2")})
+    error = failure(fetcher, server.url("/jump"))
+    assert error.reason is FailureReason.BLOCKED_ADDRESS and "127.0.0.2" in str(error)
+    assert [r["path"] for r in server.requests] == ["/jump"]
+
+
+def test_loopback_outside_the_allow_list_is_blocked(server):
+    server.routes["/feed"] = feed_route
+    with Fetcher(timeout=1.0, allow_networks=ALLOW) as allowed:
+        assert failure(allowed, server.url("/feed", host="127.0.0.2")).reason is FailureReason.BLOCKED_ADDRESS
+    with Fetcher(timeout=1.0) as default:  # empty allow-list: even 127.0.0.1 is refused
+        assert failure(default, server.url("/feed")).reason is FailureReason.BLOCKED_ADDRESS
+    assert server.requests == [], "a blocked address is never connected to"
+
+
+def test_a_redirect_to_another_scheme_is_refused(server, fetcher):
+    server.routes["/ftp"] = lambda h: h.reply(302, headers={"Location": "ftp://127.0.0.1/x"})
+    assert failure(fetcher, server.url("/ftp")).reason is FailureReason.BLOCKED_ADDRESS
+
+
+def test_a_refused_connection_is_a_network_error(fetcher):
+    with socket.socket() as probe:  # a port that was free a moment ago
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert failure(fetcher, f"http://127.0.0.1:{port}/").reason is FailureReason.NETWORK_ERROR
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["127.0.0.2", "10.0.0.1", "172.16.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1",
+     "0.0.0.0", "224.0.0.1", "240.0.0.1", "::1", "fe80::1", "fc00::1", "::ffff:127.0.0.2",
+     "::ffff:10.0.0.1", "::"],
+)
+def test_the_guard_refuses_non_public_addresses(address):
+    assert AddressGuard(ALLOW).refuses(ipaddress.ip_address(address))
+
+
+def test_the_allow_list_exempts_only_its_ranges():
+    guard = AddressGuard(ALLOW)
+    assert not guard.refuses(ipaddress.ip_address("127.0.0.1"))
+    assert not guard.refuses(ipaddress.ip_address("::ffff:127.0.0.1"))
+    assert not guard.refuses(ipaddress.ip_address("93.184.216.34")), "public addresses pass"
+    with pytest.raises(ValueError, match="PIPELINE_ALLOW_NETWORKS"):
+        AddressGuard(["not-a-network"])
+
+
+def test_at_most_per_host_requests_at_once(server):
+    active, peak, lock = [0], [0], threading.Lock()
+
+    def hold(h: Handler) -> None:
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.2)
+        with lock:
+            active[0] -= 1
+        h.reply(200, FEED)
+
+    server.routes["/hold"] = hold
+    with Fetcher(timeout=5.0, allow_networks=ALLOW, per_host=2) as fetcher, ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda _: fetcher.fetch(server.url("/hold")), range(6)))
+    assert all(r.body == FEED for r in results)
+    assert peak[0] == 2
