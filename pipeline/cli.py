@@ -150,6 +150,34 @@ def sources_refresh(source_id: int) -> None:
         sources.refresh_source(conn, source_id)
 
 
+@cli.command("collect")
+@click.option("--max-sources", type=click.IntRange(min=1), help="Claim at most this many sources.")
+@click.option("--concurrency", type=click.IntRange(min=1),
+              help="Fetches at once in this process; default: PIPELINE_CONCURRENCY.")
+@click.option("--json", "as_json", is_flag=True, help="Print the pass's totals as JSON.")
+def collect(max_sources: int | None, concurrency: int | None, as_json: bool) -> None:
+    """One collector pass: fetch due sources until none is due or the cap is hit."""
+    import os
+    import socket
+
+    from pipeline.collector import Collector
+
+    worker = f"cli:{socket.gethostname()}:{os.getpid()}"
+    stats = Collector(_engine(), Settings.from_env(), worker).run(
+        max_sources=max_sources, concurrency=concurrency
+    )
+    totals = stats.as_dict()
+    if as_json:
+        click.echo(json.dumps(totals))
+    else:
+        failed = ", ".join(f"{k} {v}" for k, v in sorted(stats.failed.items())) or "none"
+        click.echo(
+            f"{totals['claimed']} sources claimed, {totals['fetched']} fetched"
+            f" ({totals['not_modified']} unchanged), {totals['items_new']} new items;"
+            f" failed: {failed}"
+        )
+
+
 @cli.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(as_json: bool) -> None:

@@ -1,0 +1,295 @@
+"""The collector against feeds served on 127.0.0.1, on PostgreSQL and SQLite."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from pipeline import schema
+from pipeline.collector import Collector
+from pipeline.failures import FailureReason, FetchError
+from pipeline.rss import parse_feed
+from pipeline.settings import Settings
+from tests.helpers import add_source, now
+from tests.http_server import Handler, LocalServer
+from tests.test_cli import run
+
+
+def rss(items: list[tuple[str, str]], extra: str = "") -> bytes:
+    entries = "".join(
+        f"<item><guid>{guid}</guid><title>{title}</title><link>http://127.0.0.1/{guid}</link>"
+        f"<description>&lt;p&gt;About {title}&lt;/p&gt;</description>"
+        f"<pubDate>Sat, 21 Nov 2026 10:00:00 GMT</pubDate><category>jobs</category></item>"
+        for guid, title in items
+    )
+    return f"<?xml version='1.0'?><rss version='2.0'><channel><title>t</title>{extra}{entries}</channel></rss>".encode()
+
+
+@pytest.fixture
+def server():
+    srv = LocalServer().start()
+    yield srv
+    srv.stop()
+
+
+def serve(server: LocalServer, path: str, body: bytes, etag: str | None = None) -> None:
+    def route(h: Handler) -> None:
+        if etag and h.headers.get("If-None-Match") == etag:
+            h.reply(304, headers={"ETag": etag})
+        else:
+            h.reply(200, body, {"Content-Type": "application/rss+xml", **({"ETag": etag} if etag else {})})
+
+    server.routes[path] = route
+
+
+def collector(engine: sa.Engine, **kwargs) -> Collector:
+    settings = Settings(database_url=str(engine.url), http_timeout_seconds=2.0, allow_networks=("127.0.0.1/32",))
+    return Collector(engine, settings, "test-worker", run_id="run-1", random_unit=lambda: 0.5, **kwargs)
+
+
+def rows(engine: sa.Engine, table: sa.Table) -> list[dict]:
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(sa.select(table).order_by(table.c.id)).mappings()]
+
+
+def test_new_items_land_once_unchanged_items_never_changed_items_again(engine, server):
+    serve(server, "/feed", rss([("a", "First"), ("b", "Second")]))
+    with engine.begin() as conn:
+        add_source(conn, server.url("/feed"))
+    stats = collector(engine).run()
+    assert (stats.claimed, stats.succeeded, stats.items_seen, stats.items_new) == (1, 1, 2, 2)
+    raw = rows(engine, schema.listings_raw)
+    assert {r["source_item_id"] for r in raw} == {"a", "b"}
+    first = next(r for r in raw if r["source_item_id"] == "a")["raw_json"]
+    assert first == {
+        "title": "First", "url": "http://127.0.0.1/a", "summary": "<p>About First</p>",
+        "published_at": "2026-11-21T10:00:00+00:00", "author": None, "categories": ["jobs"],
+    }
+
+    with engine.begin() as conn:  # due again
+        conn.execute(sa.update(schema.sources).values(next_fetch_at=None))
+    serve(server, "/feed", rss([("a", "First"), ("b", "Second, edited"), ("c", "Third")]))
+    stats = collector(engine).run()
+    assert (stats.items_seen, stats.items_new) == (3, 2)
+    raw = rows(engine, schema.listings_raw)
+    assert sorted(r["source_item_id"] for r in raw) == ["a", "b", "b", "c"]
+
+
+def test_success_schedules_the_next_fetch_one_interval_later_and_records_telemetry(engine, server):
+    serve(server, "/feed", rss([("a", "A")]), etag='"e1"')
+    with engine.begin() as conn:
+        source_id = add_source(conn, server.url("/feed"), fetch_interval_minutes=30)
+    before = now()
+    collector(engine).run()
+    [source] = rows(engine, schema.sources)
+    assert before + timedelta(minutes=30) <= source["next_fetch_at"] <= now() + timedelta(minutes=30)
+    assert (source["etag"], source["consecutive_failures"], source["locked_until"]) == ('"e1"', 0, None)
+    started, completed = rows(engine, schema.ingestion_events)
+    assert (started["event"], started["source_id"], started["run_id"]) == ("ingestion.started", source_id, "run-1")
+    assert started["source_type"] == "rss" and started["scheduled_at"] is None
+    assert completed["event"] == "ingestion.completed"
+    assert (completed["success"], completed["http_status"], completed["items_seen"], completed["items_new"]) == (True, 200, 1, 1)
+    assert completed["failure_reason"] is None and completed["duration_ms"] >= 0
+
+    # The next fetch is conditional: a 304 adds nothing and keeps the cadence.
+    with engine.begin() as conn:
+        conn.execute(sa.update(schema.sources).values(next_fetch_at=None))
+    stats = collector(engine).run()
+    assert (stats.not_modified, stats.items_new) == (1, 0)
+    assert server.requests[-1]["headers"]["If-None-Match"] == '"e1"'
+    assert rows(engine, schema.ingestion_events)[-1]["http_status"] == 304
+
+
+def test_a_failing_source_backs_off_and_never_stops_the_others(engine, server):
+    serve(server, "/good", rss([("a", "A")]))
+    server.routes["/bad"] = lambda h: h.reply(503, b"down", {"Retry-After": "3600"})
+    serve(server, "/junk", b"<rss><channel><item><title>broken")
+    with engine.begin() as conn:
+        good = add_source(conn, server.url("/good"))
+        bad = add_source(conn, server.url("/bad"), consecutive_failures=2)
+        junk = add_source(conn, server.url("/junk"))
+    stats = collector(engine).run()
+    assert stats.succeeded == 1 and dict(stats.failed) == {"http_5xx": 1, "parse_error": 1}
+    by_id = {r["id"]: r for r in rows(engine, schema.sources)}
+    assert by_id[good]["consecutive_failures"] == 0
+    assert (by_id[bad]["consecutive_failures"], by_id[bad]["last_failure_reason"]) == (3, "http_5xx")
+    # Backoff would give 20 minutes; Retry-After (one hour) is the floor.
+    assert by_id[bad]["next_fetch_at"] >= now() + timedelta(minutes=59)
+    assert by_id[junk]["last_failure_reason"] == "parse_error"
+    events = {e["source_id"]: e for e in rows(engine, schema.ingestion_events) if e["event"] == "ingestion.completed"}
+    assert (events[bad]["success"], events[bad]["http_status"], events[bad]["failure_reason"]) == (False, 503, "http_5xx")
+    assert events[bad]["retry_in_minutes"] >= 59
+
+
+def test_permanent_failures_disable_the_source_with_a_reason(engine, server):
+    server.routes["/gone"] = lambda h: h.reply(410, b"gone")
+    with engine.begin() as conn:
+        add_source(conn, server.url("/gone"), consecutive_failures=9)
+    collector(engine).run()
+    [source] = rows(engine, schema.sources)
+    assert source["enabled"] is False
+    assert source["disabled_reason"].startswith("http_4xx 10 times in a row")
+
+
+def test_a_permanent_redirect_updates_the_stored_url(engine, server):
+    serve(server, "/new", rss([("a", "A")]))
+    server.routes["/old"] = lambda h: h.reply(301, headers={"Location": "/new"})
+    with engine.begin() as conn:
+        add_source(conn, server.url("/old"))
+    collector(engine).run()
+    assert rows(engine, schema.sources)[0]["url"] == server.url("/new")
+
+
+def test_max_sources_is_never_exceeded(engine, server):
+    serve(server, "/feed", rss([("a", "A")]))
+    with engine.begin() as conn:
+        for i in range(7):
+            add_source(conn, server.url(f"/feed?{i}"))
+    stats = collector(engine, batch_size=2).run(max_sources=5, concurrency=2)
+    assert stats.claimed == 5
+    due = [s for s in rows(engine, schema.sources) if s["next_fetch_at"] is None]
+    assert len(due) == 2
+
+
+def test_sources_fetch_once_per_interval_on_their_own_cadence(engine, server):
+    serve(server, "/feed", rss([("a", "A")]))
+    t = now()
+    with engine.begin() as conn:
+        add_source(conn, server.url("/feed?due"), next_fetch_at=t - timedelta(minutes=1))
+        add_source(conn, server.url("/feed?later"), next_fetch_at=t + timedelta(minutes=10))
+        add_source(conn, server.url("/feed?new"))
+    assert collector(engine).run().claimed == 2
+    assert collector(engine).run().claimed == 0, "nothing is due twice within its interval"
+    assert sorted(r["path"] for r in server.requests) == ["/feed?due", "/feed?new"]
+
+
+def test_an_unbuilt_adapter_fails_the_source_clearly(engine, server):
+    with engine.begin() as conn:
+        add_source(conn, server.url("/page"), source_type="http")
+    stats = collector(engine).run()
+    assert dict(stats.failed) == {"invalid_config": 1}
+    [event] = [e for e in rows(engine, schema.ingestion_events) if e["event"] == "ingestion.completed"]
+    assert "no adapter for source type 'http'" in event["details"]["error"]
+
+
+def test_pipeline_collect_command(engine, db_url, server):
+    serve(server, "/feed", rss([("a", "A"), ("b", "B")]))
+    with engine.begin() as conn:
+        add_source(conn, server.url("/feed"))
+    result = run("collect", "--json", env={"DATABASE_URL": db_url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32"})
+    assert result.returncode == 0, result.stderr
+    totals = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (totals["claimed"], totals["fetched"], totals["items_new"]) == (1, 1, 2)
+    assert totals["fetch_latency_p50_ms"] is not None
+
+
+# -- the rss adapter's parsing --------------------------------------------------------
+
+
+def test_entry_identity_is_guid_then_link_then_content_hash():
+    body = (
+        b"<rss version='2.0'><channel>"
+        b"<item><guid>g1</guid><link>http://127.0.0.1/1</link><title>a</title></item>"
+        b"<item><link>http://127.0.0.1/2</link><title>b</title></item>"
+        b"<item><title>c</title></item></channel></rss>"
+    )
+    ids = [i.source_item_id for i in parse_feed(body, "http://127.0.0.1/feed")]
+    assert ids[:2] == ["g1", "http://127.0.0.1/2"] and ids[2].startswith("sha256:")
+
+
+def test_atom_is_read_too():
+    body = (
+        b"<?xml version='1.0'?><feed xmlns='http://www.w3.org/2005/Atom'><title>t</title>"
+        b"<entry><id>urn:x:1</id><title>Hello</title><link href='http://127.0.0.1/h'/>"
+        b"<updated>2026-11-20T08:00:00Z</updated><author><name>Ann</name></author></entry></feed>"
+    )
+    [item] = parse_feed(body, "http://127.0.0.1/atom")
+    assert (item.source_item_id, item.url, item.raw["author"]) == ("urn:x:1", "http://127.0.0.1/h", "Ann")
+    assert item.raw["published_at"] == "2026-11-20T08:00:00+00:00"
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"<rss version='2.0'><channel><item><title>a</item></channel>", "malformed XML"),
+        (b"<html><body><p>just a page</p></body></html>", "not a feed"),
+        (
+            (
+                b"<?xml version='1.0'?><!DOCTYPE rss [<!ENTITY a 'aaaaaaaaaa'>"
+                b"<!ENTITY b '&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;'>"
+                b"<!ENTITY c '&b;&b;&b;&b;&b;&b;&b;&b;&b;&b;'>]>"
+                b"<rss version='2.0'><channel><item><title>&c;</title></item></channel></rss>"
+            ),
+            "declares XML entities; they are never expanded",
+        ),
+        (
+            (
+                "<?xml version='1.0' encoding='utf-16'?><!DOCTYPE rss [<!ENTITY a 'x'>]>"
+                "<rss version='2.0'><channel><item><title>&a;</title></item></channel></rss>"
+            ).encode("utf-16"),
+            "declares XML entities",
+        ),
+    ],
+    ids=["malformed", "not-a-feed", "entity-bomb", "entity-bomb-utf16"],
+)
+def test_unusable_documents_are_parse_errors(body, message):
+    with pytest.raises(FetchError) as error:
+        parse_feed(body, "http://127.0.0.1/feed")
+    assert error.value.reason is FailureReason.PARSE_ERROR and message in str(error.value)
+
+
+def test_an_external_dtd_without_entity_declarations_still_parses():
+    body = (
+        b'<?xml version="1.0"?><!DOCTYPE rss PUBLIC "-//Netscape Communications//DTD RSS 0.91//EN"'
+        b' "http://my.netscape.com/publish/formats/rss-0.91.dtd">'
+        b"<rss version='0.91'><channel><title>t</title><item><title>a</title>"
+        b"<link>http://127.0.0.1/a</link></item></channel></rss>"
+    )
+    assert [i.raw["title"] for i in parse_feed(body, "http://127.0.0.1/feed")] == ["a"]
+
+
+def test_a_wrong_declared_encoding_is_tolerated():
+    body = "<?xml version='1.0' encoding='iso-8859-1'?><rss version='2.0'><channel><item><guid>g</guid><title>café</title></item></channel></rss>"
+    [item] = parse_feed(body.encode("utf-8"), "http://127.0.0.1/feed")
+    assert item.raw["title"] == "café"
+
+
+@pytest.mark.slow
+def test_concurrent_collector_processes_fetch_each_source_once(engine, db_url, server):
+    import subprocess
+    import sys
+
+    def slow_feed(h: Handler) -> None:
+        import time
+
+        time.sleep(0.05)  # long enough for the processes to overlap
+        h.reply(200, rss([("a", "A")]), {"Content-Type": "application/rss+xml"})
+
+    server.routes["/feed"] = slow_feed
+    with engine.begin() as conn:
+        for i in range(60):
+            add_source(conn, server.url(f"/feed?{i}"))
+    env = {
+        **{k: v for k, v in __import__("os").environ.items() if k != "DATABASE_URL"},
+        "DATABASE_URL": db_url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32",
+    }
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "collect", "--json", "--concurrency", "4"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for _ in range(3)
+    ]
+    totals = []
+    for process in processes:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err
+        totals.append(json.loads(out.strip().splitlines()[-1]))
+    assert sum(t["claimed"] for t in totals) == 60
+    assert sum(1 for t in totals if t["claimed"]) >= 2, "the processes really shared the work"
+    paths = [r["path"] for r in server.requests]
+    assert len(paths) == 60 and len(set(paths)) == 60, "no source was fetched twice"
+    assert len(rows(engine, schema.listings_raw)) == 60
