@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-# Filled in as each stage lands (see ../shared/DESIGN.md, "Dagster").
-ASSETS: list[dg.AssetsDefinition] = []
+from assets.collector import listings_raw
+
+ASSETS: list[dg.AssetsDefinition] = [listings_raw]
 ASSET_CHECKS: list[dg.AssetChecksDefinition] = []

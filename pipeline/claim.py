@@ -231,6 +231,20 @@ class WorkQueue:
                 rows = result.mappings().all()
         return Claim(self.spec.name, worker, token, self.spec.sort(rows))
 
+    def count_ready(self, cap: int = 1000) -> int:
+        """How many rows a claim could take now, counted up to ``cap``.
+
+        The claim's own two branches (expired leases, free rows) without locks, so the
+        count reads the same partial indexes and never more than ``cap`` rows: cheap
+        enough for a sensor tick whatever the size of the table.
+        """
+        if cap < 1:
+            raise ValueError(f"cap must be at least 1, got {cap}")
+        counted = sa.select(sa.func.count()).select_from(self._chosen_ids().subquery())
+        params = {"claim_limit": cap, **self._time_params(self.lease)}
+        with self.engine.connect() as conn:
+            return int(conn.execute(counted, params).scalar_one())
+
     def _candidates(self, *, lock: bool) -> tuple[sa.Select[Any], sa.Select[Any]]:
         """The two branches of a claim: leases that expired, and rows never leased.
 

@@ -4,5 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-SENSORS: list[dg.SensorDefinition] = []
+from sensors.due_sources import due_sources_sensor
+
+SENSORS: list[dg.SensorDefinition] = [due_sources_sensor]
 SCHEDULES: list[dg.ScheduleDefinition] = []

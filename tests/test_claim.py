@@ -296,3 +296,16 @@ def test_claimed_timestamps_are_utc_whatever_the_server_zone(pg_engine):
     for column in ("fetched_at", "locked_until"):
         assert row[column].utcoffset() == timedelta(0), column
     assert row["raw_json"] == {"title": "item 0"}
+
+
+def test_count_ready_counts_free_and_expired_rows_up_to_a_cap(engine, source_id):
+    with engine.begin() as conn:
+        ids = add_raw_rows(conn, source_id, 6)
+    queue = raw_queue(engine, strategy_for(engine.dialect.name), lease_seconds=1)
+    assert queue.count_ready() == 6
+    assert queue.count_ready(cap=4) == 4
+    claim = queue.claim("a", 2)
+    assert queue.count_ready() == 4, "live leases are not ready"
+    queue.complete(claim, {"processed_at": now()}, ids=ids[:1])
+    time.sleep(1.2)
+    assert queue.count_ready() == 5, "the expired lease is ready again"

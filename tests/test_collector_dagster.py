@@ -1,0 +1,85 @@
+"""The collector in Dagster: the listings_raw asset and due_sources_sensor."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import dagster as dg
+import pytest
+from dagster._core.storage.dagster_run import DagsterRun
+
+from assets.collector import listings_raw
+from resources import PipelineDatabase
+from sensors.due_sources import STAGE_TAG, due_sources_sensor
+from tests.helpers import add_source, now
+from tests.http_server import LocalServer
+from tests.test_collector import rss, serve
+
+
+@pytest.fixture
+def server():
+    srv = LocalServer().start()
+    yield srv
+    srv.stop()
+
+
+def test_the_asset_runs_a_collector_pass_and_reports_its_totals(engine, db_url, server, monkeypatch):
+    monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
+    serve(server, "/feed", rss([("a", "A"), ("b", "B")]))
+    server.routes["/down"] = lambda h: h.reply(500, b"no")
+    with engine.begin() as conn:
+        add_source(conn, server.url("/feed"))
+        add_source(conn, server.url("/down"))
+    result = dg.materialize([listings_raw], resources={"database": PipelineDatabase(database_url=db_url)})
+    assert result.success, "a failing source does not fail the step"
+    [materialization] = result.asset_materializations_for_node("listings_raw")
+    metadata = {k: v.value for k, v in materialization.metadata.items()}
+    assert (metadata["claimed"], metadata["fetched"], metadata["failed"]) == (2, 1, 1)
+    assert (metadata["items_new"], metadata["failed_http_5xx"]) == (2, 1)
+    assert metadata["fetch_latency_p50_ms"] >= 0 and metadata["fetch_latency_p95_ms"] >= 0
+
+
+def test_the_asset_declares_its_retry_policy_and_pool():
+    spec = listings_raw.get_asset_spec()
+    assert listings_raw.op.retry_policy.backoff is dg.Backoff.EXPONENTIAL
+    assert listings_raw.op.retry_policy.jitter is dg.Jitter.PLUS_MINUS
+    assert listings_raw.op.pool == "collector" and spec.key == dg.AssetKey("listings_raw")
+
+
+def evaluate(instance: dg.DagsterInstance, db_url: str, cursor: str | None = None):
+    """One tick; returns what it asked for and the cursor it left."""
+    with dg.build_sensor_context(
+        instance=instance, cursor=cursor,
+        resources={"database": PipelineDatabase(database_url=db_url)},
+    ) as context:
+        return due_sources_sensor(context), context.cursor
+
+
+def test_the_sensor_requests_a_run_only_when_sources_are_due(engine, db_url):
+    with dg.DagsterInstance.ephemeral() as instance:
+        result, _ = evaluate(instance, db_url)
+        assert isinstance(result, dg.SkipReason) and "no source is due" in result.skip_message
+        with engine.begin() as conn:
+            add_source(conn, "http://127.0.0.1:9/later", next_fetch_at=now() + timedelta(hours=1))
+        result, _ = evaluate(instance, db_url)
+        assert isinstance(result, dg.SkipReason), "a source due later is not due"
+        with engine.begin() as conn:
+            add_source(conn, "http://127.0.0.1:9/now")
+        result, cursor = evaluate(instance, db_url, cursor="41")
+        assert isinstance(result, dg.RunRequest)
+        assert result.run_key == "due-sources-42" and cursor == "42"
+        assert result.tags[STAGE_TAG] == "collector" and result.tags["pipeline/due_sources"] == "1"
+
+
+def test_the_sensor_waits_while_the_collector_pool_is_full(engine, db_url, monkeypatch):
+    monkeypatch.setenv("PIPELINE_COLLECTOR_MAX_RUNS", "1")
+    with engine.begin() as conn:
+        add_source(conn, "http://127.0.0.1:9/now")
+    with dg.DagsterInstance.ephemeral() as instance:
+        instance.add_run(
+            DagsterRun(job_name="__ASSET_JOB", run_id="r1", status=dg.DagsterRunStatus.STARTED,
+                       tags={STAGE_TAG: "collector"})
+        )
+        result, _ = evaluate(instance, db_url)
+        assert isinstance(result, dg.SkipReason)
+        assert "1 collector runs active, the limit is 1" in result.skip_message
