@@ -29,7 +29,7 @@ class CollectConfig(dg.Config):
 )
 def listings_raw(
     context: dg.AssetExecutionContext, config: CollectConfig, database: PipelineDatabase
-) -> dg.MaterializeResult:
+) -> dg.MaterializeResult[None]:
     run_id = context.run.run_id
     stats = Collector(
         database.engine, database.settings(), worker=f"dagster:{run_id}", run_id=run_id
