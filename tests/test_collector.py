@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from datetime import timedelta
 
 import pytest
@@ -293,3 +294,54 @@ def test_concurrent_collector_processes_fetch_each_source_once(engine, db_url, s
     paths = [r["path"] for r in server.requests]
     assert len(paths) == 60 and len(set(paths)) == 60, "no source was fetched twice"
     assert len(rows(engine, schema.listings_raw)) == 60
+
+
+@pytest.mark.slow
+def test_a_collector_killed_mid_fetch_is_taken_over_after_its_lease(engine, db_url, server):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    hang = threading.Event()
+
+    def feed(h: Handler) -> None:
+        if not hang.is_set():
+            hang.set()
+            time.sleep(20)  # the first fetch never finishes: its collector dies meanwhile
+        h.reply(200, rss([("a", "A"), ("b", "B")]), {"Content-Type": "application/rss+xml"})
+
+    server.routes["/feed"] = feed
+    with engine.begin() as conn:
+        source_id = add_source(conn, server.url("/feed"))
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
+        "DATABASE_URL": db_url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32",
+        "PIPELINE_LEASE_SECONDS": "2", "PIPELINE_HTTP_TIMEOUT_SECONDS": "60",
+    }
+    victim = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "collect"], env=env)
+    assert hang.wait(60), "the first collector reached the server"
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    [held] = rows(engine, schema.sources)
+    assert held["claimed_by"].startswith("cli:") and held["locked_until"] is not None
+
+    survivor = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "collect", "--json"], env=env,
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert survivor.returncode == 0, survivor.stderr
+    assert json.loads(survivor.stdout.strip().splitlines()[-1])["claimed"] == 0, "lease still live"
+    time.sleep(2.5)
+    survivor = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "collect", "--json"], env=env,
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    totals = json.loads(survivor.stdout.strip().splitlines()[-1])
+    assert (totals["claimed"], totals["fetched"], totals["items_new"]) == (1, 1, 2)
+    assert sorted(r["source_item_id"] for r in rows(engine, schema.listings_raw)) == ["a", "b"]
+    events = [e["event"] for e in rows(engine, schema.ingestion_events) if e["source_id"] == source_id]
+    assert events == ["ingestion.started", "ingestion.started", "ingestion.completed"]
+    [done] = rows(engine, schema.sources)
+    assert done["locked_until"] is None and done["last_success_at"] is not None
