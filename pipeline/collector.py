@@ -132,8 +132,9 @@ class Collector:
             event.update(duration_ms=duration_ms)
             if event.pop("lost"):
                 return {**event, "lost": True}
-            conn.execute(sa.insert(schema.ingestion_events).values(self._event_row(source, event)))
-        self._log_event(source, event)
+            row = self._event_row(source, event)
+            conn.execute(sa.insert(schema.ingestion_events).values(row))
+        _log(row)  # after the commit: the log never shows an event the database lacks
         return event
 
     def _finish_success(
@@ -232,7 +233,7 @@ class Collector:
         with self.engine.begin() as conn:
             conn.execute(sa.insert(schema.ingestion_events), rows)
         for row in rows:
-            log.info(json.dumps({**row, "scheduled_at": _iso(row["scheduled_at"])}))
+            _log(row)
 
     def _event_row(self, source: Mapping[str, Any], event: Mapping[str, Any]) -> dict[str, Any]:
         details = {k: event[k] for k in ("error", "disabled", "not_modified") if event.get(k) is not None}
@@ -252,10 +253,6 @@ class Collector:
             "details": details or None,
         }
 
-    def _log_event(self, source: Mapping[str, Any], event: Mapping[str, Any]) -> None:
-        row = self._event_row(source, event)
-        log.info(json.dumps({**row, "scheduled_at": _iso(row["scheduled_at"])}))
-
     @staticmethod
     def _tally(stats: CollectStats, event: Mapping[str, Any]) -> None:
         if event.get("lost"):
@@ -271,8 +268,9 @@ class Collector:
             stats.failed[event["failure_reason"]] += 1
 
 
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value else None
+def _log(event_row: Mapping[str, Any]) -> None:
+    """The event as one structured (JSON) log line, as DESIGN.md "Telemetry" asks."""
+    log.info(json.dumps(dict(event_row), default=lambda v: v.isoformat() if isinstance(v, datetime) else str(v)))
 
 
 def _changed_item_ids(conn: sa.Connection, source_id: int, items: Sequence[Item]) -> set[str]:

@@ -345,3 +345,16 @@ def test_a_collector_killed_mid_fetch_is_taken_over_after_its_lease(engine, db_u
     assert events == ["ingestion.started", "ingestion.started", "ingestion.completed"]
     [done] = rows(engine, schema.sources)
     assert done["locked_until"] is None and done["last_success_at"] is not None
+
+
+def test_every_event_is_also_a_json_log_line(engine, server, caplog):
+    serve(server, "/feed", rss([("a", "A")]))
+    with engine.begin() as conn:
+        source_id = add_source(conn, server.url("/feed"))
+    with caplog.at_level("INFO", logger="pipeline.ingestion"):
+        collector(engine).run()
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "pipeline.ingestion"]
+    assert [line["event"] for line in lines] == ["ingestion.started", "ingestion.completed"]
+    completed = lines[1]
+    assert (completed["source_id"], completed["run_id"], completed["items_new"]) == (source_id, "run-1", 1)
+    assert completed["success"] is True and completed["duration_ms"] >= 0
