@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pipeline.failures import FailureReason, FetchError
-from pipeline.http import Fetcher
+from pipeline.http import Fetcher, FetchResult
 
 
 @dataclass(frozen=True)
@@ -50,11 +50,36 @@ class Adapter(Protocol):
         ...
 
 
+def fetch_and_parse(
+    source: Mapping[str, Any], fetcher: Fetcher, parse: Callable[[FetchResult], list[Item]]
+) -> Outcome:
+    """A conditional GET of the source's URL; ``parse`` turns a fresh body into items."""
+    result = fetcher.fetch(
+        source["url"], etag=source.get("etag"), last_modified=source.get("last_modified")
+    )
+    if result.not_modified:  # keep the validators we sent unless the server sent new ones
+        return Outcome(
+            http_status=304,
+            etag=result.etag or source.get("etag"),
+            last_modified=result.last_modified or source.get("last_modified"),
+            moved_to=result.moved_to,
+            not_modified=True,
+        )
+    return Outcome(
+        items=parse(result),
+        http_status=result.status,
+        etag=result.etag,
+        last_modified=result.last_modified,
+        moved_to=result.moved_to,
+    )
+
+
 def adapter_for(source_type: str) -> Adapter:
     # Imported here: adapters import this module for Item and Outcome.
+    from pipeline.page import PageAdapter
     from pipeline.rss import RssAdapter
 
-    adapters: dict[str, Adapter] = {"rss": RssAdapter()}
+    adapters: dict[str, Adapter] = {"rss": RssAdapter(), "http": PageAdapter()}
     try:
         return adapters[source_type]
     except KeyError:

@@ -18,7 +18,7 @@ from typing import Any
 
 import feedparser
 
-from pipeline.adapters import Item, Outcome
+from pipeline.adapters import Item, Outcome, fetch_and_parse
 from pipeline.failures import FailureReason, FetchError
 from pipeline.http import Fetcher
 
@@ -86,17 +86,6 @@ def _item(entry: Mapping[str, Any], feed_url: str) -> Item:
 
 class RssAdapter:
     def fetch(self, source: Mapping[str, Any], fetcher: Fetcher) -> Outcome:
-        result = fetcher.fetch(
-            source["url"], etag=source.get("etag"), last_modified=source.get("last_modified")
-        )
-        if result.not_modified:
-            return Outcome(http_status=304, etag=result.etag or source.get("etag"),
-                           last_modified=result.last_modified or source.get("last_modified"),
-                           moved_to=result.moved_to, not_modified=True)
-        return Outcome(
-            items=parse_feed(result.body, result.url, result.content_type),
-            http_status=result.status,
-            etag=result.etag,
-            last_modified=result.last_modified,
-            moved_to=result.moved_to,
+        return fetch_and_parse(
+            source, fetcher, lambda result: parse_feed(result.body, result.url, result.content_type)
         )

@@ -169,11 +169,11 @@ def test_sources_fetch_once_per_interval_on_their_own_cadence(engine, server):
 
 def test_an_unbuilt_adapter_fails_the_source_clearly(engine, server):
     with engine.begin() as conn:
-        add_source(conn, server.url("/page"), source_type="http")
+        add_source(conn, server.url("/channel"), source_type="youtube")
     stats = collector(engine).run()
     assert dict(stats.failed) == {"invalid_config": 1}
     [event] = [e for e in rows(engine, schema.ingestion_events) if e["event"] == "ingestion.completed"]
-    assert "no adapter for source type 'http'" in event["details"]["error"]
+    assert "no adapter for source type 'youtube'" in event["details"]["error"]
 
 
 def test_pipeline_collect_command(engine, db_url, server):

@@ -1,0 +1,79 @@
+"""The http (HTML page) adapter: CSS selectors, or one item per distinct page text."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from pipeline import schema
+from pipeline.failures import FailureReason, FetchError
+from pipeline.page import parse_page
+from tests.helpers import add_source
+from tests.http_server import LocalServer
+from tests.test_collector import collector, rows
+
+PAGE = b"""<html><head><title>Jobs board</title><style>.x{}</style></head><body>
+<script>var tracking = 1;</script>
+<ul>
+  <li class="job"><a href="/jobs/1"><h2>Data engineer</h2></a><p class="blurb">Postgres and Dagster</p></li>
+  <li class="job"><a href="https://127.0.0.1/jobs/2"><h2>SRE</h2></a><p class="blurb">On call, <b>kind</b> team</p></li>
+</ul></body></html>"""
+URL = "http://127.0.0.1/board"
+
+
+def test_selectors_give_one_item_per_element():
+    items = parse_page(PAGE, URL, {"item": "li.job", "title": "h2", "summary": ".blurb"})
+    assert [i.source_item_id for i in items] == ["http://127.0.0.1/jobs/1", "https://127.0.0.1/jobs/2"]
+    first = items[0].raw
+    assert (first["title"], first["url"], first["summary"]) == (
+        "Data engineer", "http://127.0.0.1/jobs/1", "Postgres and Dagster",
+    )
+    assert items[1].raw["summary"] == "On call, kind team"
+
+
+def test_without_selectors_the_page_is_a_change_detector():
+    [item] = parse_page(PAGE, URL, {})
+    assert item.source_item_id.startswith("sha256:") and item.raw["title"] == "Jobs board"
+    assert "tracking" not in item.raw["summary"], "scripts are not page text"
+    [same] = parse_page(PAGE.replace(b"<ul>", b"<ul>  "), URL, {})
+    assert same.source_item_id == item.source_item_id, "white space is not a change"
+    [changed] = parse_page(PAGE.replace(b"SRE", b"SRE (remote)"), URL, {})
+    assert changed.source_item_id != item.source_item_id
+
+
+@pytest.mark.parametrize(
+    ("config", "reason", "message"),
+    [
+        ({"item": "li[class="}, FailureReason.INVALID_CONFIG, "bad CSS selector"),
+        ({"item": "article.post"}, FailureReason.PARSE_ERROR, "matched nothing"),
+    ],
+)
+def test_bad_or_stale_selectors_are_reported(config, reason, message):
+    with pytest.raises(FetchError) as error:
+        parse_page(PAGE, URL, config)
+    assert error.value.reason is reason and message in str(error.value)
+
+
+def test_an_empty_page_is_a_parse_error():
+    with pytest.raises(FetchError, match="no text"):
+        parse_page(b"<html><body>   </body></html>", URL, {})
+
+
+def test_a_changed_page_yields_a_new_item_through_the_collector(engine):
+    server = LocalServer().start()
+    try:
+        body = [PAGE]
+        server.routes["/board"] = lambda h: h.reply(200, body[0], {"Content-Type": "text/html"})
+        with engine.begin() as conn:
+            add_source(conn, server.url("/board"), source_type="http")
+        assert collector(engine).run().items_new == 1
+        with engine.begin() as conn:
+            conn.execute(sa.update(schema.sources).values(next_fetch_at=None))
+        assert collector(engine).run().items_new == 0, "unchanged page, nothing new"
+        body[0] = PAGE.replace(b"SRE", b"Platform engineer")
+        with engine.begin() as conn:
+            conn.execute(sa.update(schema.sources).values(next_fetch_at=None))
+        assert collector(engine).run().items_new == 1
+        assert len(rows(engine, schema.listings_raw)) == 2
+    finally:
+        server.stop()
