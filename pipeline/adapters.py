@@ -7,6 +7,7 @@ cannot. The collector (pipeline/collector.py) chooses the adapter by ``source_ty
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Mapping
@@ -74,14 +75,18 @@ def fetch_and_parse(
     )
 
 
-def adapter_for(source_type: str) -> Adapter:
-    # Imported here: adapters import this module for Item and Outcome.
+@functools.cache
+def _adapters() -> dict[str, Adapter]:
+    # Imported here: the adapters import this module for Item, Outcome, fetch_and_parse.
     from pipeline.page import PageAdapter
     from pipeline.rss import RssAdapter
 
-    adapters: dict[str, Adapter] = {"rss": RssAdapter(), "http": PageAdapter()}
+    return {"rss": RssAdapter(), "http": PageAdapter()}
+
+
+def adapter_for(source_type: str) -> Adapter:
     try:
-        return adapters[source_type]
+        return _adapters()[source_type]
     except KeyError:
         raise FetchError(
             FailureReason.INVALID_CONFIG,
