@@ -186,6 +186,9 @@ class WorkQueue:
             else None
         )
         self._fenced: dict[tuple[str, ...], sa.Update] = {}
+        # The unlocked candidate query (portable claims) and the sensor's capped count.
+        self._chosen = self._chosen_ids()
+        self._count_stmt = sa.select(sa.func.count()).select_from(self._chosen.subquery())
 
     # -- time ---------------------------------------------------------------------------
 
@@ -240,10 +243,10 @@ class WorkQueue:
         """
         if cap < 1:
             raise ValueError(f"cap must be at least 1, got {cap}")
-        counted = sa.select(sa.func.count()).select_from(self._chosen_ids().subquery())
         params = {"claim_limit": cap, **self._time_params(self.lease)}
-        with self.engine.connect() as conn:
-            return int(conn.execute(counted, params).scalar_one())
+        # One SELECT, so autocommit: on SQLite a transaction would take the write lock.
+        with self._autocommit.connect() as conn:
+            return int(conn.execute(self._count_stmt, params).scalar_one())
 
     def _candidates(self, *, lock: bool) -> tuple[sa.Select[Any], sa.Select[Any]]:
         """The two branches of a claim: leases that expired, and rows never leased.
@@ -346,7 +349,7 @@ class WorkQueue:
         t = self.spec.table
         taken: list[int] = []
         with self._autocommit.connect() as conn:
-            candidates = list(conn.execute(self._chosen_ids(), params).scalars())
+            candidates = list(conn.execute(self._chosen, params).scalars())
             for row_id in candidates:
                 if conn.execute(self._claim_stmt, {**params, "claim_id": row_id}).rowcount == 1:
                     taken.append(row_id)
