@@ -23,13 +23,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from pipeline import schema
 from pipeline.adapters import Item, Outcome, adapter_for
 from pipeline.backoff import BackoffPolicy, next_fetch_after_success, retry_after_failure
 from pipeline.claim import Claim, WorkQueue
+from pipeline.db import on_conflict_insert
 from pipeline.failures import FailureReason, FetchError
 from pipeline.http import Fetcher
 from pipeline.settings import Settings
@@ -283,12 +283,11 @@ def _changed_item_ids(conn: sa.Connection, source_id: int, items: Sequence[Item]
         {"source_id": source_id, "source_item_id": i.source_item_id, "content_hash": i.content_hash}
         for i in items
     ]
-    name = conn.dialect.name
-    if name in ("postgresql", "sqlite"):
-        dialect_insert = postgresql.insert if name == "postgresql" else sqlite.insert
+    base = on_conflict_insert(conn, t)
+    if base is not None:
         changed: set[str] = set()
         for start in range(0, len(rows), 1000):  # well under SQLite's bound-variable limit
-            insert = dialect_insert(t).values(rows[start : start + 1000])
+            insert = base.values(rows[start : start + 1000])  # a new statement each chunk
             stmt = insert.on_conflict_do_update(
                 index_elements=[t.c.source_id, t.c.source_item_id],
                 set_={

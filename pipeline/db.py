@@ -124,16 +124,26 @@ def check_connection(engine: Engine) -> None:
         raise DatabaseUnavailable(f"cannot connect to {display_url(engine.url)}: {reason}") from None
 
 
+def on_conflict_insert(
+    conn: sa.Connection, table: sa.Table
+) -> postgresql.Insert | sqlite.Insert | None:
+    """The dialect's INSERT that takes ON CONFLICT clauses, or None where there is none."""
+    if conn.dialect.name == "postgresql":
+        return postgresql.insert(table)
+    if conn.dialect.name == "sqlite":
+        return sqlite.insert(table)
+    return None
+
+
 def insert_ignoring_conflicts(
     conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]], keys: list[str]
 ) -> int:
     """Insert ``rows``, skipping those whose ``keys`` already exist; return how many went in."""
     if not rows:
         return 0
-    name = conn.dialect.name
-    if name in ("postgresql", "sqlite"):
-        dialect_insert = postgresql.insert if name == "postgresql" else sqlite.insert
-        stmt = dialect_insert(table).on_conflict_do_nothing(index_elements=keys)
+    insert = on_conflict_insert(conn, table)
+    if insert is not None:
+        stmt = insert.on_conflict_do_nothing(index_elements=keys)
         return len(conn.execute(stmt.returning(table.c[keys[0]]), rows).all())
     # Any other dialect: look first (correct within one transaction of one writer).
     present = {
