@@ -4,14 +4,10 @@
 
 import dagster as dg
 
+from assets.policies import STEP_RETRY
 from pipeline.collector import Collector
+from pipeline.status import recorded
 from resources import PipelineDatabase
-
-# A step that fails as a whole (database gone, process killed) is retried; a failing
-# source is not a failing step: the collector reschedules it and carries on.
-STEP_RETRY = dg.RetryPolicy(
-    max_retries=3, delay=15, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS
-)
 
 
 class CollectConfig(dg.Config):
@@ -31,9 +27,10 @@ def listings_raw(
     context: dg.AssetExecutionContext, config: CollectConfig, database: PipelineDatabase
 ) -> dg.MaterializeResult[None]:
     run_id = context.run.run_id
-    stats = Collector(
-        database.engine, database.settings(), worker=f"dagster:{run_id}", run_id=run_id
-    ).run(max_sources=config.max_sources, concurrency=config.concurrency)
+    with recorded(database.engine, "collector"):
+        stats = Collector(
+            database.engine, database.settings(), worker=f"dagster:{run_id}", run_id=run_id
+        ).run(max_sources=config.max_sources, concurrency=config.concurrency)
     totals = stats.as_dict()
     context.log.info(f"collector totals: {totals}")
     metadata = {k: v for k, v in totals.items() if v is not None and k != "failed_by_reason"}

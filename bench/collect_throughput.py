@@ -5,11 +5,17 @@ Measured in the same run, on the same bytes from the same server process:
 * project  -- `Collector.run` (what `pipeline collect` runs) in --processes processes,
               each with --concurrency threads, against PostgreSQL.
 * reader   -- the `reader` library's `update_feeds(workers=16)` (its own SQLite).
-* ceiling  -- feedparser alone parsing the same 500 documents on every core.
+* ceiling  -- feedparser alone, with the project's options, parsing the same 500
+              documents on every core.
 
 Then every source is made due again and both fetch a second time: the server answers
 304 Not Modified to both (ETag), so that pass measures scheduling and bookkeeping.
+Each pass is repeated --repeats times, the project and reader interleaved, and the
+median is reported (a one-second pass swings +-20% on a 2-core machine).
 Finally, the peak memory of a collector process is compared for 100 and 500 sources.
+
+The server sets TCP_NODELAY, as production web servers do: without it, Python's
+http.server sends the tail of each body after a delayed ACK (~40 ms per response).
 
     .bench-venv/bin/pip install -e . -r bench/requirements.txt
     .bench-venv/bin/python bench/collect_throughput.py --database-url postgresql://postgres@127.0.0.1:5432/test
@@ -21,6 +27,8 @@ import argparse
 import multiprocessing
 import os
 import resource
+import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -33,9 +41,9 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline import db, schema  # noqa: E402
-from pipeline.collector import Collector  # noqa: E402
-from pipeline.settings import Settings  # noqa: E402
+from pipeline import db, schema
+from pipeline.collector import Collector
+from pipeline.settings import Settings
 
 DB_NAME = "bench_collect"
 ITEMS = 25
@@ -62,7 +70,7 @@ def serve(port_queue: multiprocessing.Queue, feeds: int) -> None:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             body = bodies.get(self.path)
             if body is None:
                 self.send_response(404)
@@ -86,8 +94,15 @@ def serve(port_queue: multiprocessing.Queue, feeds: int) -> None:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+
+        def get_request(self) -> tuple[socket.socket, object]:
+            conn, address = super().get_request()
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return conn, address
+
+    server = Server(("127.0.0.1", 0), Handler)
     port_queue.put(server.server_address[1])
     server.serve_forever()
 
@@ -116,7 +131,9 @@ def run_collectors(url: str, processes: int, concurrency: int) -> tuple[int, int
 def parse_one(body: bytes) -> int:
     import feedparser
 
-    return len(feedparser.parse(body).entries)
+    from pipeline.rss import FEEDPARSER_OPTIONS
+
+    return len(feedparser.parse(body, **FEEDPARSER_OPTIONS).entries)
 
 
 def main() -> int:
@@ -125,6 +142,7 @@ def main() -> int:
     parser.add_argument("--feeds", type=int, default=500)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
     spawn = multiprocessing.get_context("spawn")
@@ -136,60 +154,64 @@ def main() -> int:
 
     admin = sa.create_engine(db.parse_url(args.database_url), isolation_level="AUTOCOMMIT")
 
-    def fresh_database() -> tuple[sa.Engine, str]:
+    def fresh_database(urls: list[str]) -> tuple[sa.Engine, str]:
         with admin.connect() as conn:
             conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
             conn.exec_driver_sql(f"CREATE DATABASE {DB_NAME}")
         url = db.parse_url(args.database_url).set(database=DB_NAME).render_as_string(hide_password=False)
         engine = db.create_engine(url)
         db.upgrade(engine)
-        return engine, url
-
-    def add_sources(engine: sa.Engine, urls: list[str]) -> None:
         with engine.begin() as conn:
             conn.execute(sa.insert(schema.sources), [
                 {"name": u, "url": u, "source_type": "rss"} for u in urls
             ])
+        return engine, url
 
     def make_due(engine: sa.Engine) -> None:
         with engine.begin() as conn:
             conn.execute(sa.update(schema.sources).values(next_fetch_at=None))
 
-    print(f"{args.feeds} feeds x {ITEMS} items ({len(make_feed(0)) // 1024} KB each), "
-          f"{os.cpu_count()} CPUs, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
+    def project_passes() -> tuple[float, float, int]:
+        engine, url = fresh_database(feed_urls)
+        fetched, items, first, peak = run_collectors(url, args.processes, args.concurrency)
+        assert fetched == args.feeds and items == args.feeds * ITEMS, (fetched, items)
+        make_due(engine)
+        fetched, items, second, _ = run_collectors(url, args.processes, args.concurrency)
+        assert fetched == args.feeds and items == 0, (fetched, items)
+        engine.dispose()
+        return first, second, peak
 
-    # -- the project -------------------------------------------------------------------
-    engine, url = fresh_database()
-    add_sources(engine, feed_urls)
-    fetched, items, first, peak_500 = run_collectors(url, args.processes, args.concurrency)
-    assert fetched == args.feeds and items == args.feeds * ITEMS, (fetched, items)
-    make_due(engine)
-    fetched_again, new_again, second, _ = run_collectors(url, args.processes, args.concurrency)
-    assert fetched_again == args.feeds and new_again == 0, (fetched_again, new_again)
-    engine.dispose()
+    def reader_passes() -> tuple[float, float]:
+        from reader import make_reader
+
+        with tempfile.TemporaryDirectory() as tmp:
+            reader = make_reader(str(Path(tmp) / "reader.sqlite"))
+            for u in feed_urls:
+                reader.add_feed(u)
+            started = time.monotonic()
+            reader.update_feeds(workers=16, scheduled=False)
+            first = time.monotonic() - started
+            entries = reader.get_entry_counts().total
+            started = time.monotonic()
+            reader.update_feeds(workers=16, scheduled=False)
+            second = time.monotonic() - started
+            reader.close()
+        assert entries == args.feeds * ITEMS, entries
+        return first, second
+
+    print(f"{args.feeds} feeds x {ITEMS} items ({len(make_feed(0)) // 1024} KB each), "
+          f"{os.cpu_count()} CPUs, {args.processes} processes x {args.concurrency} threads, "
+          f"median of {args.repeats}, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
+    project: list[tuple[float, float, int]] = []
+    reader: list[tuple[float, float]] = []
+    for _ in range(args.repeats):
+        project.append(project_passes())
+        reader.append(reader_passes())
 
     # Peak memory with a fifth of the sources: it should not grow with their number.
-    engine, url = fresh_database()
-    add_sources(engine, feed_urls[: args.feeds // 5])
+    engine, url = fresh_database(feed_urls[: args.feeds // 5])
     _, _, _, peak_100 = run_collectors(url, args.processes, args.concurrency)
     engine.dispose()
-
-    # -- reader ------------------------------------------------------------------------
-    from reader import make_reader
-
-    with tempfile.TemporaryDirectory() as tmp:
-        reader = make_reader(str(Path(tmp) / "reader.sqlite"))
-        for u in feed_urls:
-            reader.add_feed(u)
-        started = time.monotonic()
-        reader.update_feeds(workers=16, scheduled=False)
-        reader_first = time.monotonic() - started
-        reader_entries = reader.get_entry_counts().total
-        started = time.monotonic()
-        reader.update_feeds(workers=16, scheduled=False)
-        reader_second = time.monotonic() - started
-        reader.close()
-    assert reader_entries == args.feeds * ITEMS, reader_entries
 
     # -- parse-only ceiling ------------------------------------------------------------
     bodies = [make_feed(n) for n in range(args.feeds)]
@@ -200,14 +222,23 @@ def main() -> int:
         ceiling = time.monotonic() - started
     assert parsed == args.feeds * ITEMS
 
+    first, second = (statistics.median(p[i] for p in project) for i in (0, 1))
+    reader_first, reader_second = (statistics.median(r[i] for r in reader) for i in (0, 1))
+    peak_500 = max(p[2] for p in project)
+
     def rate(seconds: float) -> float:
         return args.feeds / seconds
+
+    def runs(values: list[float]) -> str:
+        return "/".join(f"{rate(v):.0f}" for v in values)
 
     print(f"{'pass':<22} {'project':>10} {'reader':>10} {'ratio':>6} {'parse ceiling':>14}   (feeds/s)")
     print(f"{'first (200, new)':<22} {rate(first):>10.0f} {rate(reader_first):>10.0f}"
           f" {reader_first / first:>6.2f} {rate(ceiling):>14.0f}")
     print(f"{'second (304)':<22} {rate(second):>10.0f} {rate(reader_second):>10.0f}"
           f" {reader_second / second:>6.2f}")
+    print(f"each run: first pass project {runs([p[0] for p in project])}, reader {runs([r[0] for r in reader])};"
+          f" second pass project {runs([p[1] for p in project])}, reader {runs([r[1] for r in reader])}")
     print(f"items/s, first pass: project {args.feeds * ITEMS / first:.0f}, reader {args.feeds * ITEMS / reader_first:.0f}")
     print(f"collector peak RSS per process: {peak_100 // 1024} MiB with {args.feeds // 5} sources,"
           f" {peak_500 // 1024} MiB with {args.feeds}")

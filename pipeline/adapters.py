@@ -17,6 +17,29 @@ from typing import Any, Protocol
 from pipeline.failures import FailureReason, FetchError
 from pipeline.http import Fetcher, FetchResult
 
+# Longer item ids are stored as their hash: PostgreSQL cannot index a key of more than
+# about 2.7 KB, and no real guid or link comes near this.
+MAX_ITEM_ID_CHARS = 1000
+
+
+def _storable(value: Any) -> Any:
+    """``value`` with every string made storable: NUL characters dropped (no database text
+    type, nor PostgreSQL's jsonb, stores one) and lone surrogates, which have no UTF-8
+    form, replaced."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            value = value.replace("\x00", "")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            value = value.encode("utf-8", "replace").decode("utf-8")
+        return value
+    if isinstance(value, dict):
+        return {_storable(k): _storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_storable(v) for v in value]
+    return value
+
 
 @dataclass(frozen=True)
 class Item:
@@ -27,10 +50,21 @@ class Item:
     url: str
     raw: dict[str, Any]
 
-    @property
+    def __post_init__(self) -> None:
+        for name in ("source_item_id", "url", "raw"):
+            object.__setattr__(self, name, _storable(getattr(self, name)))
+        if len(self.source_item_id) > MAX_ITEM_ID_CHARS:
+            digest = hashlib.sha256(self.source_item_id.encode()).hexdigest()
+            object.__setattr__(self, "source_item_id", f"sha256:{digest}")
+
+    @functools.cached_property
+    def raw_text(self) -> str:
+        """``raw`` as JSON text, keys sorted: what is stored, and what is hashed."""
+        return json.dumps(self.raw, sort_keys=True, ensure_ascii=False)
+
+    @functools.cached_property
     def content_hash(self) -> str:
-        encoded = json.dumps(self.raw, sort_keys=True, ensure_ascii=False).encode()
-        return hashlib.sha256(encoded).hexdigest()
+        return hashlib.sha256(self.raw_text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -43,20 +77,34 @@ class Outcome:
     last_modified: str | None = None
     moved_to: str | None = None  # a permanent redirect: the source's new URL
     not_modified: bool = False
+    # Keys to merge into the source's config, e.g. a YouTube @handle's channel id once
+    # resolved, so it is looked up once.
+    config_updates: dict[str, Any] | None = None
 
 
 class Adapter(Protocol):
+    def check_config(self, config: Mapping[str, Any]) -> None:
+        """ValueError saying what is wrong with a source's ``config`` for this adapter."""
+        ...
+
     def fetch(self, source: Mapping[str, Any], fetcher: Fetcher) -> Outcome:
         """Fetch ``source`` (a ``sources`` row) and return its current items."""
         ...
 
 
 def fetch_and_parse(
-    source: Mapping[str, Any], fetcher: Fetcher, parse: Callable[[FetchResult], list[Item]]
+    source: Mapping[str, Any],
+    fetcher: Fetcher,
+    parse: Callable[[FetchResult], list[Item]],
+    *,
+    url: str | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> Outcome:
-    """A conditional GET of the source's URL; ``parse`` turns a fresh body into items."""
+    """A conditional GET of ``url`` (default: the source's URL); ``parse`` turns a fresh
+    body into items."""
     result = fetcher.fetch(
-        source["url"], etag=source.get("etag"), last_modified=source.get("last_modified")
+        url or source["url"], etag=source.get("etag"), last_modified=source.get("last_modified"),
+        headers=headers,
     )
     if result.not_modified:  # keep the validators we sent unless the server sent new ones
         return Outcome(
@@ -80,8 +128,9 @@ def _adapters() -> dict[str, Adapter]:
     # Imported here: the adapters import this module for Item, Outcome, fetch_and_parse.
     from pipeline.page import PageAdapter
     from pipeline.rss import RssAdapter
+    from pipeline.youtube import YouTubeAdapter
 
-    return {"rss": RssAdapter(), "http": PageAdapter()}
+    return {"rss": RssAdapter(), "http": PageAdapter(), "youtube": YouTubeAdapter()}
 
 
 def adapter_for(source_type: str) -> Adapter:

@@ -86,11 +86,21 @@ def retry_after_failure(
             if permanent
             else (policy.transient_base, policy.transient_cap)
         )
-        # Past the cap more doublings change nothing; bounding them keeps the
-        # timedelta arithmetic far from its limits after thousands of failures.
-        doublings = min(consecutive_failures - 1, 30)
-        delay = min(cap, base * 2**doublings) * (1 + policy.jitter * (2 * u - 1))
-        at = now + delay
+        at = now + exponential_delay(consecutive_failures, base=base, cap=cap, jitter=policy.jitter, u=u)
     if retry_after is not None and retry_after > at:
         at = retry_after
     return Retry(at=at, disable=permanent and consecutive_failures >= policy.disable_after)
+
+
+def exponential_delay(
+    attempt: int, *, base: timedelta, cap: timedelta, jitter: float, u: float
+) -> timedelta:
+    """``min(cap, base * 2 ** (attempt - 1)) * (1 + jitter * (2u - 1))``: the one backoff
+    formula, for sources here and for notification deliveries (pipeline/delivery.py)."""
+    if attempt < 1:
+        raise ValueError(f"attempt counts from 1, got {attempt}")
+    # Past the cap more doublings change nothing; bounding them keeps the timedelta
+    # arithmetic far from its limits after thousands of failures.
+    doublings = min(attempt - 1, 30)
+    delay: timedelta = min(cap, base * 2**doublings) * (1 + jitter * (2 * u - 1))
+    return delay

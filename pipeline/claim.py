@@ -26,6 +26,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Engine, RowMapping
 
+from pipeline.recordset import json_rows, recordset
+
 log = logging.getLogger(__name__)
 
 Predicate = sa.ColumnElement[bool]
@@ -123,6 +125,15 @@ class Claim:
 
     def __bool__(self) -> bool:
         return bool(self.rows)
+
+
+@dataclass(frozen=True)
+class RowCompletion:
+    """One claimed row to finish with values of its own (see ``WorkQueue.complete_each``)."""
+
+    claim: Claim
+    row_id: int
+    values: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -402,6 +413,8 @@ class WorkQueue:
         ids: Sequence[int] | None,
         values: Mapping[str, Any],
         action: str,
+        *,
+        quiet: bool = False,
     ) -> Fenced:
         if "locked_until" in values or "claim_token" in values:
             raise ValueError(f"the {action} clears the lease itself; do not set claim columns")
@@ -410,7 +423,7 @@ class WorkQueue:
             params = {f"set_{name}": value for name, value in values.items()}
         else:  # a SQL expression among the values: this statement is built as given
             stmt, params = self._fenced_statement(()).values(dict(values)), {}
-        return self._run_fenced(conn, claim, ids, stmt, params, action)
+        return self._run_fenced(conn, claim, ids, stmt, params, action, quiet=quiet)
 
     def _run_fenced(
         self,
@@ -420,6 +433,8 @@ class WorkQueue:
         stmt: sa.Update,
         params: dict[str, Any],
         action: str,
+        *,
+        quiet: bool = False,
     ) -> Fenced:
         wanted = list(claim.ids if ids is None else ids)
         if not wanted:
@@ -431,7 +446,7 @@ class WorkQueue:
             with self._one_statement.begin() as own:
                 done = own.execute(stmt, params).scalars().all()
         lost = sorted(set(wanted) - set(done))
-        if lost:
+        if lost and not quiet:
             log.warning(
                 "%s of %d %s row(s) by %s changed nothing: they are no longer held under"
                 " this claim (lease expired and claimed again, or already finished;"
@@ -462,6 +477,114 @@ class WorkQueue:
         """
         return self._finish(conn, claim, ids, values, "completion")
 
+    def complete_each(
+        self, completions: Sequence[RowCompletion], *, conn: Connection
+    ) -> Fenced:
+        """Finish claimed rows that each take values of their own, fenced row by row.
+
+        Rows may come from different claims. On PostgreSQL the rows that set the same
+        columns go in one statement: ``UPDATE t SET c = v.c ... FROM
+        jsonb_to_recordset(:rows) AS v(id, fence_token, fence_worker, c ...) WHERE t.id =
+        v.id AND t.claim_token = v.fence_token AND t.claimed_by = v.fence_worker``, one
+        bound JSON parameter whatever the batch size. Elsewhere, the fenced UPDATE of
+        ``complete`` per row, in ``conn``'s transaction.
+        """
+        groups: dict[tuple[str, ...], list[RowCompletion]] = {}
+        for completion in completions:
+            if any(isinstance(v, sa.ClauseElement) for v in completion.values.values()):
+                raise ValueError("complete_each takes plain values, not SQL expressions")
+            if "locked_until" in completion.values or "claim_token" in completion.values:
+                raise ValueError("the completion clears the lease itself; do not set claim columns")
+            groups.setdefault(tuple(sorted(completion.values)), []).append(completion)
+        done: list[int] = []
+        lost: list[int] = []
+        for columns, group in groups.items():
+            if self.strategy is Strategy.POSTGRES:
+                rows = [
+                    {"id": c.row_id, "fence_token": c.claim.token, "fence_worker": c.claim.worker,
+                     **c.values}
+                    for c in group
+                ]
+                stmt = self._fenced_each_statement(columns)
+                changed = set(conn.execute(stmt, {"rows": json_rows(rows)}).scalars())
+            else:
+                changed = set()
+                for c in group:
+                    fenced = self._finish(conn, c.claim, [c.row_id], c.values, "completion",
+                                          quiet=True)
+                    changed.update(fenced.done)
+            for c in group:
+                (done if c.row_id in changed else lost).append(c.row_id)
+        if lost:
+            log.warning(
+                "completion of %d %s row(s) changed nothing: they are no longer held under"
+                " the claims that took them (lease expired and claimed again, or already"
+                " finished; ids %s)", len(lost), self.spec.name, sorted(lost)[:20],
+            )
+        return Fenced(done=sorted(done), lost=sorted(lost))
+
+    def defer_each(
+        self, completions: Sequence[RowCompletion], *, seconds: int, conn: Connection
+    ) -> Fenced:
+        """Write each row's values and keep it out of every claim for ``seconds``: its lease
+        is pushed to now + ``seconds`` under the same claim, so it is claimable again, by
+        anyone, once that runs out (a retry later, e.g. a row that failed to process).
+        One fenced UPDATE per row: deferrals are the exception, not the hot path."""
+        done: list[int] = []
+        lost: list[int] = []
+        params = self._time_params(timedelta(seconds=seconds))
+        for c in completions:
+            if "locked_until" in c.values or "claim_token" in c.values:
+                raise ValueError("defer_each sets the lease itself; do not set claim columns")
+            columns = tuple(sorted(c.values))
+            key = (*columns, "+defer")
+            stmt = self._fenced.get(key)
+            if stmt is None:
+                t = self.spec.table
+                values: dict[str, Any] = {
+                    name: sa.bindparam(f"set_{name}", type_=t.c[name].type) for name in columns
+                }
+                # The extension's statement (it moves locked_until only), plus the values.
+                stmt = self._fenced_statement((), extend=True).values(values)
+                self._fenced[key] = stmt
+            fenced = self._run_fenced(
+                conn, c.claim, [c.row_id], stmt,
+                {**params, **{f"set_{k}": v for k, v in c.values.items()}}, "deferral", quiet=True,
+            )
+            done.extend(fenced.done)
+            lost.extend(fenced.lost)
+        if lost:
+            log.warning("deferral of %d %s row(s) changed nothing: no longer held (ids %s)",
+                        len(lost), self.spec.name, sorted(lost)[:20])
+        return Fenced(done=sorted(done), lost=sorted(lost))
+
+    def _fenced_each_statement(self, columns: tuple[str, ...]) -> sa.Update:
+        """The PostgreSQL statement of ``complete_each`` for one set of columns; built once."""
+        key = (*columns, "+each")
+        stmt = self._fenced.get(key)
+        if stmt is None:
+            t = self.spec.table
+            v = recordset([
+                sa.column("id", sa.BigInteger()),
+                sa.column("fence_token", sa.Text()),
+                sa.column("fence_worker", sa.Text()),
+                *(sa.column(name, t.c[name].type) for name in columns),
+            ])
+            values: dict[str, Any] = {name: v.c[name] for name in columns}
+            values.update(locked_until=None, claimed_by=None, claim_token=None)
+            stmt = (
+                sa.update(t)
+                .where(
+                    t.c.id == v.c.id,
+                    t.c.claim_token == v.c.fence_token,
+                    t.c.claimed_by == v.c.fence_worker,
+                )
+                .values(values)
+                .returning(t.c.id)
+            )
+            self._fenced[key] = stmt
+        return stmt
+
     def release(
         self,
         claim: Claim,
@@ -485,3 +608,4 @@ class WorkQueue:
         lease = self.lease if seconds is None else timedelta(seconds=seconds)
         stmt = self._fenced_statement((), extend=True)
         return self._run_fenced(conn, claim, ids, stmt, self._time_params(lease), "lease extension")
+

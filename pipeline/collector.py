@@ -1,15 +1,19 @@
 """One collector pass: claim due sources, fetch them, store what is new, reschedule them.
 
-Per source: an ``ingestion.started`` event when it is claimed; the fetch with no
-transaction and no row lock open; then ONE transaction holding the fenced completion
-(next_fetch_at, validators, failure streak), the raw rows of new or changed items and
-the ``ingestion.completed`` event, so after a crash all of them exist or none does.
-A failing source is rescheduled by pipeline/backoff.py and never fails the pass.
+Fetches run on a thread pool with no transaction and no row lock open; the pool is kept
+full (pipeline/workpool.py: sources are claimed as threads come free), so one slow
+source delays no other.
+Each source gets an ``ingestion.started`` event when it is claimed. Fetches that finish
+together are written in ONE transaction holding, for each of them, the fenced completion
+(next_fetch_at, validators, failure streak), the raw rows of new or changed items and the
+``ingestion.completed`` event: after a crash, all of a source's writes exist or none.
+If the database refuses that transaction, each source is written alone, so one source's
+bad data fails only that source. A failing source is rescheduled by pipeline/backoff.py
+and never fails the pass.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import random
@@ -17,24 +21,26 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, RowMapping
 
 from pipeline import schema
 from pipeline.adapters import Item, Outcome, adapter_for
 from pipeline.backoff import BackoffPolicy, next_fetch_after_success, retry_after_failure
-from pipeline.claim import Claim, WorkQueue
-from pipeline.db import on_conflict_insert
+from pipeline.claim import Claim, RowCompletion, WorkQueue
+from pipeline.db import insert_rows, on_conflict_insert
 from pipeline.failures import FailureReason, FetchError
 from pipeline.http import Fetcher
 from pipeline.settings import Settings
+from pipeline.workpool import work_claimed
 
 log = logging.getLogger("pipeline.ingestion")
+
+_INSERT_RAW = sa.insert(schema.listings_raw)
 
 
 @dataclass
@@ -69,6 +75,28 @@ class CollectStats:
             "fetch_latency_p95_ms": self.percentile(95),
         }
 
+    def tally(self, event: Mapping[str, Any]) -> None:
+        self.latencies_ms.append(event["duration_ms"])
+        if event["success"]:
+            self.succeeded += 1
+            self.not_modified += event["http_status"] == 304
+            self.items_seen += event["items_seen"]
+            self.items_new += event["items_new"]
+        else:
+            self.failed[event["failure_reason"]] += 1
+
+
+@dataclass
+class Fetched:
+    """One source after its fetch: an outcome or an error, and how long it took."""
+
+    claim: Claim
+    source: Mapping[str, Any]
+    outcome: Outcome | None
+    error: FetchError | None
+    finished: datetime
+    duration_ms: int
+
 
 @dataclass
 class Collector:
@@ -79,6 +107,9 @@ class Collector:
     policy: BackoffPolicy = field(default_factory=BackoffPolicy)
     batch_size: int = 32
     per_host: int = 2
+    # Results that finish within this many seconds of each other are written in one
+    # transaction: per-transaction work is then shared (bench/RESULTS.md).
+    write_window: float = 0.1
     random_unit: Callable[[], float] = random.random
 
     def run(self, *, max_sources: int | None = None, concurrency: int | None = None) -> CollectStats:
@@ -92,25 +123,24 @@ class Collector:
             allow_networks=self.settings.allow_networks,
             per_host=self.per_host,
             max_connections=max(threads * 2, 8),
-        ) as fetcher, ThreadPoolExecutor(threads, thread_name_prefix="collect") as pool:
-            while max_sources is None or stats.claimed < max_sources:
-                remaining = None if max_sources is None else max_sources - stats.claimed
-                limit = min(self.batch_size, threads * 2, remaining or self.batch_size)
-                claim = queue.claim(self.worker, limit)
-                if not claim:
-                    break
-                stats.claimed += len(claim)
-                self._record_started(claim)
-                one = functools.partial(self._collect_one, queue, claim, fetcher=fetcher)
-                for event in pool.map(one, claim.rows):
-                    self._tally(stats, event)
+        ) as fetcher:
+            stats.claimed = work_claimed(
+                queue, self.worker, threads=threads, max_rows=max_sources,
+                batch_size=self.batch_size, write_window=self.write_window,
+                start=self._start,
+                work=lambda job: self._fetch(*job, fetcher),
+                write=lambda batch: self._store(queue, batch, stats),
+            )
         return stats
 
-    # -- one source ---------------------------------------------------------------------
+    def _start(self, claim: Claim) -> list[tuple[Claim, RowMapping]]:
+        self._record_started(claim)
+        return [(claim, row) for row in claim.rows]
 
-    def _collect_one(
-        self, queue: WorkQueue, claim: Claim, source: Mapping[str, Any], *, fetcher: Fetcher
-    ) -> dict[str, Any]:
+    # -- fetching (on the pool's threads) ------------------------------------------------
+
+    def _fetch(self, claim: Claim, row: RowMapping, fetcher: Fetcher) -> Fetched:
+        source: Mapping[str, Any] = dict(row)
         started = time.monotonic()
         outcome: Outcome | None = None
         error: FetchError | None = None
@@ -121,26 +151,63 @@ class Collector:
         except Exception as exc:  # an adapter bug must not stop the other sources
             log.exception("adapter crashed on source %s", source["id"])
             error = FetchError(FailureReason.PARSE_ERROR, f"unexpected {type(exc).__name__}: {exc}")
-        finished = datetime.now(UTC)
         duration_ms = int((time.monotonic() - started) * 1000)
-        with self.engine.begin() as conn:
-            if outcome is not None:
-                event = self._finish_success(conn, queue, claim, source, outcome, finished)
-            else:
-                assert error is not None
-                event = self._finish_failure(conn, queue, claim, source, error, finished)
-            event.update(duration_ms=duration_ms)
-            if event.pop("lost"):
-                return {**event, "lost": True}
-            row = self._event_row(source, event)
-            conn.execute(sa.insert(schema.ingestion_events).values(row))
-        _log(row)  # after the commit: the log never shows an event the database lacks
-        return event
+        return Fetched(claim, source, outcome, error, datetime.now(UTC), duration_ms)
 
-    def _finish_success(
-        self, conn: sa.Connection, queue: WorkQueue, claim: Claim, source: Mapping[str, Any],
-        outcome: Outcome, finished: datetime,
-    ) -> dict[str, Any]:
+    # -- storing (on the collector's own thread) ----------------------------------------
+
+    def _store(self, queue: WorkQueue, batch: list[Fetched], stats: CollectStats) -> None:
+        """Write a batch in one transaction; if the database refuses it, source by source."""
+        try:
+            events = self._write(queue, batch)
+        except sa.exc.StatementError as exc:
+            if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+                raise  # the database is gone, not this batch's data: fail the step
+            if len(batch) > 1:
+                for one in batch:
+                    self._store(queue, [one], stats)
+                return
+            # This source's own data was refused (a value the database cannot store):
+            # it fails like a broken document, so it backs off instead of failing again.
+            [fetched] = batch
+            reason = str(exc.orig or exc).strip().splitlines()[0]
+            log.warning("the database refused the items of source %s: %s", fetched.source["id"], reason)
+            fetched.outcome = None
+            fetched.error = FetchError(
+                FailureReason.PARSE_ERROR, f"the database refused this source's items: {reason}"
+            )
+            events = self._write(queue, batch)
+        stats.fenced_out += len(batch) - len(events)
+        for event in events:
+            stats.tally(event)
+            _log(event)  # after the commit: the log never shows an event the database lacks
+
+    def _write(self, queue: WorkQueue, batch: list[Fetched]) -> list[dict[str, Any]]:
+        """Complete, store items and record events for ``batch``; the events written."""
+        with self.engine.begin() as conn:
+            completions = {}
+            for fetched in batch:
+                if fetched.outcome is not None:
+                    values = self._success_values(conn, fetched, fetched.outcome)
+                else:
+                    assert fetched.error is not None
+                    values = self._failure_values(fetched, fetched.error)
+                completions[fetched.source["id"]] = values
+            fenced = queue.complete_each(
+                [RowCompletion(f.claim, f.source["id"], completions[f.source["id"]]) for f in batch],
+                conn=conn,
+            )
+            kept = [f for f in batch if f.source["id"] in set(fenced.done)]
+            new = store_items(
+                conn,
+                [(f.source["id"], f.outcome.items) for f in kept if f.outcome and f.outcome.items],
+            )
+            events = [self._completed_event(f, completions[f.source["id"]], new) for f in kept]
+            insert_rows(conn, schema.ingestion_events, events)
+        return events
+
+    def _success_values(self, conn: sa.Connection, fetched: Fetched, outcome: Outcome) -> dict[str, Any]:
+        source, finished = fetched.source, fetched.finished
         values: dict[str, Any] = {
             "next_fetch_at": next_fetch_after_success(finished, source["fetch_interval_minutes"]),
             "last_fetched_at": finished,
@@ -150,29 +217,21 @@ class Collector:
             "etag": outcome.etag,
             "last_modified": outcome.last_modified,
         }
-        if outcome.moved_to and outcome.moved_to != source["url"] and not self._url_taken(conn, outcome.moved_to):
+        if outcome.moved_to and outcome.moved_to != source["url"] and not _url_taken(conn, outcome.moved_to):
             values["url"] = outcome.moved_to  # a permanent redirect updates the stored URL
-        fenced = queue.complete(claim, values, ids=[source["id"]], conn=conn)
-        items_new = 0 if fenced.lost else self._store_items(conn, source["id"], outcome.items)
-        return {
-            "lost": bool(fenced.lost), "success": True, "failure_reason": None,
-            "retry_in_minutes": None, "http_status": outcome.http_status,
-            "items_seen": len(outcome.items), "items_new": items_new,
-            "not_modified": outcome.not_modified,
-        }
+        if outcome.config_updates:
+            values["config"] = {**(source["config"] or {}), **outcome.config_updates}
+        return values
 
-    def _finish_failure(
-        self, conn: sa.Connection, queue: WorkQueue, claim: Claim, source: Mapping[str, Any],
-        error: FetchError, finished: datetime,
-    ) -> dict[str, Any]:
-        failures = source["consecutive_failures"] + 1
+    def _failure_values(self, fetched: Fetched, error: FetchError) -> dict[str, Any]:
+        failures = fetched.source["consecutive_failures"] + 1
         retry = retry_after_failure(
-            error.reason, failures, now=finished, u=self.random_unit(),
+            error.reason, failures, now=fetched.finished, u=self.random_unit(),
             retry_after=error.retry_after, policy=self.policy,
         )
         values: dict[str, Any] = {
             "next_fetch_at": retry.at,
-            "last_fetched_at": finished,
+            "last_fetched_at": fetched.finished,
             "consecutive_failures": failures,
             "last_failure_reason": error.reason.value,
         }
@@ -181,45 +240,13 @@ class Collector:
                 enabled=False,
                 disabled_reason=f"{error.reason.value} {failures} times in a row; last: {error.message}",
             )
-        fenced = queue.complete(claim, values, ids=[source["id"]], conn=conn)
-        return {
-            "lost": bool(fenced.lost), "success": False, "failure_reason": error.reason.value,
-            "retry_in_minutes": round(retry.minutes_after(finished), 3),
-            "http_status": error.http_status, "items_seen": 0, "items_new": 0,
-            "error": error.message, "disabled": retry.disable,
-        }
-
-    @staticmethod
-    def _url_taken(conn: sa.Connection, url: str) -> bool:
-        t = schema.sources
-        return conn.execute(sa.select(t.c.id).where(t.c.url == url)).first() is not None
-
-    # -- items --------------------------------------------------------------------------
-
-    def _store_items(self, conn: sa.Connection, source_id: int, items: Sequence[Item]) -> int:
-        """Insert raw rows for the items that are new or changed; return how many."""
-        unique = list({item.source_item_id: item for item in items}.values())
-        if not unique:
-            return 0
-        changed = _changed_item_ids(conn, source_id, unique)
-        rows = [
-            {
-                "source_id": source_id,
-                "source_item_id": item.source_item_id,
-                "url": item.url,
-                "raw_json": item.raw,
-                "content_hash": item.content_hash,
-            }
-            for item in unique
-            if item.source_item_id in changed
-        ]
-        if rows:
-            conn.execute(sa.insert(schema.listings_raw), rows)
-        return len(rows)
+        return values
 
     # -- telemetry ----------------------------------------------------------------------
 
     def _record_started(self, claim: Claim) -> None:
+        if not claim:
+            return
         rows = [
             {
                 "event": "ingestion.started",
@@ -231,46 +258,127 @@ class Collector:
             for source in claim.rows
         ]
         with self.engine.begin() as conn:
-            conn.execute(sa.insert(schema.ingestion_events), rows)
+            insert_rows(conn, schema.ingestion_events, rows)
         for row in rows:
             _log(row)
 
-    def _event_row(self, source: Mapping[str, Any], event: Mapping[str, Any]) -> dict[str, Any]:
-        details = {k: event[k] for k in ("error", "disabled", "not_modified") if event.get(k) is not None}
+    def _completed_event(
+        self, fetched: Fetched, values: Mapping[str, Any], new: Mapping[int, int]
+    ) -> dict[str, Any]:
+        source, outcome, error = fetched.source, fetched.outcome, fetched.error
+        details: dict[str, Any] = {}
+        if error is not None:
+            details["error"] = error.message
+            if values.get("enabled") is False:
+                details["disabled"] = True
+        elif outcome is not None and outcome.not_modified:
+            details["not_modified"] = True
         return {
             "event": "ingestion.completed",
             "source_id": source["id"],
             "source_type": source["source_type"],
             "run_id": self.run_id,
             "scheduled_at": source["next_fetch_at"],
-            "duration_ms": event["duration_ms"],
-            "success": event["success"],
-            "failure_reason": event["failure_reason"],
-            "retry_in_minutes": event["retry_in_minutes"],
-            "http_status": event["http_status"],
-            "items_seen": event["items_seen"],
-            "items_new": event["items_new"],
+            "duration_ms": fetched.duration_ms,
+            "success": error is None,
+            "failure_reason": error.reason.value if error else None,
+            "retry_in_minutes": (
+                round((values["next_fetch_at"] - fetched.finished).total_seconds() / 60, 3)
+                if error else None
+            ),
+            "http_status": error.http_status if error else outcome.http_status if outcome else None,
+            "items_seen": len(outcome.items) if outcome else 0,
+            "items_new": new.get(source["id"], 0),
             "details": details or None,
         }
 
-    @staticmethod
-    def _tally(stats: CollectStats, event: Mapping[str, Any]) -> None:
-        if event.get("lost"):
-            stats.fenced_out += 1
-            return
-        stats.latencies_ms.append(event["duration_ms"])
-        if event["success"]:
-            stats.succeeded += 1
-            stats.not_modified += bool(event.get("not_modified"))
-            stats.items_seen += event["items_seen"]
-            stats.items_new += event["items_new"]
-        else:
-            stats.failed[event["failure_reason"]] += 1
+
+def refetch_sources(
+    engine: Engine, settings: Settings, source_ids: Sequence[int], *, worker: str, run_id: str | None = None
+) -> tuple[list[int], CollectStats]:
+    """The re-fetch backfill (the `refetch_sources` job, `pipeline backfill refetch`): make
+    the enabled sources among ``source_ids`` due now, then run a collector pass. Returns
+    the ids made due (the others do not exist or are disabled) and the pass's totals."""
+    from pipeline.sources import refresh_sources  # sources imports the adapters, which import this
+
+    with engine.begin() as conn:
+        due = refresh_sources(conn, source_ids)
+    return due, Collector(engine, settings, worker=worker, run_id=run_id).run()
 
 
 def _log(event_row: Mapping[str, Any]) -> None:
     """The event as one structured (JSON) log line, as DESIGN.md "Telemetry" asks."""
     log.info(json.dumps(dict(event_row), default=lambda v: v.isoformat() if isinstance(v, datetime) else str(v)))
+
+
+def _url_taken(conn: sa.Connection, url: str) -> bool:
+    t = schema.sources
+    return conn.execute(sa.select(t.c.id).where(t.c.url == url)).first() is not None
+
+
+# -- items ----------------------------------------------------------------------------------
+
+# PostgreSQL: the items of every source in a batch in ONE statement. ``source_items``
+# keeps each item's newest content hash; the upsert returns only the items that are new
+# or whose hash changed, and exactly those get a raw row. The items are bound as one JSON
+# array of [source_id, source_item_id, content_hash, url, raw_json as text] (one C-speed
+# json.dumps; binding five arrays cost psycopg more CPU than the rest of the write), so
+# the statement text is the same whatever the batch size.
+_STORE_ITEMS_PG = """
+WITH incoming AS MATERIALIZED (
+    SELECT (e->>0)::bigint AS source_id, e->>1 AS source_item_id, e->>2 AS content_hash,
+           e->>3 AS url, (e->>4)::jsonb AS raw_json
+    FROM jsonb_array_elements(%(items)s::jsonb) AS e
+), changed AS (
+    INSERT INTO source_items (source_id, source_item_id, content_hash)
+    SELECT source_id, source_item_id, content_hash FROM incoming
+    ON CONFLICT (source_id, source_item_id) DO UPDATE
+        SET content_hash = excluded.content_hash, changed_at = CURRENT_TIMESTAMP
+        WHERE source_items.content_hash <> excluded.content_hash
+    RETURNING source_id, source_item_id
+)
+INSERT INTO listings_raw (source_id, source_item_id, url, raw_json, content_hash)
+SELECT i.source_id, i.source_item_id, i.url, i.raw_json, i.content_hash
+FROM incoming i JOIN changed c USING (source_id, source_item_id)
+RETURNING source_id
+"""
+
+
+def store_items(conn: sa.Connection, batch: Sequence[tuple[int, Sequence[Item]]]) -> dict[int, int]:
+    """Insert raw rows for the items that are new or changed; how many, per source id."""
+    per_source = [
+        (source_id, list({item.source_item_id: item for item in items}.values()))
+        for source_id, items in batch
+    ]
+    per_source = [(source_id, items) for source_id, items in per_source if items]
+    if not per_source:
+        return {}
+    if conn.dialect.name == "postgresql":
+        packed = [
+            [source_id, item.source_item_id, item.content_hash, item.url, item.raw_text]
+            for source_id, items in per_source
+            for item in items
+        ]
+        result = conn.exec_driver_sql(_STORE_ITEMS_PG, {"items": json.dumps(packed, ensure_ascii=False)})
+        return dict(Counter(result.scalars()))
+    new: dict[int, int] = {}
+    for source_id, items in per_source:
+        changed = _changed_item_ids(conn, source_id, items)
+        rows = [
+            {
+                "source_id": source_id,
+                "source_item_id": item.source_item_id,
+                "url": item.url,
+                "raw_json": item.raw,
+                "content_hash": item.content_hash,
+            }
+            for item in items
+            if item.source_item_id in changed
+        ]
+        if rows:
+            conn.execute(_INSERT_RAW, rows)
+            new[source_id] = len(rows)
+    return new
 
 
 def _changed_item_ids(conn: sa.Connection, source_id: int, items: Sequence[Item]) -> set[str]:

@@ -8,6 +8,7 @@ timeout, every transaction ``BEGIN IMMEDIATE`` so writers queue instead of faili
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 
 from pipeline.errors import ConfigError, DatabaseUnavailable, SchemaMismatch
+from pipeline.recordset import json_rows, recordset
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -101,6 +103,10 @@ def create_engine(raw_url: str, **kwargs: Any) -> Engine:
         connect_args = kwargs.setdefault("connect_args", {})
         connect_args.setdefault("connect_timeout", 10)
         connect_args.setdefault("application_name", "listings-pipeline")
+    # Parameters carry webhook secrets, API keys (in sources.config) and feed content:
+    # never format them into an error's text, which reaches logs, Dagster's event log and
+    # worker_state. The statement itself is still shown.
+    kwargs.setdefault("hide_parameters", True)
     try:
         engine = sa.create_engine(url, **kwargs)
     except (ArgumentError, NoSuchModuleError) as exc:
@@ -136,15 +142,19 @@ def on_conflict_insert(
 
 
 def insert_ignoring_conflicts(
-    conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]], keys: list[str]
+    conn: sa.Connection, table: sa.Table, rows: Sequence[Mapping[str, Any]], keys: list[str]
 ) -> int:
-    """Insert ``rows``, skipping those whose ``keys`` already exist; return how many went in."""
+    """Insert ``rows`` (all with the same keys), skipping those whose ``keys`` already
+    exist; return how many went in. One statement on PostgreSQL (``insert_rows``)."""
     if not rows:
         return 0
+    if conn.dialect.name == "postgresql":
+        return insert_rows(conn, table, rows, ignore_conflicts_on=keys)
     insert = on_conflict_insert(conn, table)
     if insert is not None:
-        stmt = insert.on_conflict_do_nothing(index_elements=keys)
-        return len(conn.execute(stmt.returning(table.c[keys[0]]), rows).all())
+        # executemany: SQLite runs it in-process, and its rowcount is the total inserted.
+        stmt = insert.on_conflict_do_nothing(index_elements=keys).execution_options(preserve_rowcount=True)
+        return int(conn.execute(stmt, list(rows)).rowcount)
     # Any other dialect: look first (correct within one transaction of one writer).
     present = {
         tuple(r)
@@ -154,6 +164,46 @@ def insert_ignoring_conflicts(
     if fresh:
         conn.execute(sa.insert(table), fresh)
     return len(fresh)
+
+
+_INSERTS: dict[tuple[str, tuple[str, ...], tuple[str, ...]], sa.Insert] = {}
+
+
+def insert_rows(
+    conn: sa.Connection, table: sa.Table, rows: Sequence[Mapping[str, Any]],
+    *, ignore_conflicts_on: Sequence[str] = (),
+) -> int:
+    """Insert ``rows`` (all with the same keys) in one statement; return how many went in.
+
+    PostgreSQL: ``INSERT INTO t (cols) SELECT cols FROM jsonb_to_recordset(:rows)``, built
+    once per column set, with ``ON CONFLICT (ignore_conflicts_on) DO NOTHING`` when given.
+    One bound JSON text whatever the number of rows: an executemany (insertmanyvalues)
+    costs a round of Python work per row, and psycopg re-parsed each generated statement
+    (bench/RESULTS.md, matching). Elsewhere: an executemany, which SQLite runs in-process.
+    """
+    if not rows:
+        return 0
+    if conn.dialect.name != "postgresql":
+        if ignore_conflicts_on:
+            return insert_ignoring_conflicts(conn, table, rows, list(ignore_conflicts_on))
+        conn.execute(sa.insert(table), list(rows))
+        return len(rows)
+    columns = tuple(rows[0])
+    key = (table.name, columns, tuple(ignore_conflicts_on))
+    stmt = _INSERTS.get(key)
+    if stmt is None:
+        v = recordset(sa.column(name, table.c[name].type) for name in columns)
+        select = sa.select(*(v.c[name] for name in columns))
+        if ignore_conflicts_on:
+            stmt = postgresql.insert(table).from_select(list(columns), select).on_conflict_do_nothing(
+                index_elements=list(ignore_conflicts_on)
+            )
+        else:
+            stmt = sa.insert(table).from_select(list(columns), select)
+        # SQLAlchemy keeps an INSERT's rowcount only when asked to.
+        stmt = stmt.execution_options(preserve_rowcount=True)
+        _INSERTS[key] = stmt
+    return int(conn.execute(stmt, {"rows": json_rows(rows)}).rowcount)
 
 
 # -- migrations ---------------------------------------------------------------------------

@@ -47,12 +47,14 @@ class FetchError(Exception):
         *,
         http_status: int | None = None,
         retry_after: datetime | None = None,
+        body: bytes | None = None,
     ) -> None:
         super().__init__(f"{reason}: {message}")
         self.reason = reason
         self.message = message
         self.http_status = http_status
         self.retry_after = retry_after
+        self.body = body  # the start of an error response's body, for adapters to read
 
     @property
     def permanent(self) -> bool:

@@ -5,11 +5,13 @@ conditional GET, bounded redirects and Retry-After. Failures are ``FetchError``s
 
 from __future__ import annotations
 
+import http.cookiejar
 import ipaddress
+import logging
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -23,6 +25,11 @@ import httpx
 
 from pipeline.failures import FailureReason, FetchError
 
+# httpx logs every request's full URL at INFO ("HTTP Request: POST https://..."). URLs can
+# be credentials (a chat service's webhook carries its token in the path), and the
+# pipeline records each fetch in its own telemetry, without them: keep httpx to warnings.
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
 try:
     _VERSION = version("listings-pipeline")
 except PackageNotFoundError:  # running from a checkout that is not installed
@@ -30,6 +37,9 @@ except PackageNotFoundError:  # running from a checkout that is not installed
 USER_AGENT = f"listings-pipeline/{_VERSION} (feed and page fetcher; python-httpx)"
 REDIRECTS = (301, 302, 303, 307, 308)
 PERMANENT_REDIRECTS = (301, 308)
+# How much of an error response is kept (FetchError.body): enough for an API's JSON error
+# (the YouTube adapter reads its reason), and it lets the connection go back to the pool.
+ERROR_BODY_BYTES = 64 * 1024
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
@@ -98,10 +108,11 @@ class _GuardedBackend(httpcore.SyncBackend):
 
 class _GuardedTransport(httpx.HTTPTransport):
     def __init__(self, guard: AddressGuard, limits: httpx.Limits) -> None:
-        super().__init__(limits=limits, trust_env=False)
+        ssl_context = httpx.create_ssl_context(trust_env=False)  # loads the CA bundle: once
+        super().__init__(verify=ssl_context, limits=limits, trust_env=False)
         # httpx does not expose httpcore's network_backend: rebuild its pool with ours.
         self._pool = httpcore.ConnectionPool(
-            ssl_context=httpx.create_ssl_context(trust_env=False),
+            ssl_context=ssl_context,
             max_connections=limits.max_connections,
             max_keepalive_connections=limits.max_keepalive_connections,
             keepalive_expiry=limits.keepalive_expiry,
@@ -165,6 +176,9 @@ class Fetcher:
             transport=_GuardedTransport(AddressGuard(allow_networks), limits),
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
             headers={"User-Agent": USER_AGENT},
+            # One client serves every source of a run: a cookie one site sets must never
+            # reach another, so none is kept.
+            cookies=http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[])),
             follow_redirects=False,  # followed by hand, so each hop is counted and vetted
             trust_env=False,  # an environment proxy would bypass the address guard
         )
@@ -187,32 +201,44 @@ class Fetcher:
             yield
 
     def fetch(
-        self, url: str, *, etag: str | None = None, last_modified: str | None = None
+        self,
+        url: str,
+        *,
+        etag: str | None = None,
+        last_modified: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> FetchResult:
-        """GET ``url`` following at most ``max_redirects`` redirects; FetchError on failure."""
+        """GET ``url`` following at most ``max_redirects`` redirects; FetchError on failure.
+
+        ``headers`` (an API key, say) are sent to ``url``'s origin only: a redirect to
+        another origin drops them, as browsers drop credentials.
+        """
         started = time.monotonic()
         deadline = started + self.timeout
-        headers = {}
+        sent: dict[str, str] = dict(headers or {})
         if etag:
-            headers["If-None-Match"] = etag
+            sent["If-None-Match"] = etag
         if last_modified:
-            headers["If-Modified-Since"] = last_modified
+            sent["If-Modified-Since"] = last_modified
+        origin = _origin(url)
         moved_to: str | None = None
         permanent_so_far = True
         current = url
         for _hop in range(self.max_redirects + 1):
             with self._host_slot(current):
-                response = self._open(current, headers, deadline)
+                response = self._open(current, sent, deadline)
                 try:
                     if response.status_code in REDIRECTS:
                         target = self._redirect_target(current, response)
                         permanent_so_far = permanent_so_far and response.status_code in PERMANENT_REDIRECTS
                         if permanent_so_far:
                             moved_to = target
+                        if headers and _origin(target) != origin:
+                            sent = {k: v for k, v in sent.items() if k not in headers}
+                        self._drain(response, deadline)
                         current = target
                         continue
-                    self._raise_for_status(response)
-                    body = b"" if response.status_code == 304 else self._read_capped(response, deadline)
+                    body = self._body(response, deadline)
                 finally:
                     response.close()
             return FetchResult(
@@ -230,20 +256,66 @@ class Fetcher:
             f"more than {self.max_redirects} redirects starting at {url}",
         )
 
+    def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> int:
+        """POST ``body`` to ``url`` (a webhook); the 2xx status, or FetchError.
+
+        The guard, the timeouts and the deadline apply as for ``fetch``. Redirects are
+        not followed: a receiver that redirects is misconfigured, and following would
+        send a signed body somewhere its owner did not name.
+        """
+        deadline = time.monotonic() + self.timeout
+        if time.monotonic() >= deadline:
+            raise FetchError(FailureReason.TIMEOUT, f"no answer within {self.timeout:g} s")
+        with self._host_slot(url):
+            try:
+                request = self.client.build_request("POST", url, content=body, headers=dict(headers))
+                response = self.client.send(request, stream=True)
+            except (BlockedAddress, httpx.HTTPError, httpx.InvalidURL) as exc:
+                raise _request_error(exc, url, self.timeout) from None
+            try:
+                excerpt = self._drain(response, deadline)
+                if 200 <= response.status_code < 300:
+                    return response.status_code
+                if response.status_code in REDIRECTS:
+                    raise FetchError(
+                        FailureReason.HTTP_4XX,
+                        f"the receiver redirected ({response.status_code}); redirects are not followed",
+                        http_status=response.status_code,
+                    )
+                raise _status_error(response, excerpt)
+            finally:
+                response.close()
+
+    def _body(self, response: httpx.Response, deadline: float) -> bytes:
+        """The body of a final response, or FetchError for a status that is a failure.
+
+        Every response is read to its end (a 304's empty body too): httpcore only returns
+        a connection to the pool once its response was read, so this keeps keep-alive.
+        """
+        status = response.status_code
+        if status == 304:
+            self._drain(response, deadline)
+            return b""
+        if 200 <= status < 300:
+            return self._read_capped(response, deadline)
+        excerpt = self._drain(response, deadline)
+        raise _status_error(response, excerpt)
+
+    def _drain(self, response: httpx.Response, deadline: float) -> bytes:
+        """Read up to ERROR_BODY_BYTES of a response whose body is not the point."""
+        try:
+            return self._read_capped(response, deadline, limit=ERROR_BODY_BYTES, truncate=True)
+        except FetchError:
+            return b""  # the status says what matters; the connection is simply closed
+
     def _open(self, url: str, headers: dict[str, str], deadline: float) -> httpx.Response:
         if time.monotonic() >= deadline:
             raise FetchError(FailureReason.TIMEOUT, f"no answer within {self.timeout:g} s")
         try:
             request = self.client.build_request("GET", url, headers=headers)
             return self.client.send(request, stream=True)
-        except BlockedAddress as exc:
-            raise FetchError(FailureReason.BLOCKED_ADDRESS, str(exc)) from None
-        except httpx.TimeoutException:
-            raise FetchError(FailureReason.TIMEOUT, f"no answer within {self.timeout:g} s") from None
-        except httpx.InvalidURL as exc:
-            raise FetchError(FailureReason.INVALID_CONFIG, f"invalid URL {url!r}: {exc}") from None
-        except (httpx.TransportError, httpx.UnsupportedProtocol) as exc:
-            raise FetchError(FailureReason.NETWORK_ERROR, f"{type(exc).__name__}: {exc}") from None
+        except (BlockedAddress, httpx.HTTPError, httpx.InvalidURL) as exc:
+            raise _request_error(exc, url, self.timeout) from None
 
     @staticmethod
     def _redirect_target(current: str, response: httpx.Response) -> str:
@@ -261,31 +333,18 @@ class Fetcher:
             )
         return target
 
-    @staticmethod
-    def _raise_for_status(response: httpx.Response) -> None:
-        status = response.status_code
-        if status < 400:
-            if status == 304 or 200 <= status < 300:
-                return
-            raise FetchError(FailureReason.HTTP_4XX, f"unexpected status {status}", http_status=status)
-        retry_after = parse_retry_after(response.headers.get("retry-after"), datetime.now(UTC))
-        if status == 429:
-            reason = FailureReason.RATE_LIMITED
-        elif status >= 500:
-            reason = FailureReason.HTTP_5XX
-        else:
-            reason = FailureReason.HTTP_4XX
-        raise FetchError(
-            reason, f"HTTP {status} {response.reason_phrase}".strip(),
-            http_status=status, retry_after=retry_after,
-        )
-
-    def _read_capped(self, response: httpx.Response, deadline: float) -> bytes:
+    def _read_capped(
+        self, response: httpx.Response, deadline: float, *, limit: int | None = None,
+        truncate: bool = False,
+    ) -> bytes:
+        """The body, up to ``limit`` bytes (default the size cap): past it, FetchError
+        (too_large), or with ``truncate`` the first ``limit`` bytes."""
+        cap = self.max_bytes if limit is None else limit
         declared = response.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > self.max_bytes:
+        if not truncate and declared and declared.isdigit() and int(declared) > cap:
             raise FetchError(
                 FailureReason.TOO_LARGE,
-                f"Content-Length {declared} is over the {self.max_bytes} byte cap",
+                f"Content-Length {declared} is over the {cap} byte cap",
                 http_status=response.status_code,
             )
         chunks, size = [], 0
@@ -293,10 +352,13 @@ class Fetcher:
             # Decoded bytes are counted, so a small gzip bomb is stopped too.
             for chunk in response.iter_bytes():
                 size += len(chunk)
-                if size > self.max_bytes:
+                if size > cap:
+                    if truncate:
+                        chunks.append(chunk[: cap - (size - len(chunk))])
+                        break
                     raise FetchError(
                         FailureReason.TOO_LARGE,
-                        f"body over the {self.max_bytes} byte cap",
+                        f"body over the {cap} byte cap",
                         http_status=response.status_code,
                     )
                 if time.monotonic() > deadline:  # a server that drips bytes forever
@@ -311,3 +373,37 @@ class Fetcher:
         except httpx.TransportError as exc:
             raise FetchError(FailureReason.NETWORK_ERROR, f"{type(exc).__name__}: {exc}") from None
         return b"".join(chunks)
+
+
+def _request_error(exc: Exception, url: str, timeout: float) -> FetchError:
+    """The taxonomy's code for a request that got no answer."""
+    if isinstance(exc, BlockedAddress):
+        return FetchError(FailureReason.BLOCKED_ADDRESS, str(exc))
+    if isinstance(exc, httpx.TimeoutException):
+        return FetchError(FailureReason.TIMEOUT, f"no answer within {timeout:g} s")
+    if isinstance(exc, httpx.InvalidURL):
+        return FetchError(FailureReason.INVALID_CONFIG, f"invalid URL {url!r}: {exc}")
+    return FetchError(FailureReason.NETWORK_ERROR, f"{type(exc).__name__}: {exc}")
+
+
+def _origin(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return parts.scheme.lower(), parts.netloc.lower()
+
+
+def _status_error(response: httpx.Response, body: bytes) -> FetchError:
+    """The taxonomy's code for a final status that is not a success."""
+    status = response.status_code
+    retry_after = parse_retry_after(response.headers.get("retry-after"), datetime.now(UTC))
+    if status == 429:
+        reason = FailureReason.RATE_LIMITED
+    elif status >= 500:
+        reason = FailureReason.HTTP_5XX
+    elif status >= 400:
+        reason = FailureReason.HTTP_4XX
+    else:  # 1xx, or a 3xx that is not a redirect
+        return FetchError(FailureReason.HTTP_4XX, f"unexpected status {status}", http_status=status)
+    return FetchError(
+        reason, f"HTTP {status} {response.reason_phrase}".strip(),
+        http_status=status, retry_after=retry_after, body=body,
+    )

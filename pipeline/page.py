@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urljoin
 
+import soupsieve
 from bs4 import BeautifulSoup, Tag
 from soupsieve import SelectorSyntaxError
 
@@ -22,6 +23,7 @@ from pipeline.failures import FailureReason, FetchError
 from pipeline.http import Fetcher
 
 SUMMARY_CHARS = 2000
+SELECTOR_KEYS = ("item", "title", "link", "summary")
 _NOT_TEXT = ("script", "style", "noscript", "template", "head")
 
 
@@ -80,6 +82,22 @@ def _selected_item(element: Tag, page_url: str, config: Mapping[str, Any]) -> It
 
 
 class PageAdapter:
+    def check_config(self, config: Mapping[str, Any]) -> None:
+        unknown = set(config) - {*SELECTOR_KEYS, "category"}
+        if unknown:
+            raise ValueError(f"unknown http config keys {sorted(unknown)}: use {list(SELECTOR_KEYS)}")
+        for key in SELECTOR_KEYS:
+            if key not in config:
+                continue
+            if not isinstance(config[key], str) or not config[key].strip():
+                raise ValueError(f"http config {key!r} must be a CSS selector (a non-empty string)")
+            try:
+                soupsieve.compile(config[key])
+            except SelectorSyntaxError as exc:
+                raise ValueError(f"http config {key!r}: bad CSS selector: {exc}".splitlines()[0]) from None
+        if any(key in config for key in SELECTOR_KEYS[1:]) and "item" not in config:
+            raise ValueError("http config: title, link and summary select inside an 'item'; set 'item' too")
+
     def fetch(self, source: Mapping[str, Any], fetcher: Fetcher) -> Outcome:
         config = source.get("config") or {}
         if not isinstance(config, Mapping):

@@ -12,9 +12,10 @@ import codecs
 import hashlib
 import re
 import xml.sax
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urljoin, urlsplit
 
 import feedparser
 
@@ -25,6 +26,11 @@ from pipeline.http import Fetcher
 # feedparser's notes that do not make a feed unusable: a declared encoding that was
 # wrong (it re-decodes), or a Content-Type that is not XML.
 _TOLERATED = (feedparser.CharacterEncodingOverride, feedparser.NonXMLContentType)
+
+# Raw means raw: summaries are stored as the feed sent them, and the processor turns
+# them into plain text. Sanitising and rewriting their links here would cost a fifth
+# of the parse (bench/RESULTS.md) for HTML that is never shown as HTML.
+FEEDPARSER_OPTIONS: dict[str, Any] = {"resolve_relative_uris": False, "sanitize_html": False}
 
 
 def _iso(parsed: Any) -> str | None:
@@ -46,8 +52,17 @@ def _declares_entities(body: bytes) -> bool:
     return _ENTITY_DECLARATION.search(body) is not None
 
 
-def parse_feed(body: bytes, url: str, content_type: str | None = None) -> list[Item]:
-    """Items of a feed document; FetchError(parse_error) when it is not a usable feed."""
+def parse_feed(
+    body: bytes,
+    url: str,
+    content_type: str | None = None,
+    *,
+    item: Callable[[Mapping[str, Any], str], Item] | None = None,
+) -> list[Item]:
+    """Items of a feed document; FetchError(parse_error) when it is not a usable feed.
+
+    ``item`` turns one feedparser entry into an Item (default: a generic feed entry).
+    """
     # feedparser's XML parser expands entities declared in an internal DTD subset (the
     # "billion laughs"); no real feed needs one, so such a document is refused unread.
     if _declares_entities(body):
@@ -55,8 +70,7 @@ def parse_feed(body: bytes, url: str, content_type: str | None = None) -> list[I
             FailureReason.PARSE_ERROR, "the document declares XML entities; they are never expanded"
         )
     headers = {"content-type": content_type} if content_type else {}
-    parsed = feedparser.parse(body, response_headers=headers, resolve_relative_uris=True,
-                              sanitize_html=True)
+    parsed = feedparser.parse(body, response_headers=headers, **FEEDPARSER_OPTIONS)
     problem = parsed.get("bozo_exception")
     if problem is not None and not isinstance(problem, _TOLERATED):
         if isinstance(problem, xml.sax.SAXException):
@@ -64,16 +78,29 @@ def parse_feed(body: bytes, url: str, content_type: str | None = None) -> list[I
         raise FetchError(FailureReason.PARSE_ERROR, f"unreadable feed: {problem}")
     if not parsed.get("version") and not parsed.entries:
         raise FetchError(FailureReason.PARSE_ERROR, "not a feed (no RSS or Atom document found)")
-    return [_item(entry, url) for entry in parsed.entries]
+    make = item or _item
+    return [make(entry, url) for entry in parsed.entries]
+
+
+def _first(entry: Mapping[str, Any], *keys: str) -> Any:
+    """The first of ``keys`` the entry has. Read as a plain dict: feedparser's own get()
+    maps a missing published to updated itself, with a DeprecationWarning each time."""
+    fields: dict[str, Any] = entry if isinstance(entry, dict) else dict(entry)
+    return next((value for key in keys if (value := dict.get(fields, key))), None)
 
 
 def _item(entry: Mapping[str, Any], feed_url: str) -> Item:
     link = entry.get("link") or ""
+    # RSS has no xml:base: a relative <link> ("/jobs/7") is relative to the feed's URL.
+    # The identity keeps the link as written, so a feed that moves keeps its items'.
+    absolute = urljoin(feed_url, link) if link else ""
+    if urlsplit(absolute).scheme not in ("http", "https"):
+        absolute = ""  # javascript:, data:, mailto: ... never become a listing's link
     raw = {
         "title": entry.get("title") or "",
-        "url": link,
+        "url": absolute,
         "summary": entry.get("summary") or "",
-        "published_at": _iso(entry.get("published_parsed") or entry.get("updated_parsed")),
+        "published_at": _iso(_first(entry, "published_parsed", "updated_parsed")),
         "author": entry.get("author") or None,
         "categories": [t.get("term") for t in entry.get("tags") or [] if t.get("term")],
     }
@@ -81,10 +108,15 @@ def _item(entry: Mapping[str, Any], feed_url: str) -> Item:
     if not identity:
         digest = hashlib.sha256(repr(sorted(raw.items())).encode()).hexdigest()
         identity = f"sha256:{digest}"
-    return Item(source_item_id=str(identity), url=link or feed_url, raw=raw)
+    return Item(source_item_id=str(identity), url=absolute or feed_url, raw=raw)
 
 
 class RssAdapter:
+    def check_config(self, config: Mapping[str, Any]) -> None:
+        unknown = set(config) - {"category"}
+        if unknown:
+            raise ValueError(f"unknown rss config keys {sorted(unknown)}: an rss source takes none")
+
     def fetch(self, source: Mapping[str, Any], fetcher: Fetcher) -> Outcome:
         return fetch_and_parse(
             source, fetcher, lambda result: parse_feed(result.body, result.url, result.content_type)

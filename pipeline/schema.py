@@ -143,6 +143,12 @@ listings_raw = sa.Table(
     sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),
     sa.Column("last_error", sa.Text()),
     *_claim_columns(),
+    # Rows the processor gave up on: processed_at set, last_error kept (pipeline/processor.py).
+    sa.Index(
+        "ix_listings_raw_failed", "id",
+        postgresql_where=sa.text("last_error IS NOT NULL"),
+        sqlite_where=sa.text("last_error IS NOT NULL"),
+    ),
     # No unique key here: every index on a queue table is written on each claim and
     # completion (neither is a HOT update), so dedupe lives in source_items below.
     # Deleting a source seq-scans this table (no index on source_id), a rare admin act.
@@ -182,8 +188,11 @@ listings = sa.Table(
     sa.Column("ingested_at", UTCDateTime(), nullable=False, server_default=_now()),
     sa.Column("updated_at", UTCDateTime(), nullable=False, server_default=_now()),
     sa.Column("matched_at", UTCDateTime()),  # NULL = not yet matched against filters
+    # The raw row whose content this listing shows; an upsert never moves it backwards.
+    sa.Column("raw_id", IdType),
     *_claim_columns(),
     sa.UniqueConstraint("source_id", "source_item_id"),
+    sa.Index(None, "ingested_at"),  # windows for re-matching backfills
 )
 
 users = sa.Table(
@@ -238,6 +247,11 @@ notifications = sa.Table(
     sa.UniqueConstraint("user_id", "listing_id"),
     sa.CheckConstraint("status IN ('pending', 'sent', 'failed', 'dead')", name="status"),
     sa.Index(None, "listing_id"),
+    # Dead notifications, for the asset check and `notifications requeue --dead`.
+    sa.Index(
+        "ix_notifications_dead", "id",
+        postgresql_where=sa.text("status = 'dead'"), sqlite_where=sa.text("status = 'dead'"),
+    ),
 )
 
 ingestion_events = sa.Table(

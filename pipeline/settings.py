@@ -16,6 +16,11 @@ DEFAULT_LEASE_SECONDS = 300
 DEFAULT_HTTP_TIMEOUT_SECONDS = 20.0
 DEFAULT_MAX_RESPONSE_BYTES = 15 * 1024 * 1024
 DEFAULT_CONCURRENCY = 16
+DEFAULT_RAW_MAX_ATTEMPTS = 3
+DEFAULT_DELIVERY_MAX_ATTEMPTS = 8
+DEFAULT_RAW_RETENTION_DAYS = 30
+DEFAULT_EVENT_RETENTION_DAYS = 90
+DEFAULT_DEMO_PORT = 8780
 
 
 def project_root() -> Path:
@@ -34,6 +39,11 @@ def state_dir() -> Path:
     """The project-local, git-ignored folder for the embedded database and DAGSTER_HOME."""
     configured = os.environ.get("PIPELINE_STATE_DIR")
     return Path(configured) if configured else project_root() / ".state"
+
+
+def demo_port() -> int:
+    """The offline demo site's port on 127.0.0.1 (PIPELINE_DEMO_PORT, default 8780)."""
+    return _int_env("PIPELINE_DEMO_PORT", DEFAULT_DEMO_PORT)
 
 
 def default_database_url() -> str:
@@ -74,6 +84,10 @@ class Settings:
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     concurrency: int = DEFAULT_CONCURRENCY
     allow_networks: tuple[str, ...] = ()
+    raw_max_attempts: int = DEFAULT_RAW_MAX_ATTEMPTS  # a raw row that fails this often is given up
+    delivery_max_attempts: int = DEFAULT_DELIVERY_MAX_ATTEMPTS  # then a notification is dead
+    raw_retention_days: int = DEFAULT_RAW_RETENTION_DAYS  # processed raw rows kept this long
+    event_retention_days: int = DEFAULT_EVENT_RETENTION_DAYS  # ingestion_events kept this long
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -87,4 +101,12 @@ class Settings:
             max_response_bytes=_int_env("PIPELINE_MAX_RESPONSE_BYTES", DEFAULT_MAX_RESPONSE_BYTES),
             concurrency=_int_env("PIPELINE_CONCURRENCY", DEFAULT_CONCURRENCY),
             allow_networks=tuple(n.strip() for n in networks.split(",") if n.strip()),
+            raw_max_attempts=_int_env("PIPELINE_RAW_MAX_ATTEMPTS", DEFAULT_RAW_MAX_ATTEMPTS),
+            delivery_max_attempts=_int_env(
+                "PIPELINE_DELIVERY_MAX_ATTEMPTS", DEFAULT_DELIVERY_MAX_ATTEMPTS
+            ),
+            raw_retention_days=_int_env("PIPELINE_RAW_RETENTION_DAYS", DEFAULT_RAW_RETENTION_DAYS),
+            event_retention_days=_int_env(
+                "PIPELINE_EVENT_RETENTION_DAYS", DEFAULT_EVENT_RETENTION_DAYS
+            ),
         )

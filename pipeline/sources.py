@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,13 +21,14 @@ from urllib.parse import urlsplit
 import sqlalchemy as sa
 import yaml
 
-from pipeline import schema
+from pipeline import schema, youtube
+from pipeline.adapters import adapter_for
 from pipeline.db import insert_ignoring_conflicts
 from pipeline.errors import PipelineError
 
-YOUTUBE_HOSTS = ("youtube.com", "www.youtube.com", "m.youtube.com", "youtu.be")
-_CHANNEL_ID = re.compile(r"UC[\w-]{22}")
-_HANDLE = re.compile(r"@[\w.-]{1,100}")
+# Config keys whose values are secrets: shown as "***" by `sources list`.
+SECRET_KEYS = ("api_key", "secret", "token", "password")
+IMPORT_CHUNK = 5_000  # sources per INSERT of an import
 
 
 class SourceError(PipelineError):
@@ -57,15 +59,6 @@ class SourceSpec:
         }
 
 
-def _youtube_url(value: str) -> str | None:
-    """A channel id or @handle as its channel URL; None when ``value`` is neither."""
-    if _CHANNEL_ID.fullmatch(value):
-        return f"https://www.youtube.com/channel/{value}"
-    if _HANDLE.fullmatch(value):
-        return f"https://www.youtube.com/{value}"
-    return None
-
-
 def make_spec(
     url: str,
     *,
@@ -73,6 +66,7 @@ def make_spec(
     name: str | None = None,
     interval: int | str | None = None,
     category: str | None = None,
+    config: dict[str, Any] | str | None = None,
     entry: str = "",
 ) -> SourceSpec:
     """Validate one entry; ``entry`` names it in errors (e.g. "line 4 of feeds.csv")."""
@@ -85,24 +79,57 @@ def make_spec(
         raise SourceError(
             f"{where}unknown source type {source_type!r}: use one of {', '.join(schema.SOURCE_TYPES)}"
         )
-    youtube = _youtube_url(value)
-    if youtube is not None and kind in (None, "youtube"):
-        value, kind = youtube, "youtube"
+    channel = youtube.youtube_url(value)
+    if channel is not None and kind in (None, "youtube"):
+        value, kind = channel, "youtube"
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise SourceError(f"{where}{value!r} is not an http(s) URL")
     if any(c.isspace() for c in value):
         raise SourceError(f"{where}{value!r} contains white space")
     if kind is None:
-        kind = "youtube" if parts.hostname in YOUTUBE_HOSTS else "rss"
+        kind = "youtube" if parts.hostname in youtube.YOUTUBE_HOSTS else "rss"
+    if kind == "youtube":
+        try:
+            youtube.parse_target(value)
+        except ValueError as exc:
+            raise SourceError(f"{where}{exc}") from None
     minutes = _interval(interval, where)
-    return SourceSpec(
+    spec = SourceSpec(
         url=value,
         source_type=kind,
         name=(name or "").strip() or value,
         interval_minutes=minutes,
         category=(category or "").strip() or None,
+        config=_config(config, where),
     )
+    try:
+        adapter_for(kind).check_config(spec.row()["config"])
+    except ValueError as exc:
+        raise SourceError(f"{where}{exc}") from None
+    return spec
+
+
+def _config(config: dict[str, Any] | str | None, where: str) -> dict[str, Any]:
+    """The adapter options of an entry: a mapping, or JSON text of one."""
+    if config is None or (isinstance(config, str) and not config.strip()):
+        return {}
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except ValueError as exc:
+            raise SourceError(f"{where}config is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise SourceError(f"{where}config must be a JSON object (a mapping of options)")
+    return dict(config)
+
+
+def public_config(config: dict[str, Any] | None) -> dict[str, Any]:
+    """``config`` with secret values (API keys and the like) hidden, for display."""
+    return {
+        key: "***" if any(word in key.lower() for word in SECRET_KEYS) else value
+        for key, value in (config or {}).items()
+    }
 
 
 def _interval(interval: int | str | None, where: str) -> int:
@@ -153,6 +180,7 @@ def _collect(entries: Iterable[tuple[str, dict[str, Any]]], file: str) -> list[S
                     name=fields.get("name"),
                     interval=fields.get("interval"),
                     category=fields.get("category"),
+                    config=fields.get("config"),
                     entry=entry,
                 )
             )
@@ -230,7 +258,10 @@ def _from_csv(text: str, file: str) -> list[SourceSpec]:
     reader = csv.DictReader(io.StringIO(text))
     fields = [f.strip().lower() for f in reader.fieldnames or []]
     if "url" not in fields:
-        raise SourceError(f"{file}: the header must name a 'url' column (and optionally type, name, interval, category)")
+        raise SourceError(
+            f"{file}: the header must name a 'url' column"
+            " (and optionally type, name, interval, category, config)"
+        )
     reader.fieldnames = fields
     entries = [
         (f"{file}, line {reader.line_num}", {k: (v or "").strip() for k, v in row.items() if k})
@@ -256,12 +287,18 @@ class ImportResult:
     present: int
 
 
-def import_sources(conn: sa.Connection, specs: Sequence[SourceSpec]) -> ImportResult:
-    """Insert the sources whose URL is new; the rest are left as they are."""
+def import_sources(
+    conn: sa.Connection, specs: Sequence[SourceSpec], *, progress: Callable[[int], None] | None = None
+) -> ImportResult:
+    """Insert the sources whose URL is new; the rest are left as they are. Rows go in
+    chunks (all in ``conn``'s transaction); ``progress`` is told each chunk's size."""
     unique = list({spec.url: spec for spec in reversed(specs)}.values())[::-1]
-    added = insert_ignoring_conflicts(
-        conn, schema.sources, [spec.row() for spec in unique], ["url"]
-    )
+    added = 0
+    for start in range(0, len(unique), IMPORT_CHUNK):
+        chunk = unique[start : start + IMPORT_CHUNK]
+        added += insert_ignoring_conflicts(conn, schema.sources, [spec.row() for spec in chunk], ["url"])
+        if progress is not None:
+            progress(len(chunk))
     return ImportResult(added=added, present=len(unique) - added)
 
 
@@ -272,7 +309,10 @@ def list_sources(conn: sa.Connection) -> list[dict[str, Any]]:
         t.c.next_fetch_at, t.c.last_success_at, t.c.consecutive_failures,
         t.c.last_failure_reason, t.c.disabled_reason, t.c.priority, t.c.config,
     ]
-    return [dict(r) for r in conn.execute(sa.select(*columns).order_by(t.c.id)).mappings()]
+    rows = [dict(r) for r in conn.execute(sa.select(*columns).order_by(t.c.id)).mappings()]
+    for row in rows:
+        row["config"] = public_config(row["config"])
+    return rows
 
 
 def _update_source(conn: sa.Connection, source_id: int, **values: Any) -> None:
@@ -295,3 +335,12 @@ def disable_source(conn: sa.Connection, source_id: int, reason: str = "disabled 
 def refresh_source(conn: sa.Connection, source_id: int) -> None:
     """Make the source due now (NULL next_fetch_at sorts first among due sources)."""
     _update_source(conn, source_id, next_fetch_at=None)
+
+
+def refresh_sources(conn: sa.Connection, source_ids: Sequence[int]) -> list[int]:
+    """Make the enabled sources among ``source_ids`` due now; the ids made due."""
+    t = schema.sources
+    result = conn.execute(
+        sa.update(t).where(t.c.id.in_(list(source_ids)), t.c.enabled).values(next_fetch_at=None).returning(t.c.id)
+    )
+    return sorted(result.scalars())

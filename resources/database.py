@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import dagster as dg
 from pydantic import Field, PrivateAttr
 from sqlalchemy.engine import Engine
@@ -33,13 +35,10 @@ class PipelineDatabase(dg.ConfigurableResource):  # type: ignore[type-arg]
 
     def settings(self) -> Settings:
         env = Settings.from_env()
-        return Settings(
+        return dataclasses.replace(
+            env,
             database_url=self.database_url or env.database_url,
             lease_seconds=self.lease_seconds or env.lease_seconds,
-            http_timeout_seconds=env.http_timeout_seconds,
-            max_response_bytes=env.max_response_bytes,
-            concurrency=env.concurrency,
-            allow_networks=env.allow_networks,
         )
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,6 +14,17 @@ from pipeline import schema
 
 def now() -> datetime:
     return datetime.now(UTC)
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float, every: float = 1.0) -> Any:
+    """Poll ``check`` until it returns something true, and return that; AssertionError
+    naming ``what`` after ``timeout`` seconds (for processes started by a test)."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(every)
+    return value
 
 
 def add_source(conn: sa.Connection, url: str = "http://127.0.0.1/feed", **values: Any) -> int:

@@ -7,6 +7,7 @@ writes a complete response with ``reply``.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -17,6 +18,8 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as real servers do
     server: LocalServer
 
+    body: bytes = b""
+
     def do_GET(self) -> None:
         path = self.path.split("?")[0]
         self.server.record(self)
@@ -25,6 +28,10 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(404, b"not found")
         else:
             route(self)
+
+    def do_POST(self) -> None:
+        self.body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.do_GET()
 
     def reply(
         self, status: int, body: bytes = b"", headers: dict[str, str] | None = None
@@ -45,8 +52,8 @@ class Handler(BaseHTTPRequestHandler):
 class LocalServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__((host, port), Handler)
         self.routes: dict[str, Route] = {}
         self.requests: list[dict[str, object]] = []
         self.connections: set[int] = set()
@@ -62,7 +69,8 @@ class LocalServer(ThreadingHTTPServer):
 
     def record(self, handler: Handler) -> None:
         with self._lock:
-            self.requests.append({"path": handler.path, "headers": dict(handler.headers)})
+            self.requests.append({"path": handler.path, "headers": dict(handler.headers),
+                                  "method": handler.command, "body": handler.body})
             self.connections.add(handler.client_address[1])
 
     def start(self) -> LocalServer:
@@ -72,3 +80,33 @@ class LocalServer(ThreadingHTTPServer):
     def stop(self) -> None:
         self.shutdown()
         self.server_close()
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that went away mid-request (a worker killed by a test) is expected."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+class InFlight:
+    """Counts the requests a route is serving at once; ``peak`` is the most seen."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.peak = 0
+        self._lock = threading.Lock()
+
+    def holding(self, reply: Route, seconds: float = 0.2) -> Route:
+        """A route that holds each request ``seconds`` in flight, then answers with ``reply``."""
+
+        def route(h: Handler) -> None:
+            with self._lock:
+                self.active += 1
+                self.peak = max(self.peak, self.active)
+            time.sleep(seconds)
+            with self._lock:
+                self.active -= 1
+            reply(h)
+
+        return route

@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from pipeline import schema
-from pipeline.claim import Strategy, WorkQueue, strategy_for
+from pipeline.claim import RowCompletion, Strategy, WorkQueue, strategy_for
 from tests.helpers import add_raw_rows, add_source, now, raw_states
 
 # Every test runs on both databases, with the database's own strategy and with the
@@ -200,6 +200,69 @@ def test_a_batch_completes_in_one_statement(engine, strategy, source_id):
     finally:
         sa.event.remove(engine, "before_cursor_execute", count)
     assert len(statements) == 1
+
+
+def test_complete_each_writes_each_rows_own_values_and_fences_row_by_row(
+    engine, strategy, caplog
+):
+    t = schema.sources
+    with engine.begin() as conn:
+        ids = [add_source(conn, f"http://127.0.0.1/{i}") for i in range(5)]
+    queue = WorkQueue(engine, schema.SOURCES_DUE, lease_seconds=1, strategy=strategy)
+    stale = queue.claim("slow", 2)  # ids[0:2], whose leases will run out
+    time.sleep(1.2)
+    retaken = queue.claim("fast", 1)  # takes ids[0] over
+    rest = queue.claim("fast", 5)  # ids[1] (expired) and ids[2:]
+    assert retaken.ids == [ids[0]] and sorted(rest.ids) == ids[1:]
+    later = now() + timedelta(hours=1)
+    completions = [
+        RowCompletion(stale, ids[0], {"next_fetch_at": later, "etag": "lost"}),  # fenced out
+        RowCompletion(rest, ids[1], {"next_fetch_at": later, "etag": '"e1"'}),
+        RowCompletion(rest, ids[2], {"next_fetch_at": later + timedelta(minutes=1), "etag": None}),
+        RowCompletion(rest, ids[3], {"enabled": False, "disabled_reason": "gone",
+                                     "config": {"channel_id": "UC1"}}),
+        RowCompletion(rest, ids[4], {"consecutive_failures": 3, "last_failure_reason": "timeout",
+                                     "next_fetch_at": later}),
+    ]
+    with caplog.at_level(logging.WARNING, logger="pipeline.claim"), engine.begin() as conn:
+        fenced = queue.complete_each(completions, conn=conn)
+    assert fenced.done == ids[1:] and fenced.lost == [ids[0]]
+    assert "completion of 1 due row(s) changed nothing" in caplog.text
+    with engine.connect() as conn:
+        rows = {r["id"]: r for r in conn.execute(sa.select(t)).mappings()}
+    assert rows[ids[0]]["claimed_by"] == "fast" and rows[ids[0]]["etag"] is None
+    assert (rows[ids[1]]["etag"], rows[ids[1]]["next_fetch_at"]) == ('"e1"', later)
+    assert rows[ids[2]]["next_fetch_at"] == later + timedelta(minutes=1)
+    assert (rows[ids[3]]["enabled"], rows[ids[3]]["config"]) == (False, {"channel_id": "UC1"})
+    assert (rows[ids[4]]["consecutive_failures"], rows[ids[4]]["last_failure_reason"]) == (3, "timeout")
+    for i in ids[1:]:
+        assert (rows[i]["locked_until"], rows[i]["claimed_by"], rows[i]["claim_token"]) == (None, None, None)
+
+
+def test_complete_each_is_one_statement_per_column_set_on_postgres(pg_engine):
+    with pg_engine.begin() as conn:
+        for i in range(40):
+            add_source(conn, f"http://127.0.0.1/{i}")
+    queue = WorkQueue(pg_engine, schema.SOURCES_DUE)
+    claim = queue.claim("w", 40)
+    later = now() + timedelta(hours=1)
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, parameters, context, executemany):
+        statements.append(statement)
+
+    completions = [
+        RowCompletion(claim, row_id, {"next_fetch_at": later + timedelta(seconds=n)} if n % 2
+                      else {"next_fetch_at": later, "consecutive_failures": n})
+        for n, row_id in enumerate(claim.ids)
+    ]
+    sa.event.listen(pg_engine, "before_cursor_execute", count)
+    try:
+        with pg_engine.begin() as conn:
+            assert len(queue.complete_each(completions, conn=conn).done) == 40
+    finally:
+        sa.event.remove(pg_engine, "before_cursor_execute", count)
+    assert len([s for s in statements if s.lstrip().upper().startswith("UPDATE")]) == 2
 
 
 def test_postgres_claim_is_one_round_trip(pg_engine):

@@ -28,13 +28,20 @@ pytestmark = pytest.mark.slow
 
 
 def _state(i: int) -> dict:
-    """Most rows done; 1% waiting, 0.5% leased, 0.5% with an expired lease."""
+    """Most rows done; 1% waiting, 0.5% leased, 0.5% with an expired lease. Every row
+    names every claim column, so a table's rows can go in one statement."""
     t = now()
-    if i % 200 == 1:
+    if i % 200 == 1 and _waiting(i):
         return {"locked_until": t + timedelta(minutes=5), "claimed_by": "w", "claim_token": "x"}
-    if i % 200 == 2:
+    if i % 200 == 2 and _waiting(i):
         return {"locked_until": t - timedelta(minutes=5), "claimed_by": "w", "claim_token": "y"}
-    return {}
+    return {"locked_until": None, "claimed_by": None, "claim_token": None}
+
+
+def _insert(conn: sa.Connection, table: sa.Table, rows: list[dict]) -> None:
+    # PostgreSQL: a JSON recordset per 25,000 rows, several times faster than executemany.
+    for start in range(0, len(rows), 25_000):
+        db.insert_rows(conn, table, rows[start : start + 25_000])
 
 
 def _waiting(i: int) -> bool:
@@ -51,11 +58,11 @@ def populate(conn: sa.Connection) -> None:
             "source_type": "rss",
             "enabled": i % 50 != 7,
             "next_fetch_at": t + (timedelta(hours=-1) if _waiting(i) else timedelta(hours=1)),
-            **(_state(i) if _waiting(i) else {}),
+            **_state(i),
         }
         for i in range(ROWS)
     ]
-    conn.execute(sa.insert(s.sources), sources)
+    _insert(conn, s.sources, sources)
     source_id = conn.execute(sa.select(sa.func.min(s.sources.c.id))).scalar_one()
     raw = [
         {
@@ -66,11 +73,11 @@ def populate(conn: sa.Connection) -> None:
             "content_hash": "h",
             "fetched_at": t - timedelta(seconds=ROWS - i),
             "processed_at": None if _waiting(i) else t,
-            **(_state(i) if _waiting(i) else {}),
+            **_state(i),
         }
         for i in range(ROWS)
     ]
-    conn.execute(sa.insert(s.listings_raw), raw)
+    _insert(conn, s.listings_raw, raw)
     listings = [
         {
             "source_id": source_id,
@@ -79,11 +86,11 @@ def populate(conn: sa.Connection) -> None:
             "content_hash": "h",
             "updated_at": t - timedelta(seconds=ROWS - i),
             "matched_at": None if _waiting(i) else t,
-            **(_state(i) if _waiting(i) else {}),
+            **_state(i),
         }
         for i in range(ROWS)
     ]
-    conn.execute(sa.insert(s.listings), listings)
+    _insert(conn, s.listings, listings)
     user = conn.execute(
         sa.insert(s.users)
         .values(name="u", channel="webhook", channel_url="http://127.0.0.1/h")
@@ -97,11 +104,11 @@ def populate(conn: sa.Connection) -> None:
             "channel": "webhook",
             "status": "pending" if _waiting(i) else "sent",
             "next_attempt_at": t - timedelta(seconds=ROWS - i),
-            **(_state(i) if _waiting(i) else {}),
+            **_state(i),
         }
         for i, listing_id in enumerate(listing_ids)
     ]
-    conn.execute(sa.insert(s.notifications), notifications)
+    _insert(conn, s.notifications, notifications)
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

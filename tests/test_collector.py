@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -15,7 +15,7 @@ from pipeline.failures import FailureReason, FetchError
 from pipeline.rss import parse_feed
 from pipeline.settings import Settings
 from tests.helpers import add_source, now
-from tests.http_server import Handler, LocalServer
+from tests.http_server import Handler, InFlight, LocalServer
 from tests.test_cli import run
 
 
@@ -167,13 +167,13 @@ def test_sources_fetch_once_per_interval_on_their_own_cadence(engine, server):
     assert sorted(r["path"] for r in server.requests) == ["/feed?due", "/feed?new"]
 
 
-def test_an_unbuilt_adapter_fails_the_source_clearly(engine, server):
-    with engine.begin() as conn:
-        add_source(conn, server.url("/channel"), source_type="youtube")
+def test_a_youtube_source_that_names_no_channel_fails_as_invalid_config(engine, server):
+    with engine.begin() as conn:  # written directly: `sources add` would refuse it
+        add_source(conn, server.url("/not-a-channel"), source_type="youtube")
     stats = collector(engine).run()
     assert dict(stats.failed) == {"invalid_config": 1}
     [event] = [e for e in rows(engine, schema.ingestion_events) if e["event"] == "ingestion.completed"]
-    assert "no adapter for source type 'youtube'" in event["details"]["error"]
+    assert "is not a YouTube channel, @handle, user or playlist URL" in event["details"]["error"]
 
 
 def test_pipeline_collect_command(engine, db_url, server):
@@ -318,14 +318,14 @@ def test_a_collector_killed_mid_fetch_is_taken_over_after_its_lease(engine, db_u
     env = {
         **{k: v for k, v in os.environ.items() if k != "DATABASE_URL"},
         "DATABASE_URL": db_url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32",
-        "PIPELINE_LEASE_SECONDS": "2", "PIPELINE_HTTP_TIMEOUT_SECONDS": "60",
+        "PIPELINE_LEASE_SECONDS": "6", "PIPELINE_HTTP_TIMEOUT_SECONDS": "60",
     }
     victim = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "collect"], env=env)
     assert hang.wait(60), "the first collector reached the server"
     victim.send_signal(signal.SIGKILL)
     victim.wait(10)
     [held] = rows(engine, schema.sources)
-    assert held["claimed_by"].startswith("cli:") and held["locked_until"] is not None
+    assert held["claimed_by"].startswith("cli-collect:") and held["locked_until"] is not None
 
     survivor = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "collect", "--json"], env=env,
@@ -333,7 +333,8 @@ def test_a_collector_killed_mid_fetch_is_taken_over_after_its_lease(engine, db_u
     )
     assert survivor.returncode == 0, survivor.stderr
     assert json.loads(survivor.stdout.strip().splitlines()[-1])["claimed"] == 0, "lease still live"
-    time.sleep(2.5)
+    # Both databases set locked_until from this machine's clock (PostgreSQL's now()).
+    time.sleep(max(0.0, (held["locked_until"] - datetime.now(UTC)).total_seconds()) + 0.5)
     survivor = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "collect", "--json"], env=env,
         capture_output=True, text=True, timeout=60, check=False,
@@ -358,3 +359,140 @@ def test_every_event_is_also_a_json_log_line(engine, server, caplog):
     completed = lines[1]
     assert (completed["source_id"], completed["run_id"], completed["items_new"]) == (source_id, "run-1", 1)
     assert completed["success"] is True and completed["duration_ms"] >= 0
+
+
+# -- the pass as a whole ----------------------------------------------------------------
+
+
+def completed_events(engine: sa.Engine) -> dict[int, dict]:
+    return {e["source_id"]: e for e in rows(engine, schema.ingestion_events) if e["event"] == "ingestion.completed"}
+
+
+def test_a_slow_source_delays_no_other_source(engine, server):
+    import time
+
+    def slow(h: Handler) -> None:
+        time.sleep(3)
+        h.reply(200, rss([("s", "Slow")]), {"Content-Type": "application/rss+xml"})
+
+    server.routes["/slow"] = slow
+    serve(server, "/feed", rss([("a", "A")]))
+    with engine.begin() as conn:
+        slow_id = add_source(conn, server.url("/slow"), priority=1)  # claimed first
+        fast_ids = [add_source(conn, server.url(f"/feed?{i}")) for i in range(12)]
+    settings = Settings(database_url=str(engine.url), http_timeout_seconds=10.0, allow_networks=("127.0.0.1/32",))
+    stats = Collector(engine, settings, "w", random_unit=lambda: 0.5).run(concurrency=2)
+    assert stats.succeeded == 13
+    events = completed_events(engine)
+    slow_done = events[slow_id]["occurred_at"]
+    # Before, a claim batch waited for its slowest fetch: sources claimed after the slow
+    # one were only fetched once it had finished. Now every fast source is done first.
+    assert all(events[i]["occurred_at"] < slow_done for i in fast_ids)
+
+
+def test_a_source_whose_write_the_database_refuses_fails_alone(engine, server, monkeypatch):
+    from pipeline import collector as collector_module
+
+    serve(server, "/feed", rss([("a", "A"), ("b", "B")]))
+    with engine.begin() as conn:
+        ids = [add_source(conn, server.url(f"/feed?{i}")) for i in range(4)]
+    poison = ids[1]
+    store = collector_module.store_items
+
+    def refuse_one(conn, batch):
+        if any(source_id == poison for source_id, _ in batch):
+            # A real error from the database: the source_type CHECK refuses the row.
+            conn.execute(sa.insert(schema.sources).values(name="x", url="x", source_type="nonsense"))
+        return store(conn, batch)
+
+    monkeypatch.setattr(collector_module, "store_items", refuse_one)
+    stats = collector(engine).run()
+    assert stats.succeeded == 3 and dict(stats.failed) == {"parse_error": 1}
+    by_id = {r["id"]: r for r in rows(engine, schema.sources)}
+    assert by_id[poison]["last_failure_reason"] == "parse_error" and by_id[poison]["locked_until"] is None
+    assert all(by_id[i]["consecutive_failures"] == 0 for i in ids if i != poison)
+    assert sorted(r["source_id"] for r in rows(engine, schema.listings_raw)) == sorted(
+        [i for i in ids if i != poison] * 2
+    ), "the other sources' items are stored; none of the refused source's"
+    assert "the database refused this source's items" in completed_events(engine)[poison]["details"]["error"]
+
+
+def test_items_are_made_storable_whatever_the_feed_holds(engine, server):
+    long_guid = "g" * 5000
+    serve(server, "/feed", rss([(long_guid, "Long id"), ("short", "Short id")]))
+    with engine.begin() as conn:
+        add_source(conn, server.url("/feed"))
+    assert collector(engine).run().items_new == 2
+    ids = sorted(r["source_item_id"] for r in rows(engine, schema.listings_raw))
+    assert ids[0].startswith("sha256:") and len(ids[0]) == 71 and ids[1] == "short"
+
+
+def test_item_strings_lose_nul_and_lone_surrogates():
+    from pipeline.adapters import Item
+
+    item = Item("id\x00", "http://127.0.0.1/\x00", {"title": "a\x00b", "categories": ["x\ud800y"]})
+    assert (item.source_item_id, item.url) == ("id", "http://127.0.0.1/")
+    assert item.raw == {"title": "ab", "categories": ["x?y"]}
+    item.raw_text.encode("utf-8")  # storable as UTF-8
+
+
+def test_every_failure_code_through_the_collector(engine, server):
+    import socket
+    import time
+
+    def slow(h: Handler) -> None:
+        time.sleep(3)
+        h.reply(200, rss([("a", "A")]))
+
+    with socket.socket() as probe:  # a port that was free a moment ago: connection refused
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    server.routes["/404"] = lambda h: h.reply(404, b"no")
+    server.routes["/500"] = lambda h: h.reply(500, b"no")
+    server.routes["/429"] = lambda h: h.reply(429, b"slow down", {"Retry-After": "7200"})
+    server.routes["/slow"] = slow
+    server.routes["/huge"] = lambda h: h.reply(200, b"<rss>" + b"x" * 200_000)
+    serve(server, "/malformed", b"<rss version='2.0'><channel><item><title>a</item>")
+    serve(server, "/page", b"<html><body><ul><li>a</li></ul></body></html>")
+    expected = {
+        f"http://127.0.0.1:{closed_port}/feed": ("rss", "network_error"),
+        server.url("/slow"): ("rss", "timeout"),
+        server.url("/404"): ("rss", "http_4xx"),
+        server.url("/500"): ("rss", "http_5xx"),
+        server.url("/429"): ("rss", "rate_limited"),
+        server.url("/malformed"): ("rss", "parse_error"),
+        server.url("/huge"): ("rss", "too_large"),
+        server.url("/feed", host="127.0.0.2"): ("rss", "blocked_address"),
+        server.url("/page"): ("http", "invalid_config"),
+    }
+    with engine.begin() as conn:
+        by_url = {
+            url: add_source(conn, url, source_type=kind,
+                            config={"item": "li[["} if kind == "http" else {})
+            for url, (kind, _) in expected.items()
+        }
+    settings = Settings(database_url=str(engine.url), http_timeout_seconds=1.0,
+                        max_response_bytes=100_000, allow_networks=("127.0.0.1/32",))
+    stats = Collector(engine, settings, "w", random_unit=lambda: 0.5).run()
+    assert stats.succeeded == 0 and sum(stats.failed.values()) == len(expected)
+    sources = {r["id"]: r for r in rows(engine, schema.sources)}
+    events = completed_events(engine)
+    for url, (_, code) in expected.items():
+        source_id = by_url[url]
+        assert (sources[source_id]["last_failure_reason"], events[source_id]["failure_reason"]) == (code, code), url
+        assert events[source_id]["success"] is False and events[source_id]["retry_in_minutes"] > 0
+    # Retry-After (2 h) is the floor over the 5-minute first backoff.
+    assert events[by_url[server.url("/429")]]["retry_in_minutes"] >= 119
+
+
+def test_concurrency_caps_fetches_in_flight(engine, server):
+    in_flight = InFlight()
+    server.routes["/hold"] = in_flight.holding(
+        lambda h: h.reply(200, rss([("a", "A")]), {"Content-Type": "application/rss+xml"})
+    )
+    with engine.begin() as conn:
+        for i in range(12):
+            add_source(conn, server.url(f"/hold?{i}"))
+    # per_host lifted, so the run's own cap is the only limit in play.
+    stats = collector(engine, per_host=100).run(concurrency=3)
+    assert stats.succeeded == 12 and in_flight.peak == 3

@@ -10,7 +10,6 @@ from __future__ import annotations
 import gzip
 import ipaddress
 import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -19,7 +18,7 @@ import pytest
 
 from pipeline.failures import FailureReason, FetchError
 from pipeline.http import USER_AGENT, AddressGuard, Fetcher, parse_retry_after
-from tests.http_server import Handler, LocalServer
+from tests.http_server import Handler, InFlight, LocalServer
 
 FEED = b"<rss version='2.0'><channel><title>t</title></channel></rss>"
 ALLOW = ["127.0.0.1/32"]
@@ -76,6 +75,47 @@ def test_real_user_agent_gzip_and_one_reused_connection(server, fetcher):
     assert len(server.connections) == 1, "keep-alive: five fetches, one connection"
 
 
+def test_not_modified_and_error_answers_keep_the_connection_too(server, fetcher):
+    server.routes["/feed"] = feed_route
+    server.routes["/missing"] = lambda h: h.reply(404, b"{\"error\": \"no such feed\"}")
+    fetcher.fetch(server.url("/feed"))
+    for _ in range(3):
+        assert fetcher.fetch(server.url("/feed"), etag='"v1"').not_modified
+        assert failure(fetcher, server.url("/missing")).body == b'{"error": "no such feed"}'
+    assert len(server.connections) == 1, "a 304 or a 404 read to its end leaves the connection open"
+
+
+def test_an_error_body_is_kept_only_up_to_its_excerpt_size(server, fetcher):
+    server.routes["/big-error"] = lambda h: h.reply(500, b"x" * (CAP * 4))
+    error = failure(fetcher, server.url("/big-error"))
+    assert error.reason is FailureReason.HTTP_5XX and len(error.body) == min(CAP, 64 * 1024)
+
+
+def test_cookies_set_by_one_source_never_reach_another(server, fetcher):
+    server.routes["/set"] = lambda h: h.reply(200, FEED, {"Set-Cookie": "session=abc; Path=/"})
+    server.routes["/feed"] = feed_route
+    fetcher.fetch(server.url("/set"))
+    fetcher.fetch(server.url("/feed"))
+    assert "Cookie" not in server.requests[-1]["headers"]
+
+
+def test_extra_headers_go_to_the_first_origin_only():
+    first, other = LocalServer().start(), LocalServer().start()
+    try:
+        other.routes["/feed"] = feed_route
+        first.routes["/same"] = lambda h: h.reply(302, headers={"Location": "/moved"})
+        first.routes["/moved"] = feed_route
+        first.routes["/away"] = lambda h: h.reply(302, headers={"Location": other.url("/feed")})
+        with Fetcher(timeout=2.0, allow_networks=ALLOW) as fetcher:
+            fetcher.fetch(first.url("/same"), headers={"X-Api-Key": "k1"})
+            fetcher.fetch(first.url("/away"), headers={"X-Api-Key": "k1"})
+        assert [r["headers"].get("X-Api-Key") for r in first.requests] == ["k1", "k1", "k1"]
+        assert "X-Api-Key" not in other.requests[0]["headers"], "no key for another origin"
+    finally:
+        first.stop()
+        other.stop()
+
+
 @pytest.mark.parametrize(
     ("status", "reason"),
     [(404, FailureReason.HTTP_4XX), (410, FailureReason.HTTP_4XX), (500, FailureReason.HTTP_5XX),
@@ -123,10 +163,9 @@ def test_body_over_the_cap_is_too_large_declared_or_streamed(server, fetcher):
 
 
 def test_a_server_slower_than_the_timeout(server, fetcher):
+    # The server does answer, after 2 s: a timeout (not a 200) proves the fetcher gave up first.
     server.routes["/slow"] = lambda h: (time.sleep(2), h.reply(200, FEED))
-    started = time.monotonic()
     assert failure(fetcher, server.url("/slow")).reason is FailureReason.TIMEOUT
-    assert time.monotonic() - started < 1.9
 
 
 def test_a_server_that_drips_bytes_hits_the_overall_deadline(server, fetcher):
@@ -142,7 +181,7 @@ def test_a_server_that_drips_bytes_hits_the_overall_deadline(server, fetcher):
     server.routes["/drip"] = drip
     started = time.monotonic()
     assert failure(fetcher, server.url("/drip")).reason is FailureReason.TIMEOUT
-    assert time.monotonic() - started < 2.5
+    assert time.monotonic() - started < 10, "stopped at the deadline, not after the 50 s drip"
 
 
 def test_permanent_redirect_reports_the_new_url(server, fetcher):
@@ -212,19 +251,9 @@ def test_the_allow_list_exempts_only_its_ranges():
 
 
 def test_at_most_per_host_requests_at_once(server):
-    active, peak, lock = [0], [0], threading.Lock()
-
-    def hold(h: Handler) -> None:
-        with lock:
-            active[0] += 1
-            peak[0] = max(peak[0], active[0])
-        time.sleep(0.2)
-        with lock:
-            active[0] -= 1
-        h.reply(200, FEED)
-
-    server.routes["/hold"] = hold
+    in_flight = InFlight()
+    server.routes["/hold"] = in_flight.holding(lambda h: h.reply(200, FEED))
     with Fetcher(timeout=5.0, allow_networks=ALLOW, per_host=2) as fetcher, ThreadPoolExecutor(6) as pool:
         results = list(pool.map(lambda _: fetcher.fetch(server.url("/hold")), range(6)))
     assert all(r.body == FEED for r in results)
-    assert peak[0] == 2
+    assert in_flight.peak == 2

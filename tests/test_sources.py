@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -99,6 +100,62 @@ def test_the_database_refuses_intervals_out_of_bounds_too(engine):
 def test_youtube_channel_ids_handles_and_urls_are_youtube_sources(value, url):
     spec = make_spec(value)
     assert (spec.source_type, spec.url) == ("youtube", url)
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ("https://www.youtube.com/watch?v=abc", "is not a YouTube channel, @handle, user or playlist URL"),
+        ("https://youtu.be/abc", "is not a YouTube channel"),
+    ],
+)
+def test_a_youtube_url_must_name_a_channel_or_playlist(value, fragment):
+    with pytest.raises(SourceError, match=fragment):
+        make_spec(value)
+
+
+def test_config_is_checked_by_the_sources_adapter(engine, db_url):
+    env = {"DATABASE_URL": db_url}
+    good = run("sources", "add", "http://127.0.0.1:8000/jobs", "--type", "http",
+               "--config", '{"item": "li.job", "title": "h2"}', env=env)
+    assert good.returncode == 0, good.stderr
+    assert sources_rows(engine)[0]["config"] == {"item": "li.job", "title": "h2"}
+    bad = run("sources", "add", "http://127.0.0.1:8000/other", "--type", "http",
+              "--config", '{"item": "li[["}', env=env)
+    assert_one_line_error(bad, "http config 'item': bad CSS selector")
+    assert len(sources_rows(engine)) == 1
+
+
+@pytest.mark.parametrize(
+    ("url", "kind", "config", "fragment"),
+    [
+        ("http://127.0.0.1/p", "http", '{"itme": "li"}', "unknown http config keys ['itme']"),
+        ("http://127.0.0.1/p", "http", '{"title": "h2"}', "set 'item' too"),
+        ("http://127.0.0.1/p", "http", "[1, 2]", "config must be a JSON object"),
+        ("http://127.0.0.1/p", "http", "{not json", "config is not valid JSON"),
+        ("http://127.0.0.1/p", "rss", '{"item": "li"}', "an rss source takes none"),
+        ("@SomeChannel", None, '{"channel_id": "nope"}', "channel_id 'nope' is not a channel id"),
+        ("@SomeChannel", None, '{"api_base": "ftp://x"}', "api_base 'ftp://x' is not an http(s) URL"),
+    ],
+)
+def test_bad_config_is_refused_naming_what_is_wrong(url, kind, config, fragment):
+    with pytest.raises(SourceError, match=re.escape(fragment)):
+        make_spec(url, source_type=kind, config=config)
+
+
+def test_a_yaml_entry_carries_its_config_and_secrets_are_never_listed(engine, db_url, tmp_path):
+    env = {"DATABASE_URL": db_url}
+    path = write(
+        tmp_path, "yt.yaml",
+        "- url: '@SomeChannel'\n  config: {api_key: very-secret-key}\n"
+        "- url: http://127.0.0.1:8000/page\n  type: http\n  config: {item: article}\n",
+    )
+    assert run("sources", "import", str(path), env=env).stdout.strip() == "2 added, 0 already present"
+    stored = {r["url"]: r["config"] for r in sources_rows(engine)}
+    assert stored["https://www.youtube.com/@SomeChannel"] == {"api_key": "very-secret-key"}
+    listed = run("sources", "list", "--json", env=env).stdout
+    assert "very-secret-key" not in listed and '"api_key": "***"' in listed
+    assert "very-secret-key" not in run("sources", "list", env=env).stdout
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
