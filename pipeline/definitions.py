@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets import ASSET_CHECKS, ASSETS
+from assets import ASSET_CHECKS, ASSETS, BACKFILL_JOBS
 from resources import PipelineDatabase
-from sensors import SCHEDULES, SENSORS
+from sensors import JOBS, SCHEDULES, SENSORS
 
 defs = dg.Definitions(
     assets=ASSETS,
     asset_checks=ASSET_CHECKS,
     sensors=SENSORS,
     schedules=SCHEDULES,
+    jobs=[*JOBS, *BACKFILL_JOBS],
     resources={"database": PipelineDatabase()},
 )

@@ -5,6 +5,11 @@ from __future__ import annotations
 import dagster as dg
 
 from sensors.due_sources import due_sources_sensor
+from sensors.pipeline_work import pending_notifications_sensor, unprocessed_listings_sensor
+from sensors.upkeep import upkeep_job, upkeep_schedule
 
-SENSORS: list[dg.SensorDefinition] = [due_sources_sensor]
-SCHEDULES: list[dg.ScheduleDefinition] = []
+SENSORS: list[dg.SensorDefinition] = [
+    due_sources_sensor, unprocessed_listings_sensor, pending_notifications_sensor,
+]
+SCHEDULES: list[dg.ScheduleDefinition] = [upkeep_schedule]
+JOBS: list[dg.JobDefinition] = [upkeep_job]

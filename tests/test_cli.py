@@ -44,7 +44,7 @@ def test_embedded_default_creates_a_sqlite_file_in_the_state_folder(tmp_path: Pa
     assert f"is at schema revision {db.head_revision()}" in result.stdout
     status = run("status", "--json", env={"PIPELINE_STATE_DIR": str(state)})
     assert status.returncode == 0, status.stderr
-    assert {t["table"] for t in json.loads(status.stdout)["tables"]} == set(schema.metadata.tables)
+    assert set(json.loads(status.stdout)["totals"]) == set(schema.metadata.tables)
 
 
 def test_the_default_state_folder_is_git_ignored():
@@ -52,26 +52,35 @@ def test_the_default_state_folder_is_git_ignored():
     assert ".state/" in (root / ".gitignore").read_text().splitlines()
 
 
-def test_status_counts_rows_claims_in_flight_and_expired_leases(engine, db_url):
+def test_status_shows_each_queue_its_claims_in_flight_and_expired_leases(engine, db_url):
     t = schema.listings_raw
     with engine.begin() as conn:
-        ids = add_raw_rows(conn, add_source(conn), 5)
+        source_id = add_source(conn, next_fetch_at=now() + timedelta(minutes=30))
+        ids = add_raw_rows(conn, source_id, 5, start=now() - timedelta(hours=2))
         conn.execute(
             sa.update(t).where(t.c.id == ids[0]).values(locked_until=now() + timedelta(minutes=5))
         )
         conn.execute(
             sa.update(t).where(t.c.id.in_(ids[1:3])).values(locked_until=now() - timedelta(minutes=5))
         )
+        conn.execute(sa.update(schema.sources).values(consecutive_failures=2, last_failure_reason="timeout"))
     result = run("status", "--json", env={"DATABASE_URL": db_url})
     assert result.returncode == 0, result.stderr
-    tables = {t["table"]: t for t in json.loads(result.stdout)["tables"]}
-    assert tables["listings_raw"] == {
-        "table": "listings_raw", "rows": 5, "in_flight": 1, "expired_leases": 2
-    }
-    assert tables["sources"]["rows"] == 1
+    status = json.loads(result.stdout)
+    queues = {q["table"]: q for q in status["queues"]}
+    raw = queues["listings_raw"]
+    # 2 free + 2 whose lease expired are claimable; 1 is held.
+    assert (raw["waiting"], raw["in_flight"], raw["expired_leases"]) == (4, 1, 2)
+    assert raw["oldest_waiting"].startswith(str((now() - timedelta(hours=2)).date()))
+    assert queues["sources"]["waiting"] == 0 and status["failing"] == {"timeout": 1}
+    assert status["sources_enabled"] == 1 and status["totals"]["sources"] == 1
     text = run("status", env={"DATABASE_URL": db_url})
     assert text.returncode == 0
-    assert text.stdout.splitlines()[0].split() == ["table", "rows", "in", "flight", "expired", "leases"]
+    lines = text.stdout.splitlines()
+    assert "failing now    timeout 1" in lines
+    assert "next due in 30 min" in text.stdout
+    [row] = [line for line in lines if line.startswith("raw rows to process")]
+    assert row.split()[-6:] == ["4", "2.0", "h", "ago", "1", "2"]
 
 
 def test_a_malformed_database_url_is_one_clear_line():
@@ -99,3 +108,48 @@ def test_a_database_newer_than_the_code_stops_the_command(engine, db_url):
 def test_an_unmigrated_database_asks_for_db_upgrade(empty_db_url):
     result = run("status", env={"DATABASE_URL": empty_db_url})
     assert_one_line_error(result, "run `pipeline db upgrade`")
+
+
+def test_backfills_from_the_command_line_touch_their_window_only(engine, db_url):
+    def day(d: int) -> str:
+        return f"2026-11-{d:02d}"
+
+    from datetime import UTC, datetime
+
+    from pipeline import users
+
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1:9/x")
+        for d in (18, 19, 20):
+            stamp = datetime(2026, 11, d, 12, tzinfo=UTC)
+            conn.execute(sa.insert(schema.listings_raw).values(
+                source_id=source, source_item_id=f"d{d}", url=f"http://x/{d}", content_hash=str(d),
+                raw_json={"title": f"<b>Python</b> job {d}", "url": f"http://x/{d}"}, fetched_at=stamp))
+        users.add_user(conn, "alice", webhook="http://127.0.0.1:9/hook", secret="s" * 16)
+        users.add_filter(conn, "alice", "python")  # created now: after every listing
+    assert run("process", env={"DATABASE_URL": db_url}).returncode == 0
+    with engine.begin() as conn:  # as an older normaliser left them, on the day they arrived
+        for d in (18, 19, 20):
+            conn.execute(sa.update(schema.listings).where(schema.listings.c.source_item_id == f"d{d}")
+                         .values(title="stale", ingested_at=datetime(2026, 11, d, 12, tzinfo=UTC)))
+
+    result = run("backfill", "reprocess", "--since", day(19), "--until", day(20), "--json",
+                 env={"DATABASE_URL": db_url})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1])["reopened"] == 1
+    with engine.connect() as conn:
+        titles = dict(conn.execute(sa.select(schema.listings.c.source_item_id, schema.listings.c.title)).all())
+    assert titles == {"d18": "stale", "d19": "Python job 19", "d20": "stale"}
+
+    def rematch(*flags: str) -> dict:
+        out = run("backfill", "rematch", "--since", day(18), "--until", day(20), "--json", *flags,
+                  env={"DATABASE_URL": db_url})
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.splitlines()[-1])
+
+    assert rematch() == {"listings": 2, "notifications_created": 0}, "a new filter does not reach back"
+    # d18 still shows "stale" (it was not re-processed): only d19 matches "python".
+    assert rematch("--any-age")["notifications_created"] == 1, "on request, that window's history"
+    assert rematch("--any-age")["notifications_created"] == 0, "and never a second time"
+    bad = run("backfill", "rematch", "--since", day(20), "--until", day(18), env={"DATABASE_URL": db_url})
+    assert bad.returncode == 2 and "is not before --until" in bad.stderr

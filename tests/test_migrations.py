@@ -116,3 +116,14 @@ def test_an_unmigrated_database_asks_for_an_upgrade(empty_db_url):
     with pytest.raises(SchemaMismatch, match="has no pipeline schema.*run `pipeline db upgrade`"):
         db.check_schema(engine)
     engine.dispose()
+
+
+def test_queue_tables_are_vacuumed_early_on_postgresql(pg_engine):
+    with pg_engine.connect() as conn:
+        options = dict(conn.execute(sa.text(
+            "SELECT relname, reloptions FROM pg_class WHERE relname IN"
+            " ('sources', 'listings_raw', 'listings', 'notifications', 'users')"
+        )).all())
+    for table in ("sources", "listings_raw", "listings", "notifications"):
+        assert "autovacuum_vacuum_scale_factor=0.01" in options[table], (table, options[table])
+    assert options["users"] is None, "only the queue tables"

@@ -1,0 +1,41 @@
+"""The ``notifications`` asset: one notifier pass (pipeline/notifier.py) per run."""
+# No "from __future__ import annotations": Dagster reads these annotations at runtime.
+
+import re
+
+import dagster as dg
+
+from assets.policies import STEP_RETRY
+from assets.processor import listings
+from pipeline.notifier import Notifier
+from pipeline.status import recorded
+from resources import PipelineDatabase
+
+
+class NotifyConfig(dg.Config):
+    max_listings: int | None = None  # match at most this many listings in this run
+    max_notifications: int | None = None  # deliver at most this many notifications
+
+
+@dg.asset(
+    name="notifications",
+    deps=[listings],
+    group_name="pipeline",
+    pool="notifier",
+    retry_policy=STEP_RETRY,
+    description="Notifications of matching listings: matches listings not matched yet against "
+    "every enabled filter (one per user and listing), then delivers the due ones.",
+)
+def notifications(
+    context: dg.AssetExecutionContext, config: NotifyConfig, database: PipelineDatabase
+) -> dg.MaterializeResult[None]:
+    run_id = context.run.run_id
+    with recorded(database.engine, "notifier"):
+        stats = Notifier(database.engine, database.settings(), worker=f"dagster:{run_id}", run_id=run_id).run(
+            max_listings=config.max_listings, max_notifications=config.max_notifications
+        )
+    totals = stats.as_dict()
+    context.log.info(f"notifier totals: {totals}")
+    metadata = {k: v for k, v in totals.items() if k != "errors"}
+    metadata.update({"errors_" + re.sub(r"\W+", "_", k).strip("_"): v for k, v in stats.errors.items()})
+    return dg.MaterializeResult(metadata=metadata)

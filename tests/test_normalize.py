@@ -1,0 +1,105 @@
+"""The normaliser: raw items into listing values, a pure function."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from pipeline.normalize import SUMMARY_CHARS, NormaliseError, html_to_text, normalise
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("html", "text"),
+    [
+        ("plain text, no markup", "plain text, no markup"),
+        ("<p>Hello <b>world</b> &amp; friends</p>", "Hello world & friends"),
+        ("<p>a</p><p>b</p>\n\n<br>c", "a b c"),
+        ("<script>alert(1)</script>shown<style>p{}</style>", "shown"),
+        ("<SCRIPT type=x>bad()</SCRIPT>ok", "ok"),
+        ("<!-- hidden <b>x</b> -->shown", "shown"),
+        ("<![CDATA[<b>bold</b> & co]]>", "bold & co"),
+        ('<a title="x > y" href=\'a>b\'>link</a> tail', "link tail"),
+        ("I <3 python and a < b", "I <3 python and a < b"),
+        ("caf&eacute; &#8212; &#x263A;", "café — ☺"),
+        # Encoded markup is text that would read as a tag once decoded: dropped too.
+        ("&lt;script&gt;alert(1)&lt;/script&gt; hi", "alert(1) hi"),
+        ("&#60;img src=x onerror=alert(1)&#62; hi", "hi"),
+        ("unterminated <b", "unterminated"),
+        ("<script>never closed", ""),
+    ],
+)
+def test_html_to_text(html, text):
+    assert html_to_text(html) == text
+
+
+def test_a_complete_item():
+    raw = {
+        "title": "<b>Senior</b> Python developer", "url": "https://jobs.example/1",
+        "summary": "<p>Remote &amp; flexible</p>", "published_at": "2026-11-20T10:00:00+02:00",
+        "author": "  Ann  ", "categories": ["Jobs", "jobs", " Python ", 7, ""],
+    }
+    listing = normalise(raw, now=NOW, source_category="remote")
+    assert listing.title == "Senior Python developer" and listing.summary == "Remote & flexible"
+    assert listing.published_at == datetime(2026, 11, 20, 8, 0, tzinfo=UTC)
+    assert listing.author == "Ann" and listing.url == "https://jobs.example/1"
+    assert listing.categories == ["Jobs", "Python", "remote"], "deduplicated, case-insensitively"
+
+
+def test_the_content_hash_follows_the_content():
+    a = normalise({"title": "A", "url": "http://x/1"}, now=NOW)
+    assert a.content_hash == normalise({"title": "<i>A</i>", "url": "http://x/1"}, now=NOW).content_hash
+    assert a.content_hash != normalise({"title": "B", "url": "http://x/1"}, now=NOW).content_hash
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("2026-11-20T10:00:00Z", datetime(2026, 11, 20, 10, tzinfo=UTC)),
+        ("2026-11-20T10:00:00", datetime(2026, 11, 20, 10, tzinfo=UTC)),  # naive: taken as UTC
+        ("2026-11-23T11:00:00+00:00", datetime(2026, 11, 23, 11, tzinfo=UTC)),  # within a day ahead
+        ("2026-11-24T12:00:01+00:00", None),  # further ahead: a feed's mistake
+        ("yesterday", None),
+        (None, None),
+        (12345, None),
+    ],
+)
+def test_publication_times_become_utc_or_unknown(value, expected):
+    assert normalise({"url": "http://x/1", "published_at": value}, now=NOW).published_at == expected
+
+
+def test_missing_url_falls_back_to_the_raw_rows_url_else_fails():
+    assert normalise({"title": "t"}, fallback_url="http://x/raw", now=NOW).url == "http://x/raw"
+    assert normalise({"url": "javascript:alert(1)"}, fallback_url="http://x/raw", now=NOW).url == "http://x/raw"
+    with pytest.raises(NormaliseError, match="no usable url"):
+        normalise({"title": "t", "url": "not a url"}, now=NOW)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("{not json", "raw_json is not valid JSON"),
+        ([1, 2], "raw_json must be a JSON object, not list"),
+        ({"url": "http://x/1", "title": {"nested": 1}}, "title must be text, not dict"),
+    ],
+)
+def test_unusable_raw_json_says_why(raw, message):
+    with pytest.raises(NormaliseError, match=message):
+        normalise(raw, now=NOW)
+
+
+def test_fields_are_bounded_and_a_title_defaults_to_the_url():
+    listing = normalise({"url": "http://x/1", "summary": "word " * 5000}, now=NOW)
+    assert len(listing.summary) == SUMMARY_CHARS and listing.summary.endswith("…")
+    assert listing.title == "http://x/1"
+
+
+def test_json_text_is_accepted():
+    assert normalise('{"title": "t", "url": "http://x/1"}', now=NOW).title == "t"
+
+
+def test_future_tolerance_is_one_day():
+    edge = (NOW + timedelta(days=1)).isoformat()
+    assert normalise({"url": "http://x/1", "published_at": edge}, now=NOW).published_at == NOW + timedelta(days=1)

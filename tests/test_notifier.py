@@ -1,0 +1,271 @@
+"""Matching and delivery on PostgreSQL and SQLite, to receivers served on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from pipeline import schema, users
+from pipeline.delivery import SIGNATURE_HEADER, verify
+from pipeline.notifier import Notifier, NotifyStats
+from pipeline.settings import Settings
+from tests.helpers import add_source, now
+from tests.http_server import Handler, LocalServer
+
+SECRET = "receiver-shared-secret-0123"
+
+
+@pytest.fixture
+def receiver():
+    srv = LocalServer().start()
+    srv.routes["/hook"] = lambda h: h.reply(204)
+    yield srv
+    srv.stop()
+
+
+def settings(engine: sa.Engine, **values) -> Settings:
+    return Settings(database_url=str(engine.url), allow_networks=("127.0.0.1/32",),
+                    http_timeout_seconds=2.0, **values)
+
+
+def notifier(engine: sa.Engine, **values) -> Notifier:
+    return Notifier(engine, settings(engine, **values), "test-notifier", random_unit=lambda: 0.5)
+
+
+def add_user(conn: sa.Connection, name: str, url: str) -> int:
+    return users.add_user(conn, name, webhook=url, secret=SECRET).id
+
+
+def add_listing(conn: sa.Connection, source_id: int, item: str, title: str, *,
+                ingested_at: datetime | None = None, summary: str = "") -> int:
+    stamp = ingested_at or now()
+    t = schema.listings
+    return int(conn.execute(sa.insert(t).values(
+        source_id=source_id, source_item_id=item, url=f"http://127.0.0.1/{item}", title=title,
+        summary=summary, categories=[], content_hash=item, ingested_at=stamp, updated_at=stamp,
+    ).returning(t.c.id)).scalar_one())
+
+
+def notifications(engine: sa.Engine) -> list[dict]:
+    t = schema.notifications
+    with engine.connect() as conn:
+        return [dict(r) for r in conn.execute(sa.select(t).order_by(t.c.id)).mappings()]
+
+
+def posts(server: LocalServer) -> list[dict]:
+    return [r for r in server.requests if r["method"] == "POST"]
+
+
+@pytest.fixture
+def source_id(engine):
+    with engine.begin() as conn:
+        return add_source(conn, "http://127.0.0.1/feed")
+
+
+def test_a_match_is_delivered_once_signed_and_keyed(engine, receiver, source_id):
+    with engine.begin() as conn:
+        alice = add_user(conn, "alice", receiver.url("/hook"))
+        add_user(conn, "bob", receiver.url("/hook"))
+        filter_id = users.add_filter(conn, "alice", "python remote")
+        users.add_filter(conn, "alice", "python")  # a second filter of alice's: still one message
+        users.add_filter(conn, "bob", "java")
+        listing_id = add_listing(conn, source_id, "a", "Python developer", summary="fully remote")
+        add_listing(conn, source_id, "b", "Rust developer")
+    stats = notifier(engine).run()
+    assert (stats.listings_matched, stats.notifications_created, stats.sent) == (2, 1, 1)
+    [sent] = posts(receiver)
+    headers, body = sent["headers"], sent["body"]
+    assert verify(SECRET, body, headers[SIGNATURE_HEADER]), "the signature verifies with the secret"
+    assert not verify("another-secret-entirely", body, headers[SIGNATURE_HEADER])
+    [row] = notifications(engine)
+    assert headers["Idempotency-Key"] == f"notification-{row['id']}"
+    payload = json.loads(body)
+    assert payload["user"] == {"id": alice, "name": "alice"}
+    assert payload["filter"]["id"] in (filter_id, filter_id + 1) and payload["notification_id"] == row["id"]
+    assert payload["listing"] == {"id": listing_id, "url": "http://127.0.0.1/a", "title": "Python developer",
+                                  "summary": "fully remote", "published_at": None, "source_id": source_id}
+    assert (row["status"], row["attempts"], row["last_error"]) == ("sent", 1, None) and row["sent_at"]
+    again = notifier(engine).run()
+    assert (again.listings_matched, again.sent) == (0, 0) and len(posts(receiver)) == 1
+
+
+def test_a_new_filter_does_not_flood_its_user_with_history(engine, receiver, source_id):
+    with engine.begin() as conn:
+        add_user(conn, "alice", receiver.url("/hook"))
+        add_listing(conn, source_id, "old", "Python developer", ingested_at=now() - timedelta(days=3))
+    with engine.begin() as conn:
+        conn.execute(sa.update(schema.listings).values(matched_at=None))
+        users.add_filter(conn, "alice", "python")
+    assert notifier(engine).run().notifications_created == 0
+
+
+def test_a_listing_committed_after_a_later_one_is_still_notified(engine, receiver, source_id):
+    with engine.begin() as conn:
+        add_user(conn, "alice", receiver.url("/hook"))
+        conn.execute(sa.update(schema.users).values(created_at=now() - timedelta(hours=1)))
+    with engine.begin() as conn:
+        users.add_filter(conn, "alice", "python")
+        conn.execute(sa.update(schema.filters).values(created_at=now() - timedelta(minutes=10)))
+        add_listing(conn, source_id, "later", "Python later", ingested_at=now() - timedelta(minutes=1))
+    assert notifier(engine).run().sent == 1
+    # A listing whose transaction began earlier (older timestamps) commits only now: a
+    # time cursor past "later" would skip it; claiming unmatched rows does not.
+    with engine.begin() as conn:
+        add_listing(conn, source_id, "earlier", "Python earlier", ingested_at=now() - timedelta(minutes=5))
+    assert notifier(engine).run().sent == 1
+    assert {json.loads(p["body"])["listing"]["title"] for p in posts(receiver)} == {"Python later", "Python earlier"}
+
+
+def test_the_filters_kept_between_batches_stay_current(engine, receiver, source_id):
+    """A pass reads its filters once and then only the new ones before each batch: a new
+    filter still applies from the next batch, even one whose transaction began earlier
+    than the newest filter's (committed out of order); a disabled one stops applying at
+    the next full reload."""
+    with engine.begin() as conn:
+        add_user(conn, "alice", receiver.url("/hook"))
+        add_user(conn, "bob", receiver.url("/hook"))
+        users.add_filter(conn, "alice", "python")
+    worker = notifier(engine)
+    catalogue = worker._catalogue
+
+    def match(item: str, title: str) -> int:
+        with engine.begin() as conn:
+            add_listing(conn, source_id, item, title)
+        stats = NotifyStats()
+        worker.match(stats)
+        return stats.notifications_created
+
+    assert match("a", "Python") == 1
+    with engine.begin() as conn:  # began five minutes ago, committed only now
+        bob_filter = users.add_filter(conn, "bob", "rust")
+        conn.execute(sa.update(schema.filters).where(schema.filters.c.id == bob_filter)
+                     .values(created_at=now() - timedelta(minutes=5)))
+    assert match("b", "Rust") == 1, "the late-committed filter is read before the next batch"
+    with engine.begin() as conn:
+        users.set_filter_enabled(conn, bob_filter, False)
+    catalogue.full_reload_seconds = 0  # the next batch reads everything again
+    assert match("c", "Rust again") == 0, "a disabled filter stops matching at the full reload"
+    assert {(n["user_id"], n["listing_id"]) for n in notifications(engine)} == {(1, 1), (2, 2)}
+
+
+def test_a_failing_receiver_is_retried_with_backoff_then_dead(engine, receiver, source_id):
+    receiver.routes["/down"] = lambda h: h.reply(503, b"busy", {"Retry-After": "120"})
+    with engine.begin() as conn:
+        add_user(conn, "alice", receiver.url("/down"))
+        users.add_filter(conn, "alice", "python")
+        add_listing(conn, source_id, "a", "Python")
+    n = notifier(engine, delivery_max_attempts=3)
+    first = n.run()
+    assert (first.sent, first.retrying) == (0, 1)
+    [row] = notifications(engine)
+    assert (row["status"], row["attempts"]) == ("failed", 1) and "http_5xx: HTTP 503" in row["last_error"]
+    # Backoff would be 1 minute; the receiver's Retry-After (2 minutes) is the floor.
+    assert row["next_attempt_at"] >= now() + timedelta(seconds=110)
+    assert n.run().claimed == 0, "not due yet"
+    for expected in ("failed", "dead"):
+        with engine.begin() as conn:
+            conn.execute(sa.update(schema.notifications).values(next_attempt_at=now() - timedelta(seconds=1)))
+        n.run()
+        assert notifications(engine)[0]["status"] == expected
+    row = notifications(engine)[0]
+    assert row["attempts"] == 3 and "HTTP 503" in row["last_error"]
+    assert len(posts(receiver)) == 3
+    with engine.begin() as conn:  # recovery: the operator requeues dead notifications
+        assert users.requeue_notifications(conn, dead=True) == 1
+    receiver.routes["/down"] = lambda h: h.reply(200)
+    assert n.run().sent == 1
+
+
+def test_a_receiver_on_a_blocked_address_is_never_contacted(engine, receiver, source_id):
+    with engine.begin() as conn:
+        add_user(conn, "alice", receiver.url("/hook", host="127.0.0.2"))
+        users.add_filter(conn, "alice", "python")
+        add_listing(conn, source_id, "a", "Python")
+    assert notifier(engine).run().retrying == 1
+    assert "blocked_address" in notifications(engine)[0]["last_error"] and posts(receiver) == []
+
+
+def test_apprise_delivers_through_its_own_url(engine, receiver, source_id):
+    with engine.begin() as conn:
+        users.add_user(conn, "carol", apprise_url=f"json://127.0.0.1:{receiver.port}/hook")
+        users.add_filter(conn, "carol", "python")
+        add_listing(conn, source_id, "a", "Python developer", summary="remote")
+    assert notifier(engine).run().sent == 1
+    [sent] = posts(receiver)
+    payload = json.loads(sent["body"])
+    assert payload["title"] == "Python developer"
+    assert "http://127.0.0.1/a" in payload["message"] and "notification-1" in payload["message"]
+
+
+@pytest.mark.slow
+def test_three_notifier_processes_never_deliver_twice(engine, db_url, receiver, source_id):
+    lock, keys = threading.Lock(), []
+
+    def slow_hook(h: Handler) -> None:
+        time.sleep(0.02)
+        with lock:
+            keys.append(h.headers["Idempotency-Key"])
+        h.reply(204)
+
+    receiver.routes["/slow"] = slow_hook
+    with engine.begin() as conn:
+        for i in range(6):
+            add_user(conn, f"user{i}", receiver.url("/slow"))
+            users.add_filter(conn, f"user{i}", "python")
+        for i in range(20):
+            add_listing(conn, source_id, f"l{i}", f"Python job {i}")
+    env = {**os.environ, "DATABASE_URL": db_url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32",
+           "PIPELINE_CONCURRENCY": "4"}
+    procs = [subprocess.Popen([sys.executable, "-m", "pipeline.cli", "notify", "--json"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    totals = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        totals.append(json.loads(out.strip().splitlines()[-1]))
+    assert sum(t["notifications_created"] for t in totals) == 120
+    assert sum(t["sent"] for t in totals) == 120 and len(keys) == 120
+    assert len(set(keys)) == 120, "no notification was delivered twice"
+    assert sum(1 for t in totals if t["sent"]) >= 2, "the processes shared the work"
+
+
+@pytest.mark.slow
+def test_a_resend_after_a_crash_carries_the_same_key_and_body(engine, db_url, receiver, source_id):
+    got_first = threading.Event()
+
+    def hook(h: Handler) -> None:
+        if not got_first.is_set():
+            got_first.set()
+            time.sleep(20)  # the sender dies while waiting for this answer
+        h.reply(204)
+
+    receiver.routes["/hook"] = hook
+    with engine.begin() as conn:
+        add_user(conn, "alice", receiver.url("/hook"))
+        users.add_filter(conn, "alice", "python")
+        add_listing(conn, source_id, "a", "Python")
+    notifier(engine).match(NotifyStats())
+    env = {**os.environ, "DATABASE_URL": db_url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32",
+           "PIPELINE_LEASE_SECONDS": "2", "PIPELINE_HTTP_TIMEOUT_SECONDS": "60"}
+    victim = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "notify"], env=env)
+    assert got_first.wait(60)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    time.sleep(2.5)  # the lease runs out
+    survivor = subprocess.run([sys.executable, "-m", "pipeline.cli", "notify", "--json"], env=env,
+                              capture_output=True, text=True, timeout=60, check=False)
+    assert survivor.returncode == 0, survivor.stderr
+    assert json.loads(survivor.stdout)["sent"] == 1
+    first, second = posts(receiver)
+    assert first["headers"]["Idempotency-Key"] == second["headers"]["Idempotency-Key"]
+    assert first["body"] == second["body"], "byte-identical: the receiver can drop the repeat"
+    assert [n["status"] for n in notifications(engine)] == ["sent"]

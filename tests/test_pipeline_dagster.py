@@ -1,0 +1,219 @@
+"""The processor and notifier in Dagster: assets, checks, sensors, backfills, upkeep."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+from dagster._core.storage.dagster_run import DagsterRun
+
+from assets import ASSET_CHECKS
+from assets.backfills import refetch_sources_job, rematch_window_job, reprocess_window_job
+from assets.collector import listings_raw
+from assets.notifier import notifications
+from assets.processor import listings
+from pipeline import schema, users
+from resources import PipelineDatabase
+from sensors.pipeline_work import pending_notifications_sensor, unprocessed_listings_sensor
+from sensors.runs import STAGE_TAG
+from sensors.upkeep import upkeep_job
+from tests.helpers import add_source, now
+from tests.http_server import LocalServer
+from tests.test_collector import rss, serve
+
+SECRET = "receiver-shared-secret-0123"
+
+
+@pytest.fixture
+def server():
+    srv = LocalServer().start()
+    srv.routes["/hook"] = lambda h: h.reply(204)
+    yield srv
+    srv.stop()
+
+
+def resources(db_url: str) -> dict:
+    return {"database": PipelineDatabase(database_url=db_url)}
+
+
+def metadata_of(result: dg.ExecuteInProcessResult, asset: str) -> dict:
+    [materialization] = result.asset_materializations_for_node(asset)
+    return {k: v.value for k, v in materialization.metadata.items()}
+
+
+def checks_of(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
+    return {f"{e.asset_key.to_user_string()}:{e.check_name}": e.passed
+            for e in result.get_asset_check_evaluations()}
+
+
+def test_the_three_assets_carry_a_listing_from_feed_to_receiver(engine, db_url, server, monkeypatch):
+    monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
+    serve(server, "/feed", rss([("a", "Python developer"), ("b", "Java developer")]))
+    with engine.begin() as conn:
+        add_source(conn, server.url("/feed"))
+        users.add_user(conn, "alice", webhook=server.url("/hook"), secret=SECRET)
+        users.add_filter(conn, "alice", "python")
+    result = dg.materialize([listings_raw, listings, notifications, *ASSET_CHECKS], resources=resources(db_url))
+    assert result.success
+    assert metadata_of(result, "listings_raw")["items_new"] == 2
+    assert metadata_of(result, "listings")["inserted"] == 2
+    assert (metadata_of(result, "notifications")["notifications_created"],
+            metadata_of(result, "notifications")["sent"]) == (1, 1)
+    assert [json.loads(r["body"])["listing"]["title"] for r in server.requests if r["method"] == "POST"] == [
+        "Python developer"]
+    assert all(checks_of(result).values()), checks_of(result)
+    with engine.connect() as conn:
+        states = dict(conn.execute(sa.select(schema.worker_state.c.worker_name, schema.worker_state.c.last_status)).all())
+    assert states == {"collector": "ok", "processor": "ok", "notifier": "ok"}
+
+
+def test_the_assets_declare_retry_policies_and_pools():
+    for asset, pool in ((listings, "processor"), (notifications, "notifier")):
+        assert asset.op.retry_policy.backoff is dg.Backoff.EXPONENTIAL
+        assert asset.op.retry_policy.jitter is dg.Jitter.PLUS_MINUS and asset.op.pool == pool
+
+
+def test_the_checks_fail_when_something_is_wrong(engine, db_url):
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1:9/x", consecutive_failures=4, last_failure_reason="timeout",
+                            locked_until=now() - timedelta(hours=1), claimed_by="gone", claim_token="t")
+        add_source(conn, "http://127.0.0.1:9/y", enabled=False, consecutive_failures=10,
+                   disabled_reason="http_4xx 10 times in a row")
+        conn.execute(sa.insert(schema.listings_raw).values(
+            source_id=source, source_item_id="old", url="http://x/1", raw_json={}, content_hash="h",
+            fetched_at=now() - timedelta(hours=5)))
+        user = users.add_user(conn, "alice", webhook="http://127.0.0.1:9/hook", secret=SECRET).id
+        listing = conn.execute(sa.insert(schema.listings).values(
+            source_id=source, source_item_id="l", url="http://x/l", content_hash="h", matched_at=now()
+        ).returning(schema.listings.c.id)).scalar()
+        conn.execute(sa.insert(schema.notifications).values(user_id=user, listing_id=listing, channel="webhook",
+                                                            status="dead", attempts=8, last_error="HTTP 500"))
+    result = dg.materialize(ASSET_CHECKS, resources=resources(db_url), selection=dg.AssetSelection.all_asset_checks())
+    checks = checks_of(result)
+    assert checks == {
+        "listings_raw:expired_leases_reclaimed": False, "listings:expired_leases_reclaimed": True,
+        "notifications:expired_leases_reclaimed": True, "listings:raw_backlog_age": False,
+        "listings_raw:failing_sources": False, "notifications:dead_notifications": False,
+    }
+
+
+def tick(sensor, instance: dg.DagsterInstance, db_url: str, cursor: str | None = None):
+    with dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources(db_url)) as context:
+        return sensor(context), context.cursor
+
+
+def test_the_processor_and_notifier_sensors_request_runs_only_when_there_is_work(engine, db_url):
+    with dg.DagsterInstance.ephemeral() as instance:
+        for sensor in (unprocessed_listings_sensor, pending_notifications_sensor):
+            result, _ = tick(sensor, instance, db_url)
+            assert isinstance(result, dg.SkipReason) and result.skip_message.startswith("no ")
+        with engine.begin() as conn:
+            source = add_source(conn, "http://127.0.0.1:9/x")
+            conn.execute(sa.insert(schema.listings_raw).values(
+                source_id=source, source_item_id="a", url="http://x/a", raw_json={"url": "http://x/a"},
+                content_hash="h"))
+        result, cursor = tick(unprocessed_listings_sensor, instance, db_url, cursor="6")
+        assert isinstance(result, dg.RunRequest) and (result.run_key, cursor) == ("unprocessed-7", "7")
+        assert result.tags[STAGE_TAG] == "processor" and result.tags["pipeline/unprocessed_rows"] == "1"
+        assert isinstance(tick(pending_notifications_sensor, instance, db_url)[0], dg.SkipReason)
+        with engine.begin() as conn:
+            conn.execute(sa.insert(schema.listings).values(source_id=source, source_item_id="a",
+                                                           url="http://x/a", content_hash="h"))
+        result, _ = tick(pending_notifications_sensor, instance, db_url)
+        assert isinstance(result, dg.RunRequest) and result.tags[STAGE_TAG] == "notifier"
+        # A full pool waits, and says so.
+        for i in range(2):
+            instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id=f"r{i}", status=dg.DagsterRunStatus.STARTED,
+                                        tags={STAGE_TAG: "processor"}))
+        result, _ = tick(unprocessed_listings_sensor, instance, db_url)
+        assert isinstance(result, dg.SkipReason) and "2 processor runs active, the limit is 2" in result.skip_message
+
+
+def day(d: int) -> datetime:
+    return datetime(2026, 11, d, 12, 0, tzinfo=UTC)
+
+
+def test_a_reprocess_backfill_touches_exactly_its_window_and_notifies_no_one_twice(engine, db_url, server, monkeypatch):
+    monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1:9/x")
+        users.add_user(conn, "alice", webhook=server.url("/hook"), secret=SECRET)
+        users.add_filter(conn, "alice", "python")
+        conn.execute(sa.update(schema.filters).values(created_at=day(1)))
+        for d in (18, 19, 20):
+            conn.execute(sa.insert(schema.listings_raw).values(
+                source_id=source, source_item_id=f"d{d}", url=f"http://x/{d}", content_hash=str(d),
+                raw_json={"title": f"<b>Python</b> job {d}", "url": f"http://x/{d}"}, fetched_at=day(d)))
+    dg.materialize([listings, notifications], resources=resources(db_url))
+    with engine.begin() as conn:  # as an older normaliser would have left them
+        conn.execute(sa.update(schema.listings).values(title="stale"))
+        processed = dict(conn.execute(sa.select(schema.listings_raw.c.source_item_id, schema.listings_raw.c.processed_at)).all())
+    result = reprocess_window_job.execute_in_process(resources=resources(db_url), partition_key="2026-11-19")
+    assert result.success
+    with engine.connect() as conn:
+        titles = dict(conn.execute(sa.select(schema.listings.c.source_item_id, schema.listings.c.title)).all())
+        after = dict(conn.execute(sa.select(schema.listings_raw.c.source_item_id, schema.listings_raw.c.processed_at)).all())
+    assert titles == {"d18": "stale", "d19": "Python job 19", "d20": "stale"}
+    assert after["d18"] == processed["d18"] and after["d20"] == processed["d20"] and after["d19"] > processed["d19"]
+    dg.materialize([notifications], resources=resources(db_url))  # the changed listing is matched again
+    sent = [json.loads(r["body"])["listing"]["title"] for r in server.requests if r["method"] == "POST"]
+    assert len(sent) == 3, "the re-matched listing notified no one twice"
+
+
+def test_a_rematch_backfill_gives_history_only_when_asked_and_never_twice(engine, db_url, server):
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1:9/x")
+        for d in (18, 19):
+            conn.execute(sa.insert(schema.listings).values(
+                source_id=source, source_item_id=f"d{d}", url=f"http://x/{d}", title=f"Python {d}",
+                content_hash=str(d), ingested_at=day(d), updated_at=day(d), matched_at=day(d)))
+        users.add_user(conn, "alice", webhook=server.url("/hook"), secret=SECRET)
+        users.add_filter(conn, "alice", "python")  # created now: after both listings
+
+    def rematch(any_age: bool) -> int:
+        """Run the backfill for 2026-11-19; how many notifications exist afterwards."""
+        result = rematch_window_job.execute_in_process(
+            resources=resources(db_url), partition_key="2026-11-19",
+            run_config={"ops": {"rematch_listings": {"config": {"any_age": any_age}}}})
+        assert result.success
+        with engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(schema.notifications)).scalar_one())
+
+    assert rematch(False) == 0, "a new filter does not reach back by default"
+    assert rematch(True) == 1, "on request, the chosen day's history"
+    assert rematch(True) == 1, "and never a second time"
+
+
+def test_refetch_backfill_fetches_the_chosen_sources_now(engine, db_url, server, monkeypatch):
+    monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
+    serve(server, "/feed", rss([("a", "A")]))
+    with engine.begin() as conn:
+        chosen = add_source(conn, server.url("/feed?1"), next_fetch_at=now() + timedelta(hours=5))
+        add_source(conn, server.url("/feed?2"), next_fetch_at=now() + timedelta(hours=5))
+    result = refetch_sources_job.execute_in_process(
+        resources=resources(db_url),
+        run_config={"ops": {"refetch_chosen_sources": {"config": {"source_ids": [chosen, 999]}}}})
+    assert result.success
+    assert [r["path"] for r in server.requests] == ["/feed?1"]
+
+
+def test_upkeep_deletes_only_old_processed_raw_rows_and_old_events(engine, db_url):
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1:9/x")
+        for item, processed in (("old", now() - timedelta(days=40)), ("recent", now() - timedelta(days=2)),
+                                ("pending", None)):
+            conn.execute(sa.insert(schema.listings_raw).values(
+                source_id=source, source_item_id=item, url="http://x", raw_json={}, content_hash="h",
+                processed_at=processed))
+        conn.execute(sa.insert(schema.ingestion_events), [
+            {"event": "ingestion.completed", "source_id": source, "occurred_at": now() - timedelta(days=100)},
+            {"event": "ingestion.completed", "source_id": source, "occurred_at": now()},
+        ])
+    assert upkeep_job.execute_in_process(resources=resources(db_url)).success
+    with engine.connect() as conn:
+        left = set(conn.execute(sa.select(schema.listings_raw.c.source_item_id)).scalars())
+        events = conn.execute(sa.select(sa.func.count()).select_from(schema.ingestion_events)).scalar()
+    assert left == {"recent", "pending"} and events == 1

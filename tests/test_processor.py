@@ -1,0 +1,179 @@
+"""The processor on PostgreSQL and SQLite: raw rows become listings, once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from pipeline import schema
+from pipeline.claim import WorkQueue
+from pipeline.processor import Processor, ProcessStats, _upsert_statement
+from pipeline.settings import Settings
+from tests.helpers import add_source, now
+
+_item_hashes = iter(range(10**9))
+
+
+def add_raw(conn: sa.Connection, source_id: int, item: str, **raw) -> int:
+    body = {"title": f"Item {item}", "url": f"http://127.0.0.1/{item}", "summary": "", **raw}
+    t = schema.listings_raw
+    return int(conn.execute(
+        sa.insert(t).values(source_id=source_id, source_item_id=item, url=f"http://127.0.0.1/{item}",
+                            raw_json=body, content_hash=str(next(_item_hashes))).returning(t.c.id)
+    ).scalar_one())
+
+
+def processor(engine: sa.Engine, **settings) -> Processor:
+    return Processor(engine, Settings(database_url=str(engine.url), **settings), "test-processor")
+
+
+def listings(engine: sa.Engine) -> dict[str, dict]:
+    t = schema.listings
+    with engine.connect() as conn:
+        return {r["source_item_id"]: dict(r) for r in conn.execute(sa.select(t)).mappings()}
+
+
+def raw_rows(engine: sa.Engine) -> dict[int, dict]:
+    t = schema.listings_raw
+    with engine.connect() as conn:
+        return {r["id"]: dict(r) for r in conn.execute(sa.select(t)).mappings()}
+
+
+@pytest.fixture
+def source_id(engine):
+    with engine.begin() as conn:
+        return add_source(conn, "http://127.0.0.1/feed", config={"category": "Remote"})
+
+
+def test_raw_rows_become_listings_and_a_second_run_does_nothing(engine, source_id):
+    with engine.begin() as conn:
+        add_raw(conn, source_id, "a", title="<b>Python</b> dev", summary="<p>Nice &amp; calm</p>",
+                published_at="2026-11-20T10:00:00+01:00", categories=["jobs"])
+        add_raw(conn, source_id, "b")
+    stats = processor(engine).run()
+    assert (stats.claimed, stats.inserted, stats.failed) == (2, 2, 0)
+    a = listings(engine)["a"]
+    assert (a["title"], a["summary"], a["categories"]) == ("Python dev", "Nice & calm", ["jobs", "Remote"])
+    assert a["published_at"].isoformat() == "2026-11-20T09:00:00+00:00" and a["matched_at"] is None
+    assert all(r["processed_at"] is not None and r["locked_until"] is None for r in raw_rows(engine).values())
+    again = processor(engine).run()
+    assert (again.claimed, again.inserted) == (0, 0), "running again processes nothing"
+
+
+def test_an_update_keeps_ingested_at_and_resets_matched_at_only_when_content_changes(engine, source_id):
+    with engine.begin() as conn:
+        add_raw(conn, source_id, "a", title="First")
+    processor(engine).run()
+    first = listings(engine)["a"]
+    matched = now()
+    with engine.begin() as conn:
+        conn.execute(sa.update(schema.listings).values(matched_at=matched))
+    time.sleep(1.1)  # SQLite's CURRENT_TIMESTAMP counts whole seconds
+    with engine.begin() as conn:
+        add_raw(conn, source_id, "a", title="First")  # same content, a new raw row
+    assert processor(engine).run().unchanged == 1
+    assert listings(engine)["a"]["matched_at"] is not None, "unchanged content is not matched again"
+    with engine.begin() as conn:
+        add_raw(conn, source_id, "a", title="Second")
+    assert processor(engine).run().updated == 1
+    second = listings(engine)["a"]
+    assert second["title"] == "Second" and second["ingested_at"] == first["ingested_at"]
+    assert second["updated_at"] > first["updated_at"] and second["matched_at"] is None
+
+
+def test_older_content_never_overwrites_newer(engine, source_id):
+    with engine.begin() as conn:
+        older = add_raw(conn, source_id, "a", title="Older")
+        add_raw(conn, source_id, "a", title="Newer")
+    # The older row is held by a slow worker while the newer one is processed.
+    queue = WorkQueue(engine, schema.RAW_UNPROCESSED)
+    slow = queue.claim("slow", 1)
+    assert slow.ids == [older]
+    processor(engine).run()
+    assert listings(engine)["a"]["title"] == "Newer"
+    stats = ProcessStats()
+    # The slow worker finishes its batch, after the newer content was stored.
+    processor(engine)._process(queue, slow, _upsert_statement(engine.dialect.name), stats)
+    assert stats.unchanged == 1 and listings(engine)["a"]["title"] == "Newer"
+
+
+def test_a_bad_row_keeps_its_error_is_retried_then_given_up_and_never_blocks_others(engine, source_id):
+    with engine.begin() as conn:
+        bad = add_raw(conn, source_id, "bad", url=None)
+        conn.execute(sa.update(schema.listings_raw).where(schema.listings_raw.c.id == bad).values(url=""))
+        add_raw(conn, source_id, "good")
+    p = processor(engine, raw_max_attempts=2)
+    p.retry_seconds = 1
+    first = p.run()
+    assert (first.inserted, first.failed, first.gave_up) == (1, 1, 0)
+    row = raw_rows(engine)[bad]
+    assert (row["attempts"], row["processed_at"]) == (1, None) and "no usable url" in row["last_error"]
+    assert p.run().claimed == 0, "the failed row waits before its next attempt"
+    time.sleep(1.2)
+    second = p.run()
+    assert (second.claimed, second.gave_up) == (1, 1)
+    row = raw_rows(engine)[bad]
+    assert row["processed_at"] is not None and row["attempts"] == 2
+    assert row["last_error"].startswith("gave up after 2 attempts: no usable url")
+    assert set(listings(engine)) == {"good"}
+
+
+def test_max_rows_is_never_exceeded(engine, source_id):
+    with engine.begin() as conn:
+        for i in range(7):
+            add_raw(conn, source_id, f"i{i}")
+    p = processor(engine)
+    p.batch_size = 2
+    assert p.run(max_rows=5).claimed == 5
+    assert sum(r["processed_at"] is None for r in raw_rows(engine).values()) == 2
+
+
+def test_pipeline_process_command(engine, db_url, source_id):
+    from tests.test_cli import run
+
+    with engine.begin() as conn:
+        add_raw(conn, source_id, "a")
+    result = run("process", "--json", env={"DATABASE_URL": db_url})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["inserted"] == 1
+
+
+@pytest.mark.slow
+def test_four_processor_processes_process_each_raw_row_once(engine, db_url, source_id):
+    import os
+
+    with engine.begin() as conn:
+        t = schema.listings_raw
+        conn.execute(sa.insert(t), [
+            {"source_id": source_id, "source_item_id": f"i{i}", "url": f"http://127.0.0.1/{i}",
+             "raw_json": {"title": f"t{i}", "url": f"http://127.0.0.1/{i}"}, "content_hash": str(i),
+             "fetched_at": now() - timedelta(seconds=20000 - i)}
+            for i in range(20000)
+        ])
+    env = {**os.environ, "DATABASE_URL": db_url}
+    # Every process imports first and starts claiming at the same moment, so they contend.
+    start_at = time.time() + 3
+    script = (
+        "import sys, time; from pipeline.cli import main; "
+        f"time.sleep(max(0, {start_at} - time.time())); sys.exit(main(['process', '--json']))"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    totals = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        totals.append(json.loads(out))
+    assert sum(t["claimed"] for t in totals) == 20000, "no raw row was claimed twice"
+    assert sum(t["inserted"] for t in totals) == 20000 and sum(t["fenced_out"] for t in totals) == 0
+    assert sum(1 for t in totals if t["claimed"]) >= 2, "the processes shared the work"
+    assert len(listings(engine)) == 20000

@@ -1,0 +1,58 @@
+"""Users, filters and notifications from the command line: validation and clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+
+from pipeline import schema
+from tests.test_cli import assert_one_line_error, run
+
+
+def test_users_and_filters_from_the_command_line(engine, db_url):
+    env = {"DATABASE_URL": db_url}
+    added = run("users", "add", "alice", "--webhook", "https://hooks.example/alice", env=env)
+    assert added.returncode == 0, added.stderr
+    assert added.stdout.strip() == "1" and "webhook secret (shown once" in added.stderr
+    generated = added.stderr.rsplit(": ", 1)[1].strip()
+    assert run("users", "add", "bob", "--apprise", "slack://TokenA/TokenB/TokenC", env=env).returncode == 0
+    assert run("filters", "add", "alice", "--keywords", "Python, remote", "--category", "jobs", env=env).stdout.strip() == "1"
+    with engine.connect() as conn:
+        secret = conn.execute(sa.select(schema.users.c.secret).where(schema.users.c.name == "alice")).scalar()
+        keywords = conn.execute(sa.select(schema.filters.c.keywords)).scalar()
+    assert secret == generated and keywords == ["python", "remote"]
+    listed = run("users", "list", "--json", env=env).stdout
+    assert "TokenA" not in listed and generated not in listed, "no secret is ever listed"
+    assert json.loads(listed)[1]["target"] == "slack://tokena/…"
+    assert "python remote category 'jobs'" in run("filters", "list", env=env).stdout
+
+
+# Validation happens before any write: one database is enough to prove the message.
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["users", "add", "x"], "give exactly one channel"),
+        (["users", "add", "x", "--webhook", "ftp://h/x"], "is not an http(s) URL"),
+        (["users", "add", "x", "--webhook", "https://h/x", "--secret", "short"], "at least 16 characters"),
+        (["users", "add", "x", "--apprise", "nonsense://"], "is not a URL Apprise can send to"),
+        (["filters", "add", "nobody", "--keywords", "python"], "no user named (or with id) 'nobody'"),
+        (["notifications", "requeue"], "name notifications with --id"),
+    ],
+)
+def test_bad_input_is_one_clear_line(engine, db_url, args, fragment):
+    assert_one_line_error(run(*args, env={"DATABASE_URL": db_url}), fragment)
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_bad_filters_name_what_is_wrong(engine, db_url):
+    env = {"DATABASE_URL": db_url}
+    run("users", "add", "alice", "--webhook", "https://hooks.example/a", env=env)
+    assert_one_line_error(run("filters", "add", "alice", "--keywords", "big data!", env=env),
+                          "keyword 'data!' is not a word")
+    assert_one_line_error(run("filters", "add", "alice", "--keywords", "x", "--source", "99", env=env),
+                          "no source with id 99")
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(schema.filters)).scalar() == 0
