@@ -1,26 +1,31 @@
 #!/usr/bin/env python3
 """Set up and run the project with nothing but Python 3.11+ and the package index.
 
-    python3 dev.py up      # the Dagster UI and daemon on the embedded default (SQLite)
+    python3 dev.py up      # the Dagster UI and daemon on the embedded default (SQLite),
+                           # with the offline demo (a local feed site and webhook receiver)
     python3 dev.py test    # the test suite (TEST_DATABASE_URL, else a throwaway PostgreSQL)
 
 Both create .venv/ on first use and reinstall the project when pyproject.toml changes.
-Extra arguments go to pytest (``test``) or to ``dagster dev`` (``up``).
+Extra arguments go to pytest (``test``) or to ``dagster dev`` (``up``); ``up --no-demo``
+leaves the demo out.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
-STATE = ROOT / ".state"
+STATE = Path(os.environ.get("PIPELINE_STATE_DIR") or ROOT / ".state")
 
 
 def say(message: str) -> None:
@@ -36,8 +41,8 @@ def ensure_venv(extras: str) -> None:
         venv.EnvBuilder(with_pip=True).create(VENV)
     digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
     stamp = VENV / f".installed-{extras or 'base'}-{digest}"
-    if stamp.exists():
-        return
+    if stamp.exists() or (not extras and any(VENV.glob(f".installed-*-{digest}"))):
+        return  # (any extras include the base install)
     target = f".[{extras}]" if extras else "."
     say(f"installing the project and its dependencies ({target}); the first time takes a few minutes")
     subprocess.run(
@@ -71,8 +76,23 @@ def test(args: list[str]) -> int:
     return code
 
 
+def answers(url: str, timeout: float = 20.0) -> bool:
+    """Wait until ``url`` answers (the demo site, started in another process)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return True
+        except OSError:
+            time.sleep(0.2)
+    say(f"{url} did not answer within {timeout:.0f} s")
+    return False
+
+
 def up(args: list[str]) -> int:
     ensure_venv("")
+    demo = "--no-demo" not in args
+    args = [a for a in args if a != "--no-demo"]
     env = dict(os.environ)
     dagster_home = Path(env.setdefault("DAGSTER_HOME", str(STATE / "dagster")))
     dagster_home.mkdir(parents=True, exist_ok=True)
@@ -82,14 +102,33 @@ def up(args: list[str]) -> int:
     code = run([str(BIN / "pipeline"), "db", "upgrade"], env=env)
     if code != 0:
         return code
-    say("starting the Dagster UI on http://127.0.0.1:3000 (Ctrl-C stops it)")
-    return run(
-        [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", "3000", *args],
-        env=env,
-    )
+    site = None
+    if demo:
+        # The demo's sources live on 127.0.0.1, which the SSRF guard refuses unless allowed.
+        env.setdefault("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
+        site = subprocess.Popen([str(BIN / "pipeline"), "demo", "serve"], cwd=ROOT, env=env)
+        code = run([str(BIN / "pipeline"), "demo", "seed"], env=env)
+        if code != 0 or not answers(f"http://127.0.0.1:{env.get('PIPELINE_DEMO_PORT', '8780')}/"):
+            site.terminate()
+            return code or 1
+    try:
+        port = args[args.index("-p") + 1] if "-p" in args[:-1] else "3000"  # the last -p wins
+        say(f"starting the Dagster UI on http://127.0.0.1:{port} (Ctrl-C stops it)")
+        return run(
+            [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", "3000", *args],
+            env=env,
+        )
+    finally:
+        if site is not None:
+            site.terminate()  # Ctrl-C reached it too; this covers dagster dev exiting alone
+            site.wait(10)
 
 
 def main() -> int:
+    # Ctrl-C must reach dagster dev and the demo even when this was started from a
+    # context that ignores SIGINT (a background job of a script): an ignored signal is
+    # inherited by children, a handled one is reset to the default for them.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     commands = {"test": test, "up": up}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         print(__doc__.strip(), file=sys.stderr)

@@ -1,0 +1,237 @@
+"""The README's run command as a new user runs it, on the embedded default.
+
+`python3 dev.py up` starts the Dagster UI and daemon with the offline demo; listings
+arrive and notifications reach the demo's webhook receiver; a real browser (Debian's
+Chromium, driven by Selenium) sees the lineage and the running sensors; Ctrl-C stops
+every process; a restart carries on with the same state. Nothing leaves 127.0.0.1.
+
+The sensors look every 10 s here (PIPELINE_SENSOR_INTERVAL_SECONDS) instead of 30, to
+keep the suite short; docs/runbook.md gives what the defaults take.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from pipeline import db, schema
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+ASSETS = ("listings_raw", "listings", "notifications")
+SENSORS = ("due_sources_sensor", "unprocessed_listings_sensor", "pending_notifications_sensor")
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Quickstart:
+    """`python3 dev.py up` in its own session (process group), with its own state folder."""
+
+    def __init__(self, state: Path) -> None:
+        self.state = state
+        self.ui = f"http://127.0.0.1:{free_port()}"
+        self.demo_port = free_port()
+        self.log = state / "dev-up.log"
+        self.env = {
+            k: v for k, v in os.environ.items()
+            if k not in ("DATABASE_URL", "DAGSTER_HOME", "PIPELINE_ALLOW_NETWORKS")
+        }
+        self.env.update(PIPELINE_STATE_DIR=str(state), PIPELINE_DEMO_PORT=str(self.demo_port),
+                        PIPELINE_SENSOR_INTERVAL_SECONDS="10")
+        self.engine = db.create_engine(f"sqlite:///{state / 'pipeline.db'}")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, str(ROOT / "dev.py"), "up", "-p", self.ui.rsplit(":", 1)[1]],
+                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        self.started = time.monotonic()
+
+    def graphql(self, query: str) -> dict[str, Any]:
+        request = urllib.request.Request(
+            f"{self.ui}/graphql", data=json.dumps({"query": query}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())["data"]
+
+    def location_loaded(self) -> bool:
+        try:
+            data = self.graphql("{ workspaceOrError { ... on Workspace { locationEntries {"
+                                " locationOrLoadError { __typename } } } } }")
+        except OSError:
+            return False
+        entries = data["workspaceOrError"]["locationEntries"]
+        return bool(entries) and all(e["locationOrLoadError"]["__typename"] == "RepositoryLocation" for e in entries)
+
+    def runs(self) -> int:
+        data = self.graphql("{ runsOrError { ... on Runs { count } } }")
+        return int(data["runsOrError"]["count"])
+
+    def deliveries(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.demo_port}/deliveries.json", timeout=5) as r:
+            return json.loads(r.read())
+
+    def count(self, table: sa.Table, *where: sa.ColumnElement[bool]) -> int:
+        try:
+            with self.engine.connect() as conn:
+                return int(conn.execute(sa.select(sa.func.count()).select_from(table).where(*where)).scalar_one())
+        except sa.exc.OperationalError:  # not created yet
+            return 0
+
+    def alive(self) -> bool:
+        assert self.process is not None
+        try:
+            os.killpg(self.process.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def interrupt(self, timeout: float = 90) -> int:
+        """Ctrl-C, as a terminal sends it: SIGINT to the whole process group."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGINT)
+        return self.process.wait(timeout)
+
+    def kill(self) -> None:
+        if self.process is not None and self.alive():
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory: pytest.TempPathFactory):
+    app = Quickstart(tmp_path_factory.mktemp("quickstart"))
+    app.start()
+    yield app
+    app.kill()
+    app.engine.dispose()
+
+
+def test_the_run_command_serves_the_ui_and_listings_arrive(quickstart: Quickstart) -> None:
+    try:
+        wait_until("the UI and its code location", quickstart.location_loaded, timeout=180, every=2)
+        ui_after = time.monotonic() - quickstart.started
+        wait_until("a notification delivered to the demo receiver",
+                   lambda: quickstart.deliveries()["total"] > 0, timeout=180)
+    except AssertionError:
+        print(quickstart.tail())
+        raise
+    delivered_after = time.monotonic() - quickstart.started
+    print(f"UI up after {ui_after:.0f} s, first delivery after {delivered_after:.0f} s")
+    assert quickstart.count(schema.sources) == 4
+    assert quickstart.count(schema.listings) > 0
+    sent = quickstart.count(schema.notifications, schema.notifications.c.status == "sent")
+    received = quickstart.deliveries()
+    # The receiver keeps only deliveries whose signature verified, once per key.
+    assert sent > 0 and received["total"] > 0 and received["repeats_dropped"] == 0
+    data = quickstart.graphql("{ assetNodes { assetKey { path } dependencyKeys { path } } }")
+    upstream = {n["assetKey"]["path"][0]: [d["path"][0] for d in n["dependencyKeys"]] for n in data["assetNodes"]}
+    assert upstream == {"listings_raw": [], "listings": ["listings_raw"], "notifications": ["listings"]}
+
+
+def _browser() -> Any:
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        message = f"no Chromium here ({CHROMIUM}, {CHROMEDRIVER}: apt-get install chromium chromium-driver)"
+        if os.environ.get("PIPELINE_REQUIRE_BROWSER"):
+            pytest.fail(message + "; PIPELINE_REQUIRE_BROWSER is set")
+        pytest.skip(message)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--window-size=1600,1000"):
+        options.add_argument(flag)
+    # The driver is given: Selenium Manager must never try to download one.
+    os.environ["SE_OFFLINE"] = "true"
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+def test_a_real_browser_sees_the_lineage_and_the_running_sensors(quickstart: Quickstart) -> None:
+    from selenium.webdriver.common.by import By
+
+    wait_until("the UI", quickstart.location_loaded, timeout=180)
+    screenshots = Path(os.environ.get("PIPELINE_SCREENSHOT_DIR") or quickstart.state / "screenshots")
+    screenshots.mkdir(parents=True, exist_ok=True)
+    browser = _browser()
+    try:
+        browser.get(f"{quickstart.ui}/asset-groups")
+        body = lambda: browser.find_element(By.TAG_NAME, "body").text
+        wait_until("the lineage graph", lambda: "Global asset lineage" in body()
+                   and all(name in body() for name in ASSETS), timeout=60, every=1)
+        _dismiss_welcome(browser)
+        browser.save_screenshot(str(screenshots / "lineage.png"))
+
+        browser.get(f"{quickstart.ui}/automation")
+        wait_until("the sensors", lambda: all(name in body() for name in SENSORS), timeout=60, every=1)
+        _dismiss_welcome(browser)
+        for name in SENSORS:
+            row = browser.find_element(
+                By.XPATH, f"//*[normalize-space(text())='{name}']/ancestor::*[.//input[@type='checkbox']"
+                " and count(.//input[@type='checkbox']) >= 2][1]",
+            )
+            toggle = row.find_elements(By.CSS_SELECTOR, "input[type=checkbox]")[-1]
+            assert toggle.is_selected(), f"{name} is running"
+        browser.save_screenshot(str(screenshots / "automation.png"))
+    finally:
+        browser.quit()
+    print(f"screenshots: {screenshots}")
+    assert (screenshots / "lineage.png").stat().st_size > 10_000
+
+
+def _dismiss_welcome(browser: Any) -> None:
+    """Dagster's first-visit "Join the community" dialog covers the page: skip it."""
+    from selenium.webdriver.common.by import By
+
+    for button in browser.find_elements(By.XPATH, "//button[normalize-space()='Skip']"):
+        if button.is_displayed():
+            button.click()
+            time.sleep(0.5)
+
+
+def test_ctrl_c_stops_everything_and_a_restart_carries_on(quickstart: Quickstart) -> None:
+    wait_until("the UI", quickstart.location_loaded, timeout=180)
+    listings = quickstart.count(schema.listings)
+    delivered = quickstart.deliveries()["total"]
+    runs = quickstart.runs()
+
+    assert quickstart.interrupt() == 0, quickstart.tail()
+    assert "Dagster services shut down" in quickstart.tail()
+    wait_until("every process of the group to exit", lambda: not quickstart.alive(), timeout=30, every=1)
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{quickstart.demo_port}/", timeout=2)
+
+    quickstart.start()
+    wait_until("the UI again", quickstart.location_loaded, timeout=180)
+    assert quickstart.count(schema.listings) >= listings, "the same database"
+    assert quickstart.count(schema.sources) == 4, "seeding again added nothing"
+    assert quickstart.deliveries()["total"] >= delivered, "the receiver kept what it got"
+    assert quickstart.runs() >= runs > 0, "Dagster's run history is still there"
+    assert quickstart.deliveries()["repeats_dropped"] == 0, "no notification was delivered twice"
+    assert quickstart.interrupt() == 0, quickstart.tail()
