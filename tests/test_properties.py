@@ -1,0 +1,182 @@
+"""Property-based tests (hypothesis) for the pure cores: the normaliser, the matcher, the
+backoff formula and source validation. Each states what must hold for every input, and
+hypothesis looks for the input that breaks it."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from pipeline import schema
+from pipeline.backoff import PACIFIC, BackoffPolicy, next_quota_reset, retry_after_failure
+from pipeline.failures import PERMANENT, FailureReason
+from pipeline.matching import Filter, FilterIndex, ListingText, words
+from pipeline.normalize import (
+    CATEGORY_CHARS,
+    MAX_CATEGORIES,
+    SUMMARY_CHARS,
+    TITLE_CHARS,
+    NormaliseError,
+    html_to_text,
+    normalise,
+)
+from pipeline.sources import SourceError, make_spec
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+# What a browser would start a tag or comment at: "<" then a letter, "/letter", "!" or "?".
+TAG = re.compile(r"<(?:[a-zA-Z!?]|/[a-zA-Z])")
+FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# HTML-ish text: tags, entities, scripts and comments mixed with plain words.
+markup = st.lists(
+    st.one_of(
+        st.text(max_size=20),
+        st.sampled_from(["<b>", "</b>", "<p class='x'>", "<br/>", "<script>alert(1)</script>",
+                         "<!-- c -->", "&amp;", "&lt;script&gt;", "&#60;img src=x&#62;", "<![CDATA[a<b]]>",
+                         "a < b", "<3", "<a href=\"x>y\">", "<style>p{}</style>", "\x00", "\u2028"]),
+    ),
+    max_size=15,
+).map("".join)
+json_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=30))
+raw_items = st.fixed_dictionaries(
+    {},
+    optional={
+        "title": st.one_of(markup, json_scalars),
+        "summary": st.one_of(markup, json_scalars),
+        "url": st.one_of(st.just("https://example.com/item"), st.text(max_size=30), json_scalars),
+        "author": st.one_of(markup, json_scalars),
+        "published_at": st.one_of(
+            st.datetimes(timezones=st.just(UTC)).map(lambda d: d.isoformat()), st.text(max_size=25), json_scalars),
+        "categories": st.one_of(st.lists(st.one_of(markup, json_scalars), max_size=80), json_scalars),
+    },
+)
+
+
+@FAST
+@given(raw_items)
+def test_the_normaliser_returns_clean_bounded_text_or_says_what_is_wrong(raw):
+    try:
+        listing = normalise(raw, fallback_url=None, now=NOW)
+    except NormaliseError as exc:
+        assert str(exc)  # a message naming what is wrong; nothing else is ever raised
+        return
+    for text in (listing.title, listing.summary, listing.author or ""):
+        assert not TAG.search(text), f"markup survived: {text!r}"
+        assert text == text.strip() and "\x00" not in text and "  " not in text
+    assert listing.title and len(listing.title) <= TITLE_CHARS and len(listing.summary) <= SUMMARY_CHARS
+    assert listing.url.startswith(("http://", "https://"))
+    assert listing.published_at is None or (
+        listing.published_at.utcoffset() == timedelta(0) and listing.published_at <= NOW + timedelta(days=1))
+    folded = [c.casefold() for c in listing.categories]
+    assert len(folded) == len(set(folded)) <= MAX_CATEGORIES
+    assert all(c and len(c) <= CATEGORY_CHARS for c in listing.categories)
+    assert listing == normalise(raw, now=NOW), "deterministic"
+
+
+@FAST
+@given(markup)
+def test_plain_text_never_holds_a_tag(value):
+    text = html_to_text(value)
+    assert not TAG.search(text) and text == " ".join(text.split())
+
+
+vocabulary = st.sampled_from(["python", "rust", "go", "c++", "node.js", "data", "remote", "senior", "e-mail", "js"])
+
+
+@st.composite
+def filters_and_listings(draw):
+    filters = [
+        Filter(id=i, user_id=draw(st.integers(1, 4)),
+               keywords=tuple(dict.fromkeys(draw(st.lists(vocabulary, min_size=1, max_size=3)))),
+               source_id=draw(st.sampled_from([None, 1, 2])),
+               category=draw(st.sampled_from([None, "jobs"])),
+               created_at=NOW - timedelta(minutes=draw(st.integers(-5, 5))))
+        for i in range(1, draw(st.integers(1, 25)) + 1)
+    ]
+    listings = [
+        ListingText(id=i, source_id=draw(st.sampled_from([1, 2])),
+                    title=" ".join(draw(st.lists(vocabulary, max_size=6))).title(),
+                    summary=", ".join(draw(st.lists(vocabulary, max_size=6))),
+                    categories=draw(st.sampled_from([(), ("Jobs",), ("news",)])),
+                    ingested_at=NOW)
+        for i in range(1, draw(st.integers(1, 15)) + 1)
+    ]
+    return filters, listings
+
+
+@FAST
+@given(filters_and_listings(), st.booleans())
+def test_the_index_matches_exactly_what_every_filter_against_every_listing_would(data, any_age):
+    filters, listings = data
+    expected: dict[tuple[int, int], int] = {}
+    for item in listings:
+        text = words(f"{item.title} {item.summary}")
+        categories = {c.casefold() for c in item.categories}
+        for f in filters:
+            if (all(k in text for k in f.keywords)
+                    and (f.source_id is None or f.source_id == item.source_id)
+                    and (f.category is None or f.category in categories)
+                    and (any_age or f.created_at <= item.ingested_at)):
+                key = (f.user_id, item.id)
+                expected[key] = min(expected.get(key, f.id), f.id)
+    found = FilterIndex(filters).matches(listings, any_age=any_age)
+    assert {(m.user_id, m.listing_id): m.filter_id for m in found} == expected
+    assert len(found) == len(expected), "one match per user and listing"
+
+
+reasons = st.sampled_from([r for r in FailureReason if r is not FailureReason.YOUTUBE_QUOTA])
+unit = st.floats(0, 1, exclude_max=True)
+
+
+@FAST
+@given(reasons, st.integers(1, 5000), unit, st.integers(0, 400_000))
+def test_backoff_grows_never_passes_its_cap_and_honours_retry_after(reason, n, u, retry_after_s):
+    policy = BackoffPolicy()
+    permanent = reason in PERMANENT
+    base, cap = ((policy.permanent_base, policy.permanent_cap) if permanent
+                 else (policy.transient_base, policy.transient_cap))
+    plain = retry_after_failure(reason, n, now=NOW, u=u)
+    later = retry_after_failure(reason, n + 1, now=NOW, u=u)
+    delay = plain.at - NOW
+    assert base * (1 - policy.jitter) <= delay <= cap * (1 + policy.jitter)
+    assert later.at >= plain.at, "more failures never retry sooner"
+    assert plain.disable == (permanent and n >= policy.disable_after)
+    floor = NOW + timedelta(seconds=retry_after_s)
+    assert retry_after_failure(reason, n, now=NOW, u=u, retry_after=floor).at == max(plain.at, floor)
+
+
+@FAST
+@given(st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)),
+       st.integers(1, 50), unit)
+def test_a_spent_youtube_quota_waits_for_the_next_pacific_midnight(now, n, u):
+    reset = next_quota_reset(now)
+    assert now < reset <= now + timedelta(hours=25)
+    local = reset.astimezone(PACIFIC)
+    assert (local.hour, local.minute) == (0, 0)
+    at = retry_after_failure(FailureReason.YOUTUBE_QUOTA, n, now=now, u=u).at
+    assert reset <= at <= reset + timedelta(minutes=5)
+
+
+@FAST
+@given(st.text(max_size=60), st.sampled_from([None, "rss", "http", "youtube", "ftp", ""]),
+       st.one_of(st.none(), st.integers(-10, 20_000), st.text(max_size=6)))
+def test_source_validation_accepts_a_good_entry_or_names_what_is_wrong(url, source_type, interval):
+    try:
+        spec = make_spec(url, source_type=source_type, interval=interval, entry="entry 1")
+    except SourceError as exc:
+        assert str(exc).startswith("entry 1")  # the entry is named; nothing else is raised
+        return
+    assert spec.url.startswith(("http://", "https://")) and not any(c.isspace() for c in spec.url)
+    assert spec.source_type in schema.SOURCE_TYPES
+    assert schema.MIN_FETCH_INTERVAL_MINUTES <= spec.interval_minutes <= schema.MAX_FETCH_INTERVAL_MINUTES
+
+
+@FAST
+@given(st.from_regex(r"https?://[a-z]{1,10}\.(com|org)/[a-z0-9/]{0,20}", fullmatch=True), st.integers(1, 10080))
+def test_every_good_feed_url_and_interval_is_accepted(url, interval):
+    assume(" " not in url)
+    spec = make_spec(url, interval=interval)
+    assert (spec.url, spec.interval_minutes, spec.source_type) == (url, interval, "rss")

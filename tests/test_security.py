@@ -1,0 +1,208 @@
+"""Security: the SSRF guard against DNS tricks, secrets kept out of every output, and
+values only ever sent as bound parameters.
+
+Traffic goes to 127.0.0.1 and, as the address the guard must refuse, 127.0.0.2 (loopback
+outside the allow-list); nothing is sent or redirected anywhere else.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from typing import Any
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+
+from assets import ASSET_CHECKS
+from assets.collector import listings_raw
+from assets.notifier import notifications
+from assets.processor import listings
+from pipeline import db, schema, users
+from pipeline.failures import FailureReason, FetchError
+from pipeline.http import Fetcher
+from resources import PipelineDatabase
+from tests.helpers import add_source
+from tests.http_server import LocalServer
+from tests.test_cli import run
+
+ALLOW = ("127.0.0.1/32",)
+FEED = b'<?xml version="1.0"?><rss version="2.0"><channel><title>t</title><item><guid>1</guid><title>x</title><link>http://127.0.0.1/1</link></item></channel></rss>'
+
+
+# -- the SSRF guard and DNS ---------------------------------------------------------------
+
+
+@pytest.fixture
+def two_loopbacks():
+    """A server on 127.0.0.1 (allowed) and one on 127.0.0.2 (refused) at the same port."""
+    allowed = LocalServer().start()
+    refused = LocalServer(host="127.0.0.2", port=allowed.port).start()
+    for server in (allowed, refused):
+        server.routes["/feed"] = lambda h: h.reply(200, FEED)
+    yield allowed, refused
+    allowed.stop()
+    refused.stop()
+
+
+def fake_dns(monkeypatch: pytest.MonkeyPatch, name: str, *answers: list[str]) -> None:
+    """``name`` resolves to the next list of ``answers`` on each lookup (a rebinding DNS
+    server); every other name resolves as usual."""
+    real = socket.getaddrinfo
+    queue = list(answers)
+
+    def getaddrinfo(host: str, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host != name:
+            return real(host, port, *args, **kwargs)
+        addresses = queue.pop(0) if len(queue) > 1 else queue[0]
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, int(port))) for a in addresses]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+def test_a_name_that_resolves_to_a_refused_address_is_never_connected(two_loopbacks, monkeypatch):
+    allowed, refused = two_loopbacks
+    fake_dns(monkeypatch, "feeds.example.test", ["127.0.0.2"])
+    with Fetcher(timeout=2.0, allow_networks=ALLOW) as fetcher, pytest.raises(FetchError) as raised:
+        fetcher.fetch(f"http://feeds.example.test:{allowed.port}/feed")
+    assert raised.value.reason is FailureReason.BLOCKED_ADDRESS
+    assert refused.requests == [] and allowed.requests == []
+
+
+def test_a_rebinding_name_is_checked_at_every_connection(two_loopbacks, monkeypatch):
+    """First lookup: the allowed address; second: the refused one. The guard vets the
+    address it connects to, each time, so the second fetch never reaches 127.0.0.2."""
+    allowed, refused = two_loopbacks
+    fake_dns(monkeypatch, "rebind.example.test", ["127.0.0.1"], ["127.0.0.2"])
+    url = f"http://rebind.example.test:{allowed.port}/feed"
+    with Fetcher(timeout=2.0, allow_networks=ALLOW) as fetcher:
+        assert fetcher.fetch(url).body == FEED
+    with Fetcher(timeout=2.0, allow_networks=ALLOW) as fetcher, pytest.raises(FetchError) as raised:
+        fetcher.fetch(url)
+    assert raised.value.reason is FailureReason.BLOCKED_ADDRESS
+    assert len(allowed.requests) == 1 and refused.requests == []
+
+
+def test_of_several_addresses_only_an_allowed_one_is_used(two_loopbacks, monkeypatch):
+    allowed, refused = two_loopbacks
+    fake_dns(monkeypatch, "mixed.example.test", ["127.0.0.2", "127.0.0.1"])
+    with Fetcher(timeout=2.0, allow_networks=ALLOW) as fetcher:
+        assert fetcher.fetch(f"http://mixed.example.test:{allowed.port}/feed").body == FEED
+    assert len(allowed.requests) == 1 and refused.requests == []
+
+
+# -- secrets --------------------------------------------------------------------------------
+
+WEBHOOK_SECRET = "whsec-SECRET-7f3a9c0d1e2b4a5c"
+WEBHOOK_TOKEN = "TOKEN-SECRET-0a1b2c3d4e5f"  # a token in the webhook's path, as chat services do
+API_KEY = "AIzaKEY-SECRET-9z8y7x6w5v"
+DB_PASSWORD = "DBPASS-SECRET-1q2w3e"
+SECRETS = (WEBHOOK_SECRET, WEBHOOK_TOKEN, API_KEY, DB_PASSWORD)
+
+
+def with_password(url: str) -> str:
+    """The test server trusts local connections: a password in the URL is accepted and
+    ignored, so it can stand for a real one."""
+    parsed = db.parse_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        return url
+    return parsed.set(password=DB_PASSWORD).render_as_string(hide_password=False)
+
+
+def test_secrets_never_reach_logs_run_metadata_telemetry_or_listings(engine, db_url, monkeypatch, caplog):
+    server = LocalServer().start()
+    server.routes[f"/hook/{WEBHOOK_TOKEN}"] = lambda h: h.reply(500, b"receiver down")
+    server.routes["/feed"] = lambda h: h.reply(200, FEED.replace(b"<title>x</title>", b"<title>Python</title>"))
+    # An API that echoes the key in its error message, as a hostile or buggy one might.
+    server.routes["/api/playlistItems"] = lambda h: h.reply(400, json.dumps({"error": {
+        "message": f"API key {API_KEY} not valid", "errors": [{"reason": "keyInvalid"}]}}).encode())
+    monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
+    url = with_password(db_url)
+    with engine.begin() as conn:
+        add_source(conn, server.url("/feed"))
+        add_source(conn, "https://www.youtube.com/channel/UCabcdefghijklmnopqrstuv", source_type="youtube",
+                   config={"api_key": API_KEY, "api_base": server.url("/api")})
+        users.add_user(conn, "alice", webhook=server.url(f"/hook/{WEBHOOK_TOKEN}"), secret=WEBHOOK_SECRET)
+        users.add_filter(conn, "alice", "python")
+    caplog.set_level(logging.DEBUG)
+    result = dg.materialize([listings_raw, listings, notifications, *ASSET_CHECKS],
+                            resources={"database": PipelineDatabase(database_url=url)})
+    assert result.success
+    server.stop()
+    posted = [r for r in server.requests if r["method"] == "POST"]
+    assert posted and all(WEBHOOK_SECRET not in str(r) for r in posted), "the secret signs; it is never sent"
+
+    outputs = {
+        "logs": caplog.text,
+        "dagster events": "\n".join(str(event) for event in result.all_events),
+    }
+    with engine.connect() as conn:
+        for table in (schema.ingestion_events, schema.notifications, schema.worker_state, schema.listings,
+                      schema.listings_raw):
+            outputs[table.name] = json.dumps([dict(r) for r in conn.execute(sa.select(table)).mappings()],
+                                             default=str)
+        # What the run left behind must prove it ran into each secret's path.
+        errors = [r.details for r in conn.execute(sa.select(schema.ingestion_events.c.details)) if r.details]
+        dead_or_failed = conn.execute(sa.select(schema.notifications.c.last_error)).scalars().all()
+    assert any("keyInvalid" in e.get("error", "") and "***" in e["error"] for e in errors), errors
+    assert dead_or_failed and all("http_5xx" in (e or "") for e in dead_or_failed)
+    for command in (("status", "--json"), ("sources", "list", "--json"), ("users", "list", "--json")):
+        shown = run(*command, env={"DATABASE_URL": url})
+        assert shown.returncode == 0, shown.stderr
+        outputs[" ".join(command)] = shown.stdout + shown.stderr
+    unreachable = db.parse_url(url).set(port=9).render_as_string(hide_password=False)
+    outputs["an error"] = run("status", env={"DATABASE_URL": unreachable}).stderr
+    for where, text in outputs.items():
+        for secret in SECRETS:
+            assert secret not in text, f"{secret} appears in {where}"
+
+
+def test_a_failing_statement_never_shows_its_parameters(engine):
+    t = schema.users
+    with engine.begin() as conn:
+        conn.execute(sa.insert(t).values(name="bob", channel="webhook", channel_url="http://x", secret="s" * 16))
+    with pytest.raises(sa.exc.IntegrityError) as raised, engine.begin() as conn:
+        conn.execute(sa.insert(t).values(name="bob", channel="webhook", channel_url="http://x",
+                                         secret=WEBHOOK_SECRET))
+    assert WEBHOOK_SECRET not in str(raised.value) and "INSERT INTO users" in str(raised.value)
+
+
+# -- bound parameters -----------------------------------------------------------------------
+
+HOSTILE = "x'); DROP TABLE sources; -- MARKER-7c1d"
+
+
+def test_every_value_travels_as_a_bound_parameter(engine, db_url, monkeypatch):
+    """A full pass with hostile text in every field a user or a feed controls: the text
+    reaches the database intact, and never as part of a statement."""
+    statements: list[str] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    server = LocalServer().start()
+    item = (f"<item><guid>{HOSTILE}</guid><title>Python {HOSTILE}</title><link>http://127.0.0.1/a</link>"
+            f"<category>{HOSTILE}</category><description>{HOSTILE}</description></item>")
+    server.routes["/feed"] = lambda h: h.reply(200, FEED.replace(b"<item>", item.encode() + b"<item>"))
+    server.routes["/hook"] = lambda h: h.reply(204)
+    monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", capture)
+    try:
+        with engine.begin() as conn:
+            add_source(conn, server.url("/feed"), name=HOSTILE)
+            users.add_user(conn, HOSTILE, webhook=server.url("/hook"), secret="s" * 16)
+            users.add_filter(conn, HOSTILE, "python", category=HOSTILE)
+        result = dg.materialize([listings_raw, listings, notifications],
+                                resources={"database": PipelineDatabase(database_url=db_url)})
+    finally:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", capture)
+        server.stop()
+    assert result.success
+    assert len(statements) > 20
+    assert not [s for s in statements if "MARKER-7c1d" in s]
+    with engine.connect() as conn:
+        [stored] = conn.execute(sa.select(schema.listings).where(schema.listings.c.source_item_id == HOSTILE)).mappings()
+    assert stored["title"] == f"Python {HOSTILE}" and HOSTILE in stored["categories"]
+    assert [r for r in server.requests if r["method"] == "POST"], "the hostile filter matched and was delivered"
