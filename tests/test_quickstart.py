@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -191,18 +192,38 @@ def test_a_real_browser_sees_the_lineage_and_the_running_sensors(quickstart: Qui
         browser.get(f"{quickstart.ui}/automation")
         wait_until("the sensors", lambda: all(name in body() for name in SENSORS), timeout=60, every=1)
         _dismiss_welcome(browser)
+        # The rows come first; each toggle shows its sensor's state once a second query has
+        # answered (seconds later on a loaded machine), so wait for it rather than read it once.
         for name in SENSORS:
-            row = browser.find_element(
-                By.XPATH, f"//*[normalize-space(text())='{name}']/ancestor::*[.//input[@type='checkbox']"
-                " and count(.//input[@type='checkbox']) >= 2][1]",
-            )
-            toggle = row.find_elements(By.CSS_SELECTOR, "input[type=checkbox]")[-1]
-            assert toggle.is_selected(), f"{name} is running"
+            try:
+                wait_until(f"{name} shown as running", partial(_switched_on, browser, name),
+                           timeout=60, every=1)
+            except AssertionError as e:
+                browser.save_screenshot(str(screenshots / "automation-failed.png"))
+                states = quickstart.graphql("{ repositoriesOrError { ... on RepositoryConnection {"
+                                            " nodes { sensors { name sensorState { status } } } } } }")
+                raise AssertionError(f"{e}; the daemon's states: {states}; see {screenshots}") from None
         browser.save_screenshot(str(screenshots / "automation.png"))
     finally:
         browser.quit()
     print(f"screenshots: {screenshots}")
     assert (screenshots / "lineage.png").stat().st_size > 10_000
+
+
+def _switched_on(browser: Any, sensor: str) -> bool:
+    """Whether the on/off switch in the Automation page's row for ``sensor`` (the row's last
+    checkbox) is on; False while the row is missing or being re-rendered."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        row = browser.find_element(
+            By.XPATH, f"//*[normalize-space(text())='{sensor}']/ancestor::*[.//input[@type='checkbox']"
+            " and count(.//input[@type='checkbox']) >= 2][1]",
+        )
+        return bool(row.find_elements(By.CSS_SELECTOR, "input[type=checkbox]")[-1].is_selected())
+    except (NoSuchElementException, StaleElementReferenceException):
+        return False
 
 
 def _dismiss_welcome(browser: Any) -> None:
