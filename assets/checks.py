@@ -28,7 +28,8 @@ def _stale_lease_check(asset: str, queues: tuple[QueueSpec, ...], stage: str) ->
     )
     def check(database: PipelineDatabase) -> dg.AssetCheckResult:
         minutes = _minutes("PIPELINE_STALE_LEASE_MINUTES", 10)
-        counts = health.stale_leases(database.engine, queues, timedelta(minutes=minutes))
+        with database.engine.connect() as conn:
+            counts = health.stale_leases(conn, queues, timedelta(minutes=minutes))
         stale = sum(counts.values())
         return dg.AssetCheckResult(
             passed=stale == 0,
@@ -48,7 +49,8 @@ def _raw_backlog() -> dg.AssetChecksDefinition:
     )
     def raw_backlog_age(database: PipelineDatabase) -> dg.AssetCheckResult:
         limit = _minutes("PIPELINE_RAW_BACKLOG_MAX_MINUTES", 60)
-        backlog = health.raw_backlog(database.engine)
+        with database.engine.connect() as conn:
+            backlog = health.raw_backlog(conn)
         age = backlog.age_minutes(datetime.now(UTC))
         return dg.AssetCheckResult(
             passed=age <= limit and backlog.given_up == 0,
@@ -69,7 +71,8 @@ def _failing_sources() -> dg.AssetChecksDefinition:
         "disabled by its failures (`pipeline sources list` shows which, docs/runbook.md what to do).",
     )
     def failing_sources(database: PipelineDatabase) -> dg.AssetCheckResult:
-        found = health.failing_sources(database.engine)
+        with database.engine.connect() as conn:
+            found = health.failing_sources(conn)
         total = sum(found.failing.values())
         return dg.AssetCheckResult(
             passed=total == 0 and found.disabled_by_failures == 0,
@@ -89,7 +92,8 @@ def _dead_notifications() -> dg.AssetChecksDefinition:
         "(`pipeline notifications requeue --dead` retries them once fixed).",
     )
     def dead_notifications(database: PipelineDatabase) -> dg.AssetCheckResult:
-        dead = health.dead_notifications(database.engine)
+        with database.engine.connect() as conn:
+            dead = health.dead_notifications(conn)
         return dg.AssetCheckResult(
             passed=dead == 0, severity=dg.AssetCheckSeverity.WARN,
             description=f"{dead} dead notifications" if dead else None, metadata={"dead": dead},

@@ -11,24 +11,22 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
 
 from pipeline import schema
 from pipeline.claim import QueueSpec
 
 
-def stale_leases(engine: Engine, queues: tuple[QueueSpec, ...], older_than: timedelta) -> dict[str, int]:
+def stale_leases(conn: sa.Connection, queues: tuple[QueueSpec, ...], older_than: timedelta) -> dict[str, int]:
     """Per queue, rows whose lease ran out more than ``older_than`` ago and that nobody
     has claimed since: work no worker is taking (is every worker of that stage down?)."""
     cutoff = datetime.now(UTC) - older_than
     counts = {}
-    with engine.connect() as conn:
-        for spec in queues:
-            t = spec.table
-            query = sa.select(sa.func.count()).select_from(t).where(
-                spec.pending, t.c.locked_until.is_not(None), t.c.locked_until < cutoff
-            )
-            counts[f"{t.name}.{spec.name}"] = int(conn.execute(query).scalar_one())
+    for spec in queues:
+        t = spec.table
+        query = sa.select(sa.func.count()).select_from(t).where(
+            spec.pending, t.c.locked_until.is_not(None), t.c.locked_until < cutoff
+        )
+        counts[f"{t.name}.{spec.name}"] = int(conn.execute(query).scalar_one())
     return counts
 
 
@@ -43,23 +41,27 @@ class RawBacklog:
         return max(0.0, (now - self.oldest_fetched_at).total_seconds() / 60)
 
 
-def raw_backlog(engine: Engine) -> RawBacklog:
+def raw_backlog(conn: sa.Connection) -> RawBacklog:
     t = schema.listings_raw
     pending = t.c.processed_at.is_(None)
-    with engine.connect() as conn:
-        # Two reads, each served by one of the queue's partial indexes.
-        free = conn.execute(
-            sa.select(t.c.fetched_at).where(pending, t.c.locked_until.is_(None))
-            .order_by(t.c.fetched_at, t.c.id).limit(1)
-        ).scalar()
-        leased = conn.execute(
-            sa.select(sa.func.min(t.c.fetched_at)).where(pending, t.c.locked_until.is_not(None))
-        ).scalar()
-        given_up = conn.execute(
-            sa.select(sa.func.count()).select_from(t).where(t.c.last_error.is_not(None), t.c.processed_at.is_not(None))
-        ).scalar_one()
+    # Two reads, each served by one of the queue's partial indexes.
+    free = conn.execute(
+        sa.select(t.c.fetched_at).where(pending, t.c.locked_until.is_(None))
+        .order_by(t.c.fetched_at, t.c.id).limit(1)
+    ).scalar()
+    leased = conn.execute(
+        sa.select(sa.func.min(t.c.fetched_at)).where(pending, t.c.locked_until.is_not(None))
+    ).scalar()
     oldest = min((v for v in (free, leased) if v is not None), default=None)
-    return RawBacklog(oldest, int(given_up))
+    return RawBacklog(oldest, raw_given_up(conn))
+
+
+def raw_given_up(conn: sa.Connection) -> int:
+    """Raw rows the processor gave up on: processed, with their error kept."""
+    t = schema.listings_raw
+    return int(conn.execute(
+        sa.select(sa.func.count()).select_from(t).where(t.c.last_error.is_not(None), t.c.processed_at.is_not(None))
+    ).scalar_one())
 
 
 @dataclass(frozen=True)
@@ -68,22 +70,22 @@ class FailingSources:
     disabled_by_failures: int  # sources the backoff disabled
 
 
-def failing_sources(engine: Engine, *, min_failures: int = 3) -> FailingSources:
+def failing_sources(conn: sa.Connection, *, min_failures: int = 3) -> FailingSources:
+    """Enabled sources whose last ``min_failures`` or more fetches failed, by failure code;
+    and the sources their failures disabled."""
     t = schema.sources
-    with engine.connect() as conn:
-        failing = conn.execute(
-            sa.select(t.c.last_failure_reason, sa.func.count())
-            .where(t.c.enabled, t.c.consecutive_failures >= min_failures)
-            .group_by(t.c.last_failure_reason)
-        ).all()
-        disabled = conn.execute(
-            sa.select(sa.func.count()).select_from(t)
-            .where(sa.not_(t.c.enabled), t.c.consecutive_failures > 0)
-        ).scalar_one()
+    failing = conn.execute(
+        sa.select(t.c.last_failure_reason, sa.func.count())
+        .where(t.c.enabled, t.c.consecutive_failures >= min_failures)
+        .group_by(t.c.last_failure_reason)
+    ).all()
+    disabled = conn.execute(
+        sa.select(sa.func.count()).select_from(t)
+        .where(sa.not_(t.c.enabled), t.c.consecutive_failures > 0)
+    ).scalar_one()
     return FailingSources({str(reason): int(n) for reason, n in failing}, int(disabled))
 
 
-def dead_notifications(engine: Engine) -> int:
+def dead_notifications(conn: sa.Connection) -> int:
     t = schema.notifications
-    with engine.connect() as conn:
-        return int(conn.execute(sa.select(sa.func.count()).select_from(t).where(t.c.status == "dead")).scalar_one())
+    return int(conn.execute(sa.select(sa.func.count()).select_from(t).where(t.c.status == "dead")).scalar_one())

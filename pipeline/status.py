@@ -16,7 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from pipeline import db, schema
+from pipeline import db, health, schema
 from pipeline.claim import QueueSpec
 from pipeline.db import on_conflict_insert
 
@@ -108,13 +108,10 @@ def _totals(conn: sa.Connection) -> tuple[dict[str, int], bool]:
 
 def collect_status(engine: Engine) -> PipelineStatus:
     now = _now_sql(engine)
-    s, raw, n, events = schema.sources, schema.listings_raw, schema.notifications, schema.ingestion_events
+    s, n, events = schema.sources, schema.notifications, schema.ingestion_events
     with engine.connect() as conn:
         at = conn.execute(sa.select(now)).scalar_one()
-        failing = conn.execute(
-            sa.select(s.c.last_failure_reason, sa.func.count())
-            .where(s.c.enabled, s.c.consecutive_failures > 0).group_by(s.c.last_failure_reason)
-        ).all()
+        failing = health.failing_sources(conn, min_failures=1)
         hour = conn.execute(
             sa.select(
                 sa.func.count(),
@@ -139,10 +136,10 @@ def collect_status(engine: Engine) -> PipelineStatus:
             next_due_at=conn.execute(  # NULL means due now
                 sa.select(sa.func.min(sa.func.coalesce(s.c.next_fetch_at, now))).where(s.c.enabled)
             ).scalar(),
-            failing={str(reason): int(count) for reason, count in failing},
-            disabled_by_failures=_count(conn, s, sa.not_(s.c.enabled), s.c.consecutive_failures > 0),
+            failing=failing.failing,
+            disabled_by_failures=failing.disabled_by_failures,
             last_hour={"fetches": int(hour[0]), "failed": int(hour[1]), "items_new": int(hour[2])},
-            raw_given_up=_count(conn, raw, raw.c.last_error.is_not(None), raw.c.processed_at.is_not(None)),
+            raw_given_up=health.raw_given_up(conn),
             notifications=notifications,
             totals=totals,
             totals_estimated=estimated,
