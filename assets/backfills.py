@@ -20,9 +20,10 @@ from pipeline.collector import refetch_sources
 from pipeline.notifier import Notifier
 from pipeline.processor import Processor, reopen_window
 from resources import PipelineDatabase
+from sensors.runs import STAGE_TAG
 
 DAYS = dg.DailyPartitionsDefinition(start_date=os.environ.get("PIPELINE_BACKFILL_START", "2025-01-01"))
-TAGS = {"pipeline/stage": "backfill"}
+TAGS = {STAGE_TAG: "backfill"}
 
 
 class RefetchConfig(dg.Config):

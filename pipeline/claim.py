@@ -416,8 +416,7 @@ class WorkQueue:
         *,
         quiet: bool = False,
     ) -> Fenced:
-        if "locked_until" in values or "claim_token" in values:
-            raise ValueError(f"the {action} clears the lease itself; do not set claim columns")
+        _refuse_claim_columns(values, f"the {action} clears")
         if all(not isinstance(v, sa.ClauseElement) for v in values.values()):
             stmt = self._fenced_statement(tuple(sorted(values)))
             params = {f"set_{name}": value for name, value in values.items()}
@@ -493,8 +492,7 @@ class WorkQueue:
         for completion in completions:
             if any(isinstance(v, sa.ClauseElement) for v in completion.values.values()):
                 raise ValueError("complete_each takes plain values, not SQL expressions")
-            if "locked_until" in completion.values or "claim_token" in completion.values:
-                raise ValueError("the completion clears the lease itself; do not set claim columns")
+            _refuse_claim_columns(completion.values, "the completion clears")
             groups.setdefault(tuple(sorted(completion.values)), []).append(completion)
         done: list[int] = []
         lost: list[int] = []
@@ -534,8 +532,7 @@ class WorkQueue:
         lost: list[int] = []
         params = self._time_params(timedelta(seconds=seconds))
         for c in completions:
-            if "locked_until" in c.values or "claim_token" in c.values:
-                raise ValueError("defer_each sets the lease itself; do not set claim columns")
+            _refuse_claim_columns(c.values, "defer_each sets")
             columns = tuple(sorted(c.values))
             key = (*columns, "+defer")
             stmt = self._fenced.get(key)
@@ -609,3 +606,9 @@ class WorkQueue:
         stmt = self._fenced_statement((), extend=True)
         return self._run_fenced(conn, claim, ids, stmt, self._time_params(lease), "lease extension")
 
+
+def _refuse_claim_columns(values: Mapping[str, Any], who: str) -> None:
+    """ValueError when ``values`` would set the lease columns that ``who`` (e.g. "the
+    completion clears") manages itself."""
+    if "locked_until" in values or "claim_token" in values:
+        raise ValueError(f"{who} the lease itself; do not set claim columns")

@@ -197,7 +197,8 @@ class Collector:
                 [RowCompletion(f.claim, f.source["id"], completions[f.source["id"]]) for f in batch],
                 conn=conn,
             )
-            kept = [f for f in batch if f.source["id"] in set(fenced.done)]
+            done = set(fenced.done)
+            kept = [f for f in batch if f.source["id"] in done]
             new = store_items(
                 conn,
                 [(f.source["id"], f.outcome.items) for f in kept if f.outcome and f.outcome.items],

@@ -264,14 +264,8 @@ class Fetcher:
         send a signed body somewhere its owner did not name.
         """
         deadline = time.monotonic() + self.timeout
-        if time.monotonic() >= deadline:
-            raise FetchError(FailureReason.TIMEOUT, f"no answer within {self.timeout:g} s")
         with self._host_slot(url):
-            try:
-                request = self.client.build_request("POST", url, content=body, headers=dict(headers))
-                response = self.client.send(request, stream=True)
-            except (BlockedAddress, httpx.HTTPError, httpx.InvalidURL) as exc:
-                raise _request_error(exc, url, self.timeout) from None
+            response = self._open(url, dict(headers), deadline, method="POST", content=body)
             try:
                 excerpt = self._drain(response, deadline)
                 if 200 <= response.status_code < 300:
@@ -308,11 +302,16 @@ class Fetcher:
         except FetchError:
             return b""  # the status says what matters; the connection is simply closed
 
-    def _open(self, url: str, headers: dict[str, str], deadline: float) -> httpx.Response:
+    def _open(
+        self, url: str, headers: dict[str, str], deadline: float, *, method: str = "GET",
+        content: bytes | None = None,
+    ) -> httpx.Response:
+        """Send the request, streamed; FetchError (with the taxonomy's code) when no
+        answer comes, or when ``deadline`` has already passed."""
         if time.monotonic() >= deadline:
             raise FetchError(FailureReason.TIMEOUT, f"no answer within {self.timeout:g} s")
         try:
-            request = self.client.build_request("GET", url, headers=headers)
+            request = self.client.build_request(method, url, headers=headers, content=content)
             return self.client.send(request, stream=True)
         except (BlockedAddress, httpx.HTTPError, httpx.InvalidURL) as exc:
             raise _request_error(exc, url, self.timeout) from None

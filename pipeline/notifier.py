@@ -39,7 +39,7 @@ from pipeline.delivery import (
     delivery_retry_at,
 )
 from pipeline.http import Fetcher
-from pipeline.matching import Filter, FilterIndex, ListingText
+from pipeline.matching import Filter, FilterIndex, ListingText, Match
 from pipeline.settings import Settings
 from pipeline.workpool import work_claimed
 
@@ -113,13 +113,8 @@ class Notifier:
                 done = set(fenced.done)
                 stats.fenced_out += len(fenced.lost)
                 stats.listings_matched += len(done)
-                rows = [
-                    {"user_id": m.user_id, "listing_id": m.listing_id, "filter_id": m.filter_id,
-                     "channel": channels[m.user_id]}
-                    for m in matches if m.listing_id in done
-                ]
-                stats.notifications_created += insert_ignoring_conflicts(
-                    conn, schema.notifications, rows, ["user_id", "listing_id"]
+                stats.notifications_created += _insert_notifications(
+                    conn, [m for m in matches if m.listing_id in done], channels
                 )
 
     def rematch(
@@ -147,12 +142,7 @@ class Notifier:
             index, channels = self._catalogue.current()
             matches = index.matches(_texts(rows), any_age=any_age)
             with self.engine.begin() as conn:
-                created += insert_ignoring_conflicts(
-                    conn, schema.notifications,
-                    [{"user_id": m.user_id, "listing_id": m.listing_id, "filter_id": m.filter_id,
-                      "channel": channels[m.user_id]} for m in matches],
-                    ["user_id", "listing_id"],
-                )
+                created += _insert_notifications(conn, matches, channels)
             if progress is not None:
                 progress(len(rows))
 
@@ -303,6 +293,16 @@ def load_filters(engine: Engine, *, created_since: datetime | None = None) -> li
          r.channel)
         for r in rows
     ]
+
+
+def _insert_notifications(conn: sa.Connection, matches: Sequence[Match], channels: Mapping[int, str]) -> int:
+    """A pending notification per match, by its user's channel; a (user, listing) pair
+    that already has one is left alone. Returns how many were created."""
+    rows = [
+        {"user_id": m.user_id, "listing_id": m.listing_id, "filter_id": m.filter_id, "channel": channels[m.user_id]}
+        for m in matches
+    ]
+    return insert_ignoring_conflicts(conn, schema.notifications, rows, ["user_id", "listing_id"])
 
 
 def _texts(rows: Sequence[RowMapping]) -> Iterator[ListingText]:

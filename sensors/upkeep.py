@@ -6,6 +6,7 @@ import dagster as dg
 from pipeline.status import recorded
 from pipeline.upkeep import purge
 from resources import PipelineDatabase
+from sensors.runs import STAGE_TAG
 
 
 @dg.op(description="Delete processed raw rows older than PIPELINE_RAW_RETENTION_DAYS (30) and "
@@ -18,7 +19,7 @@ def purge_old_rows(context: dg.OpExecutionContext, database: PipelineDatabase) -
 
 
 @dg.job(name="upkeep", description="Retention of processed raw rows and old telemetry.",
-        tags={"pipeline/stage": "upkeep"})
+        tags={STAGE_TAG: "upkeep"})
 def upkeep_job() -> None:
     purge_old_rows()
 
