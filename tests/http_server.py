@@ -30,7 +30,14 @@ class Handler(BaseHTTPRequestHandler):
             route(self)
 
     def do_POST(self) -> None:
-        self.body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        length = int(self.headers.get("Content-Length") or 0)
+        self.body = self.rfile.read(length)
+        if len(self.body) < length:
+            # The client went away mid-request (a sender SIGKILLed between writing its
+            # headers and its body): an incomplete request is not a request, and a real
+            # server would not act on it either.
+            self.close_connection = True
+            return
         self.do_GET()
 
     def reply(
