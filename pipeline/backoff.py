@@ -8,7 +8,7 @@ docs/runbook.md, "Backoff"):
     base     = 5 min (transient) or 60 min (permanent: http_4xx, parse_error, ...)
     cap      = 24 h (transient) or 7 days (permanent)
     delay    = min(cap, base * 2 ** (n - 1)) * (1 + jitter * (2 * u - 1))    u in [0, 1)
-    retry_at = max(now + delay, Retry-After)          (Retry-After is a floor)
+    retry_at = max(now + delay, min(Retry-After, now + cap))   (a floor, within the cap)
     youtube_quota: retry_at = the next midnight in America/Los_Angeles (+ up to 5 min)
     disable when a permanent failure is the `disable_after`-th (default 10) in a row
 """
@@ -87,9 +87,18 @@ def retry_after_failure(
             else (policy.transient_base, policy.transient_cap)
         )
         at = now + exponential_delay(consecutive_failures, base=base, cap=cap, jitter=policy.jitter, u=u)
-    if retry_after is not None and retry_after > at:
-        at = retry_after
+    if retry_after is not None:
+        at = max(at, clamp_retry_after(reason, retry_after, now, policy))
     return Retry(at=at, disable=permanent and consecutive_failures >= policy.disable_after)
+
+
+def clamp_retry_after(
+    reason: FailureReason, retry_after: datetime, now: datetime, policy: BackoffPolicy = BackoffPolicy()
+) -> datetime:
+    """A server's Retry-After, bounded by the backoff's cap for ``reason``: a server
+    cannot park a source (or its politeness group) for longer than our own backoff would."""
+    cap = policy.permanent_cap if reason in PERMANENT else policy.transient_cap
+    return min(retry_after, now + cap)
 
 
 def exponential_delay(

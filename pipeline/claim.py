@@ -15,6 +15,8 @@ index over ``locked_until`` of rows that hold one, so that both branches of a cl
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,8 +43,11 @@ class OrderTerm:
     descending: bool = False
     nulls_first: bool | None = None
 
-    def sql(self) -> sa.ColumnElement[Any]:
-        term = self.column.desc() if self.descending else self.column.asc()
+    def sql(self, over: Any = None) -> sa.ColumnElement[Any]:
+        """The term over the table's column, or over the same-named column of the
+        derived table ``over`` (a CTE or subquery of the queue's rows)."""
+        column = self.column if over is None else over.c[self.column.name]
+        term = column.desc() if self.descending else column.asc()
         if self.nulls_first is True:
             return term.nulls_first()
         if self.nulls_first is False:
@@ -79,6 +84,20 @@ class QueueSpec:
     order: tuple[OrderTerm, ...]
     index_on: tuple[sa.Column[Any], ...]
     ready: Callable[[sa.ColumnElement[datetime]], Predicate] | None = None
+    # The column counting claims of a row's current piece of work. The claim statement
+    # itself adds one (as River does), so work whose handling kills its worker still
+    # uses up its attempts and ends (see ``exhausted``) instead of coming back forever.
+    attempts: sa.Column[int] | None = None
+    # Rows whose earlier holder may have died while working on them (``attempts`` > 1
+    # with no outcome recorded): ``WorkQueue.isolate`` has them worked on one at a time,
+    # so work that kills its worker uses up its own attempts, not its neighbours'.
+    suspect: Callable[[RowMapping], bool] | None = None
+
+    def exhausted(self, row: RowMapping, max_attempts: int) -> bool:
+        """True when ``row`` was claimed more than ``max_attempts`` times without being
+        finished: every earlier holder stopped (killed, cut off, lease lost) before it
+        completed. Its stage must end it now (given up, dead) rather than try again."""
+        return self.attempts is not None and int(row[self.attempts.name]) > max_attempts
 
     def indexes(self) -> list[sa.Index]:
         """The queue's partial indexes; call once, when the schema is defined."""
@@ -105,6 +124,12 @@ class QueueSpec:
         for term in reversed(self.order):
             term.sort(ordered)
         return ordered
+
+
+# What a write that changes the meaning of a claimed row (new content, a refresh, a
+# requeue) sets besides its own values: the holder's completion is then fenced out
+# (``Fenced.lost``) and the row is claimable afresh, so the new meaning is worked on.
+UNCLAIMED: Mapping[str, None] = {"locked_until": None, "claimed_by": None, "claim_token": None}
 
 
 @dataclass(frozen=True)
@@ -298,11 +323,14 @@ class WorkQueue:
         )
 
     def _lease_values(self) -> dict[str, Any]:
-        return {
+        values: dict[str, Any] = {
             "locked_until": self._lease_until(),
             "claimed_by": sa.bindparam("claim_worker", type_=sa.Text()),
             "claim_token": sa.bindparam("claim_token", type_=sa.String()),
         }
+        if self.spec.attempts is not None:
+            values[self.spec.attempts.name] = self.spec.attempts + sa.literal_column("1")
+        return values
 
     def _build_claim(self) -> sa.Update:
         t = self.spec.table
@@ -368,6 +396,26 @@ class WorkQueue:
                 return []
             return conn.execute(sa.select(t).where(t.c.id.in_(taken))).mappings().all()
 
+    def isolate(self, claim: Claim) -> Claim:
+        """``claim`` itself, or, when it holds suspects (``QueueSpec.suspect``), a claim
+        of the first suspect alone: the other rows are released, their attempt given
+        back, and are claimed again at once. A batch whose worker died comes back as
+        suspects, one per claim, so the row that kills its worker is the only one that
+        keeps using up attempts, and ends (``exhausted``) after its own."""
+        check = self.spec.suspect
+        if check is None or not claim:
+            return claim
+        first = next((row for row in claim.rows if check(row)), None)
+        if first is None:
+            return claim
+        others = [row["id"] for row in claim.rows if row["id"] != first["id"]]
+        if others:
+            assert self.spec.attempts is not None
+            self.release(claim, {self.spec.attempts.name: self.spec.attempts - 1}, ids=others)
+        log.info("%s row %s may have stopped its last worker: worked on alone",
+                 self.spec.name, first["id"])
+        return Claim(claim.queue, claim.worker, claim.token, [first])
+
     # -- fenced writes ------------------------------------------------------------------
 
     def _fenced_statement(self, columns: tuple[str, ...], *, extend: bool = False) -> sa.Update:
@@ -388,21 +436,20 @@ class WorkQueue:
             else:
                 ids = t.c.id.in_(sa.bindparam("ids", expanding=True))
             values: dict[str, Any]
+            fence = [
+                ids,
+                t.c.claim_token == sa.bindparam("fence_token"),
+                t.c.claimed_by == sa.bindparam("fence_worker"),
+            ]
             if extend:
+                # A lease that ran out is gone, even if nobody has claimed the row yet:
+                # it may be counted as free work (or a free politeness slot) already.
                 values = {"locked_until": self._lease_until()}
+                fence.append(t.c.locked_until > self.now())
             else:
                 values = {name: sa.bindparam(f"set_{name}", type_=t.c[name].type) for name in columns}
                 values.update(locked_until=None, claimed_by=None, claim_token=None)
-            stmt = (
-                sa.update(t)
-                .where(
-                    ids,
-                    t.c.claim_token == sa.bindparam("fence_token"),
-                    t.c.claimed_by == sa.bindparam("fence_worker"),
-                )
-                .values(values)
-                .returning(t.c.id)
-            )
+            stmt = sa.update(t).where(*fence).values(values).returning(t.c.id)
             self._fenced[key] = stmt
         return stmt
 
@@ -600,11 +647,105 @@ class WorkQueue:
         seconds: int | None = None,
         ids: Sequence[int] | None = None,
         conn: Connection | None = None,
+        quiet: bool = False,
     ) -> Fenced:
-        """Push the lease of still-owned rows to now + ``seconds`` (default: the lease)."""
+        """Push the lease of still-owned rows to now + ``seconds`` (default: the lease).
+        A row whose lease has already run out is not extended: it is lost."""
         lease = self.lease if seconds is None else timedelta(seconds=seconds)
         stmt = self._fenced_statement((), extend=True)
-        return self._run_fenced(conn, claim, ids, stmt, self._time_params(lease), "lease extension")
+        return self._run_fenced(
+            conn, claim, ids, stmt, self._time_params(lease), "lease extension", quiet=quiet
+        )
+
+
+class Heartbeat:
+    """Keeps the leases of claimed rows alive while they are worked on.
+
+    A thread of its own extends, every ``every`` seconds (a third of the lease by
+    default, so two beats can fail before a lease runs out), the rows held with
+    ``hold`` and not yet ``drop``ped: fenced, one statement per claim. A row is no longer
+    extended once it is dropped, once it has been worked on for ``max_work_seconds``
+    (work that hangs must not keep its lease for ever), or once an extension finds it
+    lost; and nothing is extended after the ``with`` block ends. A worker that dies
+    takes its heartbeat with it, so its claims run out after one lease.
+    """
+
+    def __init__(
+        self, queue: WorkQueue, *, every: float | None = None, max_work_seconds: float | None = None
+    ) -> None:
+        lease = queue.lease.total_seconds()
+        self.queue = queue
+        self.every = every if every is not None else lease / 3
+        self.max_work_seconds = max_work_seconds
+        self._held: dict[str, tuple[Claim, dict[int, float]]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.beats = 0  # extension statements sent (for tests and telemetry)
+
+    def hold(self, claim: Claim, ids: Iterable[int] | None = None) -> None:
+        started = time.monotonic()
+        with self._lock:
+            rows = self._held.setdefault(claim.token, (claim, {}))[1]
+            rows.update(dict.fromkeys(claim.ids if ids is None else ids, started))
+
+    def drop(self, claim: Claim, ids: Iterable[int] | None = None) -> None:
+        with self._lock:
+            entry = self._held.get(claim.token)
+            if entry is None:
+                return
+            for row_id in claim.ids if ids is None else ids:
+                entry[1].pop(row_id, None)
+            if not entry[1]:
+                del self._held[claim.token]
+
+    def __enter__(self) -> Heartbeat:  # noqa: PYI034
+        self._thread = threading.Thread(
+            target=self._run, name=f"{self.queue.spec.name}-heartbeat", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                self.beat()
+            except Exception:  # the database is away: the leases may run out, work goes on
+                log.warning("lease extension of %s rows failed", self.queue.spec.name, exc_info=True)
+
+    def beat(self) -> None:
+        """Extend every row still held; forget rows an extension finds lost."""
+        now = time.monotonic()
+        with self._lock:
+            work = []
+            for claim, rows in self._held.values():
+                if self.max_work_seconds is not None:
+                    for row_id in [i for i, t in rows.items() if now - t > self.max_work_seconds]:
+                        log.warning("%s row %s has been worked on for over %g s: its lease is"
+                                    " no longer extended", self.queue.spec.name, row_id,
+                                    self.max_work_seconds)
+                        del rows[row_id]
+                if rows:
+                    work.append((claim, list(rows)))
+        for claim, ids in work:
+            if self._stop.is_set():
+                return
+            fenced = self.queue.extend(claim, ids=ids, quiet=True)
+            self.beats += 1
+            if fenced.lost:
+                with self._lock:  # rows finished meanwhile were dropped: not news
+                    still = set(self._held.get(claim.token, (claim, {}))[1])
+                lost = [i for i in fenced.lost if i in still]
+                if lost:
+                    log.warning("%s row(s) %s of %s were lost before their work finished"
+                                " (lease ran out, or the row changed): their results will"
+                                " be discarded", len(lost), lost[:20], self.queue.spec.name)
+                    self.drop(claim, lost)
 
 
 def _refuse_claim_columns(values: Mapping[str, Any], who: str) -> None:

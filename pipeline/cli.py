@@ -16,7 +16,7 @@ from typing import Any
 import click
 import sqlalchemy as sa
 
-from pipeline import db, schema, sources
+from pipeline import db, politeness, schema, sources
 from pipeline.errors import PipelineError
 from pipeline.settings import Settings
 from pipeline.status import collect_status, status_as_json, status_as_text
@@ -84,9 +84,12 @@ def sources_group() -> None:
 @click.option("--config", "config", metavar="JSON",
               help='Adapter options as a JSON object, e.g. \'{"item": "li.job"}\' for an http '
                    'page or \'{"api_key": "..."}\' for youtube.')
+@click.option("--group", "group", metavar="NAME",
+              help="Politeness group (default: the URL's host, or its registrable domain with"
+                   " PIPELINE_POLITENESS_GROUP_BY=domain; youtube for YouTube sources).")
 def sources_add(
     url: str, source_type: str | None, name: str | None, interval: int, category: str | None,
-    config: str | None,
+    config: str | None, group: str | None,
 ) -> None:
     """Add a source and print its id.
 
@@ -95,7 +98,7 @@ def sources_add(
     """
     spec = sources.make_spec(
         url, source_type=source_type, name=name, interval=interval, category=category,
-        config=config,
+        config=config, politeness_group=group, group_by=Settings.from_env().politeness_group_by,
     )
     with _engine().begin() as conn:
         click.echo(sources.add_source(conn, spec))
@@ -108,7 +111,7 @@ def sources_import(file: Path) -> None:
 
     All entries are checked first: one bad entry rejects the whole file.
     """
-    specs = sources.read_source_file(file)
+    specs = sources.read_source_file(file, group_by=Settings.from_env().politeness_group_by)
     with _engine().begin() as conn, _progress(len(specs), f"importing {len(specs):,} sources") as bar:
         result = sources.import_sources(conn, specs, progress=bar.update)
     click.echo(f"{result.added} added, {result.present} already present")
@@ -160,6 +163,48 @@ def sources_refresh(source_id: int) -> None:
     """Make a source due now."""
     with _engine().begin() as conn:
         sources.refresh_source(conn, source_id)
+
+
+@cli.group("politeness")
+def politeness_group() -> None:
+    """Per-group limits on fetches: how many at once, how far apart (across all workers)."""
+
+
+@politeness_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def politeness_list(as_json: bool) -> None:
+    """Every politeness group: its limits, sources, fetches in flight and deferral."""
+    with _engine().connect() as conn:
+        rows = politeness.list_groups(conn)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    for row in rows:
+        limits = "defaults" if row["defaults"] and row["name"] != politeness.DEFAULT else "own limits"
+        deferred = (
+            f", deferred until {row['next_request_at']:%Y-%m-%d %H:%M:%S} ({row['deferred_reason']})"
+            if row["deferred_reason"] else ""
+        )
+        click.echo(
+            f"{row['name']:<32} {row['in_flight']}/{row['max_in_flight']} in flight,"
+            f" {row['min_interval_ms'] / 1000:g} s apart ({limits}), {row['sources']} sources{deferred}"
+        )
+
+
+@politeness_group.command("set")
+@click.argument("name")
+@click.option("--max-in-flight", type=int, help="Fetches of the group at once, across all workers.")
+@click.option("--interval", "interval", type=float, metavar="SECONDS",
+              help="Least time between the starts of two fetches of the group.")
+@click.option("--reset", is_flag=True, help="Return the group to the defaults (the limits of '*').")
+def politeness_set(name: str, max_in_flight: int | None, interval: float | None, reset: bool) -> None:
+    """Set the limits of group NAME ('*': the defaults of every group without its own)."""
+    try:
+        with _engine().begin() as conn:
+            politeness.set_limits(conn, name, max_in_flight=max_in_flight,
+                                  min_interval_seconds=interval, reset=reset)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def _worker(stage: str) -> str:

@@ -30,11 +30,17 @@ from sqlalchemy.engine import Engine, RowMapping
 
 from pipeline import schema
 from pipeline.adapters import Item, Outcome, adapter_for
-from pipeline.backoff import BackoffPolicy, next_fetch_after_success, retry_after_failure
+from pipeline.backoff import (
+    BackoffPolicy,
+    clamp_retry_after,
+    next_fetch_after_success,
+    retry_after_failure,
+)
 from pipeline.claim import Claim, RowCompletion, WorkQueue
 from pipeline.db import insert_rows, on_conflict_insert
 from pipeline.failures import FailureReason, FetchError
 from pipeline.http import Fetcher
+from pipeline.politeness import PoliteQueue, defer, ensure_groups, group_for
 from pipeline.settings import Settings
 from pipeline.workpool import work_claimed
 
@@ -106,7 +112,6 @@ class Collector:
     run_id: str | None = None
     policy: BackoffPolicy = field(default_factory=BackoffPolicy)
     batch_size: int = 32
-    per_host: int = 2
     # Results that finish within this many seconds of each other are written in one
     # transaction: per-transaction work is then shared (bench/RESULTS.md).
     write_window: float = 0.1
@@ -115,27 +120,50 @@ class Collector:
     def run(self, *, max_sources: int | None = None, concurrency: int | None = None) -> CollectStats:
         """Claim due sources until none is due or ``max_sources`` were claimed."""
         stats = CollectStats()
-        queue = WorkQueue(self.engine, schema.SOURCES_DUE, lease_seconds=self.settings.lease_seconds)
+        # Politeness is in the claim: a source is handed out only when its group has room.
+        queue = PoliteQueue(self.engine, lease_seconds=self.settings.lease_seconds)
+        # Load the adapters (and the parsers they import) before the first claim: a
+        # claimed source's request must leave at once, or the group's spacing, kept
+        # between claims, is not what its host sees.
+        adapter_for("rss")
         threads = concurrency or self.settings.concurrency
         with Fetcher(
             timeout=self.settings.http_timeout_seconds,
             max_bytes=self.settings.max_response_bytes,
             allow_networks=self.settings.allow_networks,
-            per_host=self.per_host,
             max_connections=max(threads * 2, 8),
         ) as fetcher:
             stats.claimed = work_claimed(
                 queue, self.worker, threads=threads, max_rows=max_sources,
                 batch_size=self.batch_size, write_window=self.write_window,
-                start=self._start,
+                start=lambda claim: self._start(queue, claim, stats),
+                held=lambda job: (job[0], job[1]["id"]),
                 work=lambda job: self._fetch(*job, fetcher),
                 write=lambda batch: self._store(queue, batch, stats),
+                # A fetch is bounded by its deadline; an adapter may make a few requests.
+                max_work_seconds=4 * self.settings.http_timeout_seconds + 60,
+                next_start_in=queue.next_start_in,
             )
         return stats
 
-    def _start(self, claim: Claim) -> list[tuple[Claim, RowMapping]]:
-        self._record_started(claim)
-        return [(claim, row) for row in claim.rows]
+    def _start(self, queue: WorkQueue, claim: Claim, stats: CollectStats) -> list[tuple[Claim, RowMapping]]:
+        """Record the claimed sources as started (before any request leaves: a fetch
+        that reached its host always has its started event); the ones whose earlier
+        holders all died before finishing (claimed too often) end here as a failure,
+        unfetched."""
+        self._record_started(claim.rows)
+        limit = self.settings.source_max_attempts
+        abandoned = [row for row in claim.rows if queue.spec.exhausted(row, limit)]
+        if abandoned:
+            now = datetime.now(UTC)
+            error = FetchError(
+                FailureReason.TIMEOUT,
+                f"claimed {limit + 1} times without a fetch finishing: every worker that took"
+                " it stopped (killed, cut off, or out of lease) while fetching",
+            )
+            self._store(queue, [Fetched(claim, dict(row), None, error, now, 0) for row in abandoned], stats)
+        gone = {row["id"] for row in abandoned}
+        return [(claim, row) for row in claim.rows if row["id"] not in gone]
 
     # -- fetching (on the pool's threads) ------------------------------------------------
 
@@ -199,6 +227,8 @@ class Collector:
             )
             done = set(fenced.done)
             kept = [f for f in batch if f.source["id"] in done]
+            for f in kept:
+                self._defer_group(conn, f)
             new = store_items(
                 conn,
                 [(f.source["id"], f.outcome.items) for f in kept if f.outcome and f.outcome.items],
@@ -207,10 +237,25 @@ class Collector:
             insert_rows(conn, schema.ingestion_events, events)
         return events
 
+    def _defer_group(self, conn: sa.Connection, fetched: Fetched) -> None:
+        """A 429, or a 503 with Retry-After, speaks for the whole host: no fetch of the
+        source's politeness group starts before the time it asked for (clamped to the
+        backoff's cap for that failure)."""
+        error = fetched.error
+        if error is None or error.retry_after is None:
+            return
+        if not (error.reason is FailureReason.RATE_LIMITED or error.http_status == 503):
+            return
+        until = clamp_retry_after(error.reason, error.retry_after, fetched.finished, self.policy)
+        if until > fetched.finished:
+            group = fetched.source["politeness_group"]
+            defer(conn, group, until, f"HTTP {error.http_status} from source {fetched.source['id']}")
+
     def _success_values(self, conn: sa.Connection, fetched: Fetched, outcome: Outcome) -> dict[str, Any]:
         source, finished = fetched.source, fetched.finished
         values: dict[str, Any] = {
             "next_fetch_at": next_fetch_after_success(finished, source["fetch_interval_minutes"]),
+            "attempts": 0,
             "last_fetched_at": finished,
             "last_success_at": finished,
             "consecutive_failures": 0,
@@ -220,6 +265,11 @@ class Collector:
         }
         if outcome.moved_to and outcome.moved_to != source["url"] and not _url_taken(conn, outcome.moved_to):
             values["url"] = outcome.moved_to  # a permanent redirect updates the stored URL
+            # A source in its host's group follows its new host; a named group stays.
+            by = self.settings.politeness_group_by
+            if source["politeness_group"] == group_for(source["url"], source["source_type"], by=by):
+                values["politeness_group"] = group_for(outcome.moved_to, source["source_type"], by=by)
+                ensure_groups(conn, [values["politeness_group"]])
         if outcome.config_updates:
             values["config"] = {**(source["config"] or {}), **outcome.config_updates}
         return values
@@ -232,6 +282,7 @@ class Collector:
         )
         values: dict[str, Any] = {
             "next_fetch_at": retry.at,
+            "attempts": 0,
             "last_fetched_at": fetched.finished,
             "consecutive_failures": failures,
             "last_failure_reason": error.reason.value,
@@ -245,8 +296,8 @@ class Collector:
 
     # -- telemetry ----------------------------------------------------------------------
 
-    def _record_started(self, claim: Claim) -> None:
-        if not claim:
+    def _record_started(self, sources: Sequence[RowMapping]) -> None:
+        if not sources:
             return
         rows = [
             {
@@ -256,7 +307,7 @@ class Collector:
                 "run_id": self.run_id,
                 "scheduled_at": source["next_fetch_at"],
             }
-            for source in claim.rows
+            for source in sources
         ]
         with self.engine.begin() as conn:
             insert_rows(conn, schema.ingestion_events, rows)

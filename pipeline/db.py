@@ -141,29 +141,48 @@ def on_conflict_insert(
     return None
 
 
+# ``keys`` of ``insert_ignoring_conflicts`` for "any unique key of the table".
+ANY_UNIQUE_KEY: list[str] = []
+
+
 def insert_ignoring_conflicts(
     conn: sa.Connection, table: sa.Table, rows: Sequence[Mapping[str, Any]], keys: list[str]
 ) -> int:
     """Insert ``rows`` (all with the same keys), skipping those whose ``keys`` already
-    exist; return how many went in. One statement on PostgreSQL (``insert_rows``)."""
+    exist (``ANY_UNIQUE_KEY``: that clash with a row on any unique key); return how many
+    went in. One statement on PostgreSQL (``insert_rows``)."""
     if not rows:
         return 0
     if conn.dialect.name == "postgresql":
-        return insert_rows(conn, table, rows, ignore_conflicts_on=keys)
+        return insert_rows(conn, table, rows, ignore_conflicts_on=keys or ("*",))
     insert = on_conflict_insert(conn, table)
     if insert is not None:
         # executemany: SQLite runs it in-process, and its rowcount is the total inserted.
-        stmt = insert.on_conflict_do_nothing(index_elements=keys).execution_options(preserve_rowcount=True)
-        return int(conn.execute(stmt, list(rows)).rowcount)
+        stmt = insert.on_conflict_do_nothing(index_elements=keys or None)
+        return int(conn.execute(stmt.execution_options(preserve_rowcount=True), list(rows)).rowcount)
     # Any other dialect: look first (correct within one transaction of one writer).
-    present = {
-        tuple(r)
-        for r in conn.execute(sa.select(*(table.c[k] for k in keys)))
-    }
-    fresh = [r for r in rows if tuple(r[k] for k in keys) not in present]
+    key_sets = [keys] if keys else _unique_keys(table)
+    present = [
+        {tuple(r) for r in conn.execute(sa.select(*(table.c[k] for k in ks)))} for ks in key_sets
+    ]
+    fresh = []
+    for r in rows:
+        values = [tuple(r[k] for k in ks) for ks in key_sets]
+        if any(v in seen for v, seen in zip(values, present, strict=True)):
+            continue
+        fresh.append(r)
+        for v, seen in zip(values, present, strict=True):
+            seen.add(v)
     if fresh:
         conn.execute(sa.insert(table), fresh)
     return len(fresh)
+
+
+def _unique_keys(table: sa.Table) -> list[list[str]]:
+    """The column lists of ``table``'s unique constraints and unique indexes."""
+    keys = [[c.name for c in u.columns] for u in table.constraints if isinstance(u, sa.UniqueConstraint)]
+    keys += [[c.name for c in i.columns] for i in table.indexes if i.unique]
+    return keys
 
 
 _INSERTS: dict[tuple[str, tuple[str, ...], tuple[str, ...]], sa.Insert] = {}
@@ -185,7 +204,8 @@ def insert_rows(
         return 0
     if conn.dialect.name != "postgresql":
         if ignore_conflicts_on:
-            return insert_ignoring_conflicts(conn, table, rows, list(ignore_conflicts_on))
+            keys = [] if tuple(ignore_conflicts_on) == ("*",) else list(ignore_conflicts_on)
+            return insert_ignoring_conflicts(conn, table, rows, keys)
         conn.execute(sa.insert(table), list(rows))
         return len(rows)
     columns = tuple(rows[0])
@@ -195,8 +215,10 @@ def insert_rows(
         v = recordset(sa.column(name, table.c[name].type) for name in columns)
         select = sa.select(*(v.c[name] for name in columns))
         if ignore_conflicts_on:
+            # ("*",): a clash on any unique key of the table.
+            targets = None if tuple(ignore_conflicts_on) == ("*",) else list(ignore_conflicts_on)
             stmt = postgresql.insert(table).from_select(list(columns), select).on_conflict_do_nothing(
-                index_elements=list(ignore_conflicts_on)
+                index_elements=targets
             )
         else:
             stmt = sa.insert(table).from_select(list(columns), select)

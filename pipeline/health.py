@@ -8,7 +8,7 @@ notifications). Failing sources are counted over the sources table itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 
@@ -18,8 +18,9 @@ from pipeline.claim import QueueSpec
 
 def stale_leases(conn: sa.Connection, queues: tuple[QueueSpec, ...], older_than: timedelta) -> dict[str, int]:
     """Per queue, rows whose lease ran out more than ``older_than`` ago and that nobody
-    has claimed since: work no worker is taking (is every worker of that stage down?)."""
-    cutoff = datetime.now(UTC) - older_than
+    has claimed since: work no worker is taking (is every worker of that stage down?).
+    Leases are compared with the database clock, as the claim compares them."""
+    cutoff = schema.now_sql(conn.dialect.name, minus=older_than)
     counts = {}
     for spec in queues:
         t = spec.table

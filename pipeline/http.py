@@ -151,7 +151,11 @@ def parse_retry_after(value: str | None, now: datetime) -> datetime | None:
 
 
 class Fetcher:
-    """One per run: pooled connections, at most ``per_host`` requests at once per host."""
+    """One per run: pooled connections; at most ``per_host`` webhook posts at once per host.
+
+    Feed and page fetches are not limited here: the collector's claim hands out a source
+    only when its politeness group has room (pipeline/politeness.py), across workers.
+    """
 
     def __init__(
         self,
@@ -225,22 +229,21 @@ class Fetcher:
         permanent_so_far = True
         current = url
         for _hop in range(self.max_redirects + 1):
-            with self._host_slot(current):
-                response = self._open(current, sent, deadline)
-                try:
-                    if response.status_code in REDIRECTS:
-                        target = self._redirect_target(current, response)
-                        permanent_so_far = permanent_so_far and response.status_code in PERMANENT_REDIRECTS
-                        if permanent_so_far:
-                            moved_to = target
-                        if headers and _origin(target) != origin:
-                            sent = {k: v for k, v in sent.items() if k not in headers}
-                        self._drain(response, deadline)
-                        current = target
-                        continue
-                    body = self._body(response, deadline)
-                finally:
-                    response.close()
+            response = self._open(current, sent, deadline)
+            try:
+                if response.status_code in REDIRECTS:
+                    target = self._redirect_target(current, response)
+                    permanent_so_far = permanent_so_far and response.status_code in PERMANENT_REDIRECTS
+                    if permanent_so_far:
+                        moved_to = target
+                    if headers and _origin(target) != origin:
+                        sent = {k: v for k, v in sent.items() if k not in headers}
+                    self._drain(response, deadline)
+                    current = target
+                    continue
+                body = self._body(response, deadline)
+            finally:
+                response.close()
             return FetchResult(
                 url=current,
                 status=response.status_code,
@@ -263,8 +266,10 @@ class Fetcher:
         not followed: a receiver that redirects is misconfigured, and following would
         send a signed body somewhere its owner did not name.
         """
-        deadline = time.monotonic() + self.timeout
         with self._host_slot(url):
+            # The deadline starts once the request can be sent: waiting for the host's
+            # slot is never a timeout.
+            deadline = time.monotonic() + self.timeout
             response = self._open(url, dict(headers), deadline, method="POST", content=body)
             try:
                 excerpt = self._drain(response, deadline)

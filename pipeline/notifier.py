@@ -29,7 +29,7 @@ from sqlalchemy.engine import Engine, RowMapping
 
 from pipeline import schema
 from pipeline.claim import Claim, RowCompletion, WorkQueue
-from pipeline.db import insert_ignoring_conflicts
+from pipeline.db import ANY_UNIQUE_KEY, insert_ignoring_conflicts
 from pipeline.delivery import (
     AppriseChannel,
     Channel,
@@ -69,9 +69,10 @@ class Attempt:
 
     claim: Claim
     notification_id: int
-    attempts: int  # counting this one
+    attempts: int  # counting this one (the claim counts it)
     error: DeliveryError | None
     finished: datetime
+    exhausted: bool = False  # claimed too often: dead whatever ``attempts`` says
 
 
 @dataclass
@@ -99,22 +100,25 @@ class Notifier:
 
     def match(self, stats: NotifyStats, *, max_listings: int | None = None) -> None:
         queue = WorkQueue(self.engine, schema.LISTINGS_UNMATCHED, lease_seconds=self.settings.lease_seconds)
-        while max_listings is None or stats.listings_matched < max_listings:
-            limit = min(self.match_batch, max_listings - stats.listings_matched) if max_listings else self.match_batch
+        claimed = 0  # the cap counts rows claimed: rows lost to another worker count too
+        while max_listings is None or claimed < max_listings:
+            limit = min(self.match_batch, max_listings - claimed) if max_listings else self.match_batch
             claim = queue.claim(self.worker, limit)
             if not claim:
                 return
+            claimed += len(claim)
             # Filters are brought up to date after the claim: every filter committed
             # before these listings were claimed takes part.
             index, channels = self._catalogue.current()
             matches = index.matches(_texts(claim.rows))
+            keys = {row["id"]: row["item_key"] for row in claim.rows}
             with self.engine.begin() as conn:
                 fenced = queue.complete(claim, {"matched_at": datetime.now(UTC)}, conn=conn)
                 done = set(fenced.done)
                 stats.fenced_out += len(fenced.lost)
                 stats.listings_matched += len(done)
                 stats.notifications_created += _insert_notifications(
-                    conn, [m for m in matches if m.listing_id in done], channels
+                    conn, [m for m in matches if m.listing_id in done], channels, keys
                 )
 
     def rematch(
@@ -132,7 +136,8 @@ class Notifier:
         while True:
             with self.engine.connect() as conn:
                 rows = conn.execute(
-                    sa.select(t.c.id, t.c.source_id, t.c.title, t.c.summary, t.c.categories, t.c.ingested_at)
+                    sa.select(t.c.id, t.c.source_id, t.c.title, t.c.summary, t.c.categories, t.c.ingested_at,
+                              t.c.item_key)
                     .where(t.c.ingested_at >= start, t.c.ingested_at < end, t.c.id > after)
                     .order_by(t.c.id).limit(chunk)
                 ).mappings().all()
@@ -141,8 +146,9 @@ class Notifier:
             after = rows[-1]["id"]
             index, channels = self._catalogue.current()
             matches = index.matches(_texts(rows), any_age=any_age)
+            keys = {row["id"]: row["item_key"] for row in rows}
             with self.engine.begin() as conn:
-                created += _insert_notifications(conn, matches, channels)
+                created += _insert_notifications(conn, matches, channels, keys)
             if progress is not None:
                 progress(len(rows))
 
@@ -169,14 +175,35 @@ class Notifier:
             stats.claimed += work_claimed(
                 queue, self.worker, threads=threads, max_rows=max_notifications,
                 batch_size=self.delivery_batch,
-                start=self._messages,
+                start=lambda claim: self._messages(queue, claim, stats),
+                held=lambda job: (job[0], job[1]["id"]),
                 work=lambda job: self._send(job, channels),
                 write=lambda attempts: self._record(queue, attempts, stats),
+                # A webhook is bounded by its deadline; Apprise's own HTTP has no overall one.
+                max_work_seconds=4 * self.settings.http_timeout_seconds + 60,
             )
 
-    def _messages(self, claim: Claim) -> list[tuple[Claim, RowMapping, Message | None]]:
-        by_id = {m.notification_id: m for m in _load_messages(self.engine, claim.ids)}
-        return [(claim, row, by_id.get(row["id"])) for row in claim.rows]
+    def _messages(
+        self, queue: WorkQueue, claim: Claim, stats: NotifyStats
+    ) -> list[tuple[Claim, RowMapping, Message | None]]:
+        """The claimed notifications' messages; those claimed more often than
+        ``delivery_max_attempts`` (every earlier sender died before recording an outcome)
+        are dead at once, unsent."""
+        limit = self.settings.delivery_max_attempts
+        abandoned = [row for row in claim.rows if queue.spec.exhausted(row, limit)]
+        if abandoned:
+            now = datetime.now(UTC)
+            self._record(queue, [
+                Attempt(claim, row["id"], row["attempts"], DeliveryError(
+                    f"claimed {row['attempts']} times, no send finished (the worker stopped"
+                    f" while sending); last error: {row['last_error'] or 'none recorded'}"
+                ), now, exhausted=True)
+                for row in abandoned
+            ], stats)
+        gone = {row["id"] for row in abandoned}
+        rows = [row for row in claim.rows if row["id"] not in gone]
+        by_id = {m.notification_id: m for m in _load_messages(self.engine, [r["id"] for r in rows])}
+        return [(claim, row, by_id.get(row["id"])) for row in rows]
 
     def _send(
         self, job: tuple[Claim, RowMapping, Message | None], channels: Mapping[str, Channel]
@@ -195,15 +222,15 @@ class Notifier:
             error = DeliveryError(f"unexpected {type(exc).__name__}: {exc}")
         log.debug("notification %s: %s in %d ms", row["id"], "sent" if error is None else error.message,
                   int((time.monotonic() - started) * 1000))
-        return Attempt(claim, row["id"], row["attempts"] + 1, error, datetime.now(UTC))
+        return Attempt(claim, row["id"], row["attempts"], error, datetime.now(UTC))
 
     def _record(self, queue: WorkQueue, attempts: Sequence[Attempt], stats: NotifyStats) -> None:
         completions = []
         for a in attempts:
-            values: dict[str, Any] = {"attempts": a.attempts}
+            values: dict[str, Any] = {}
             if a.error is None:
                 values.update(status="sent", sent_at=a.finished, last_error=None)
-            elif a.attempts >= self.settings.delivery_max_attempts:
+            elif a.exhausted or a.attempts >= self.settings.delivery_max_attempts:
                 values.update(status="dead", last_error=a.error.message)
             else:
                 values.update(
@@ -295,14 +322,19 @@ def load_filters(engine: Engine, *, created_since: datetime | None = None) -> li
     ]
 
 
-def _insert_notifications(conn: sa.Connection, matches: Sequence[Match], channels: Mapping[int, str]) -> int:
-    """A pending notification per match, by its user's channel; a (user, listing) pair
-    that already has one is left alone. Returns how many were created."""
+def _insert_notifications(
+    conn: sa.Connection, matches: Sequence[Match], channels: Mapping[int, str],
+    item_keys: Mapping[int, str | None],
+) -> int:
+    """A pending notification per match, by its user's channel. A user who already has
+    one for the listing, or for the same item carried by another source (its item key,
+    pipeline/urls.py), gets none. Returns how many were created."""
     rows = [
-        {"user_id": m.user_id, "listing_id": m.listing_id, "filter_id": m.filter_id, "channel": channels[m.user_id]}
+        {"user_id": m.user_id, "listing_id": m.listing_id, "filter_id": m.filter_id,
+         "channel": channels[m.user_id], "item_key": item_keys.get(m.listing_id)}
         for m in matches
     ]
-    return insert_ignoring_conflicts(conn, schema.notifications, rows, ["user_id", "listing_id"])
+    return insert_ignoring_conflicts(conn, schema.notifications, rows, ANY_UNIQUE_KEY)
 
 
 def _texts(rows: Sequence[RowMapping]) -> Iterator[ListingText]:

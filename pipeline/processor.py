@@ -26,18 +26,19 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine, RowMapping
 
 from pipeline import schema
-from pipeline.claim import Claim, RowCompletion, WorkQueue
+from pipeline.claim import UNCLAIMED, Claim, Heartbeat, RowCompletion, WorkQueue
 from pipeline.normalize import Listing, NormaliseError, normalise
 from pipeline.recordset import json_rows, recordset
 from pipeline.settings import Settings
+from pipeline.urls import item_key
 
 log = logging.getLogger("pipeline.processor")
 
 _COLUMNS = (
     "source_id", "source_item_id", "url", "title", "summary", "author", "published_at",
-    "categories", "content_hash", "raw_id",
+    "categories", "content_hash", "raw_id", "item_key",
 )
-_CONTENT = ("url", "title", "summary", "author", "published_at", "categories", "content_hash")
+_CONTENT = ("url", "title", "summary", "author", "published_at", "categories", "content_hash", "item_key")
 
 
 @dataclass
@@ -71,42 +72,100 @@ class Processor:
         stats = ProcessStats()
         queue = WorkQueue(self.engine, schema.RAW_UNPROCESSED, lease_seconds=self.settings.lease_seconds)
         upsert = _upsert_statement(self.engine.dialect.name)
-        while max_rows is None or stats.claimed < max_rows:
-            limit = min(self.batch_size, max_rows - stats.claimed) if max_rows else self.batch_size
-            claim = queue.claim(self.worker, limit)
-            if not claim:
-                break
-            stats.claimed += len(claim)
-            self._process(queue, claim, upsert, stats)
-            if progress is not None:
-                progress(len(claim))
+        isolating = False  # suspects came back: claim one row at a time until they are done
+        with Heartbeat(queue) as heartbeat:
+            while max_rows is None or stats.claimed < max_rows:
+                batch = 1 if isolating else self.batch_size
+                limit = min(batch, max_rows - stats.claimed) if max_rows else batch
+                whole = queue.claim(self.worker, limit)
+                claim = queue.isolate(whole)
+                isolating = claim is not whole or (
+                    bool(claim) and queue.spec.suspect is not None and queue.spec.suspect(claim.rows[0])
+                )
+                if not claim:
+                    break
+                stats.claimed += len(claim)
+                heartbeat.hold(claim)
+                try:
+                    self._process(queue, claim, upsert, stats)
+                finally:
+                    heartbeat.drop(claim)
+                if progress is not None:
+                    progress(len(claim))
         return stats
 
     def _process(self, queue: WorkQueue, claim: Claim, upsert: sa.Insert, stats: ProcessStats) -> None:
+        """Normalise a claimed batch and write it in one transaction. Any error while
+        handling one row fails that row only: a row the normaliser (or anything else)
+        cannot handle is recorded as failed, and if the database refuses the batch, its
+        rows are written one by one so only the refused one fails."""
         now = datetime.now(UTC)
         categories = self._source_categories({row["source_id"] for row in claim.rows})
-        good: dict[tuple[int, str], tuple[RowMapping, Listing]] = {}
-        good_ids: list[int] = []
+        good: list[tuple[RowMapping, Listing]] = []
         bad: list[tuple[RowMapping, str]] = []
+        limit = self.settings.raw_max_attempts
         for row in claim.rows:  # oldest first, so a later row of the same item wins
+            if queue.spec.exhausted(row, limit):
+                stopped = f"claimed {row['attempts']} times without finishing (the worker stopped)"
+                bad.append((row, stopped))
+                continue
             try:
                 listing = normalise(row["raw_json"], fallback_url=row["url"],
                                     source_category=categories.get(row["source_id"]), now=now)
             except NormaliseError as exc:
                 bad.append((row, str(exc)))
                 continue
-            good_ids.append(row["id"])
+            except Exception as exc:  # a normaliser bug must not stop the other rows
+                log.exception("normalising raw row %s crashed", row["id"])
+                bad.append((row, f"unexpected {type(exc).__name__}: {exc}"))
+                continue
+            good.append((row, listing))
+        counted = asdict(stats)
+        try:
+            with self.engine.begin() as conn:
+                self._write(conn, queue, claim, upsert, good, now, stats)
+                self._record_failures(conn, queue, claim, bad, now, stats)
+        except sa.exc.StatementError as exc:
+            if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+                raise  # the database is gone, not this batch's data: fail the step
+            for name, value in counted.items():  # nothing of the batch was written
+                setattr(stats, name, value)
+            log.warning("the database refused a batch of %d raw rows; writing them one by one: %s",
+                        len(claim), str(exc.orig or exc).strip().splitlines()[0])
+            for one in good:
+                counted = asdict(stats)
+                try:
+                    with self.engine.begin() as conn:
+                        self._write(conn, queue, claim, upsert, [one], now, stats)
+                except sa.exc.StatementError as one_exc:
+                    if isinstance(one_exc, sa.exc.DBAPIError) and one_exc.connection_invalidated:
+                        raise
+                    for name, value in counted.items():
+                        setattr(stats, name, value)
+                    reason = str(one_exc.orig or one_exc).strip().splitlines()[0]
+                    bad.append((one[0], f"the database refused this row's listing: {reason}"))
+            with self.engine.begin() as conn:
+                self._record_failures(conn, queue, claim, bad, now, stats)
+
+    def _write(
+        self, conn: sa.Connection, queue: WorkQueue, claim: Claim, upsert: sa.Insert,
+        good: Sequence[tuple[RowMapping, Listing]], now: datetime, stats: ProcessStats,
+    ) -> None:
+        """Mark ``good`` processed (fenced) and upsert the listings of the rows still held."""
+        if not good:
+            return
+        latest: dict[tuple[int, str], tuple[RowMapping, Listing]] = {}
+        for row, listing in good:
             key = (row["source_id"], row["source_item_id"])
-            if key in good:
+            if key in latest:
                 stats.unchanged += 1  # superseded within this batch by a newer raw row
-            good[key] = (row, listing)
-        with self.engine.begin() as conn:
-            fenced = queue.complete(claim, {"processed_at": now, "last_error": None}, ids=good_ids, conn=conn)
-            done = set(fenced.done)
-            stats.fenced_out += len(fenced.lost)
-            rows = [_listing_row(row, listing) for row, listing in good.values() if row["id"] in done]
-            self._upsert(conn, upsert, rows, stats)
-            self._record_failures(conn, queue, claim, bad, now, stats)
+            latest[key] = (row, listing)
+        ids = [row["id"] for row, _ in good]
+        fenced = queue.complete(claim, {"processed_at": now, "last_error": None}, ids=ids, conn=conn)
+        done = set(fenced.done)
+        stats.fenced_out += len(fenced.lost)
+        rows = [_listing_row(row, listing) for row, listing in latest.values() if row["id"] in done]
+        self._upsert(conn, upsert, rows, stats)
 
     def _upsert(self, conn: sa.Connection, upsert: sa.Insert, rows: list[dict[str, Any]], stats: ProcessStats) -> None:
         if not rows:
@@ -133,15 +192,14 @@ class Processor:
     ) -> None:
         give_up, retry = [], []
         for row, error in bad:
-            attempts = row["attempts"] + 1
+            attempts = row["attempts"]  # this one included: the claim counted it
             log.warning("raw row %s (source %s, item %r) failed attempt %d: %s",
                         row["id"], row["source_id"], row["source_item_id"], attempts, error)
             if attempts >= self.settings.raw_max_attempts:
-                values = {"processed_at": now, "attempts": attempts,
-                          "last_error": f"gave up after {attempts} attempts: {error}"}
+                values = {"processed_at": now, "last_error": f"gave up after {attempts} attempts: {error}"}
                 give_up.append(RowCompletion(claim, row["id"], values))
             else:
-                retry.append(RowCompletion(claim, row["id"], {"attempts": attempts, "last_error": error}))
+                retry.append(RowCompletion(claim, row["id"], {"last_error": error}))
         if give_up:
             stats.gave_up += len(queue.complete_each(give_up, conn=conn).done)
         if retry:
@@ -186,6 +244,7 @@ def _listing_row(row: RowMapping, listing: Listing) -> dict[str, Any]:
         "categories": listing.categories,
         "content_hash": listing.content_hash,
         "raw_id": row["id"],
+        "item_key": item_key(listing.url, row["source_item_id"]),
     }
 
 
@@ -240,6 +299,9 @@ def _upsert_statement(dialect: str) -> sa.Insert:
             "raw_id": insert.excluded.raw_id,
             "updated_at": sa.case((changed, sa.func.current_timestamp()), else_=t.c.updated_at),
             "matched_at": sa.case((changed, sa.null()), else_=t.c.matched_at),
+            # New content fences out a notifier matching the old one (UNCLAIMED): its
+            # completion finds the row no longer held, and the new content is matched.
+            **{name: sa.case((changed, sa.null()), else_=t.c[name]) for name in UNCLAIMED},
         },
         where=sa.or_(t.c.raw_id.is_(None), insert.excluded.raw_id >= t.c.raw_id),
     )

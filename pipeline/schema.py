@@ -91,6 +91,42 @@ def _now() -> sa.TextClause:
     return sa.text("CURRENT_TIMESTAMP")
 
 
+def now_sql(dialect: str, minus: timedelta = _ZERO) -> sa.ColumnElement[datetime]:
+    """"Now" (less ``minus``) for reads that compare with stored times (leases, due
+    times, ages): the database clock on PostgreSQL, the truth that hosts with skewed
+    clocks share; on SQLite, whose database is on this host, this host's clock."""
+    if dialect == "postgresql":
+        now = sa.func.now(type_=UTCDateTime())
+        return now if not minus else now - sa.literal(minus, sa.Interval())
+    return sa.literal(datetime.now(UTC) - minus, UTCDateTime())
+
+
+# Politeness groups (pipeline/politeness.py): every source belongs to one (its host by
+# default); a group allows at most ``max_in_flight`` fetches at once, across all workers,
+# and starts them at least ``min_interval_ms`` apart. NULL limits take those of the group
+# named DEFAULT_POLITENESS_GROUP, which is also the group of a source given none.
+DEFAULT_POLITENESS_GROUP = "*"
+DEFAULT_MAX_IN_FLIGHT = 2
+DEFAULT_MIN_INTERVAL_MS = 1000
+
+politeness_groups = sa.Table(
+    "politeness_groups",
+    metadata,
+    sa.Column("name", sa.Text(), primary_key=True),
+    sa.Column("max_in_flight", sa.Integer()),  # NULL: the default group's
+    sa.Column("min_interval_ms", sa.Integer()),  # NULL: the default group's
+    # No fetch of the group starts before this: the spacing after the last claim, or a
+    # Retry-After that deferred the whole group.
+    sa.Column("next_request_at", UTCDateTime()),
+    sa.Column("deferred_reason", sa.Text()),  # why next_request_at was pushed past spacing
+    # Bumped by every claim that hands out a source of the group: a claim checks that
+    # nobody claimed in the group since its snapshot, so its count of fetches in flight
+    # is current (pipeline/politeness.py).
+    sa.Column("claims", sa.BigInteger(), nullable=False, server_default=sa.text("0")),
+    sa.CheckConstraint("max_in_flight >= 1", name="max_in_flight"),
+    sa.CheckConstraint("min_interval_ms >= 0", name="min_interval"),
+)
+
 sources = sa.Table(
     "sources",
     metadata,
@@ -117,8 +153,26 @@ sources = sa.Table(
     sa.Column("last_modified", sa.Text()),
     sa.Column("content_hash", sa.String(64)),
     sa.Column("created_at", UTCDateTime(), nullable=False, server_default=_now()),
+    # Claims since the source's last completed fetch (counted by the claim itself):
+    # a fetch that keeps killing its worker ends as a failure instead of looping.
+    sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),
+    # The source's politeness group; its row in politeness_groups must exist (written
+    # with the source: pipeline/politeness.py ``ensure_groups``). No foreign key: SQLite
+    # cannot add one to an existing table without copying it.
+    sa.Column(
+        "politeness_group",
+        sa.Text(),
+        nullable=False,
+        server_default=sa.text(f"'{DEFAULT_POLITENESS_GROUP}'"),
+    ),
     *_claim_columns(),
     sa.UniqueConstraint("url"),
+    # Fetches in flight per group: the leased sources of the group (the claim counts them).
+    sa.Index(
+        "ix_sources_politeness_leased", "politeness_group", "locked_until",
+        postgresql_where=sa.text("locked_until IS NOT NULL"),
+        sqlite_where=sa.text("locked_until IS NOT NULL"),
+    ),
     sa.CheckConstraint(
         "source_type IN ('rss', 'http', 'youtube')", name="source_type"
     ),
@@ -190,6 +244,9 @@ listings = sa.Table(
     sa.Column("matched_at", UTCDateTime()),  # NULL = not yet matched against filters
     # The raw row whose content this listing shows; an upsert never moves it backwards.
     sa.Column("raw_id", IdType),
+    # The item's identity across sources (pipeline/urls.py item_key): a user is notified
+    # once per key, however many sources carry the item. NULL before revision 0006.
+    sa.Column("item_key", sa.String(64)),
     *_claim_columns(),
     sa.UniqueConstraint("source_id", "source_item_id"),
     sa.Index(None, "ingested_at"),  # windows for re-matching backfills
@@ -242,9 +299,12 @@ notifications = sa.Table(
     sa.Column("last_error", sa.Text()),
     sa.Column("created_at", UTCDateTime(), nullable=False, server_default=_now()),
     sa.Column("sent_at", UTCDateTime()),
+    sa.Column("item_key", sa.String(64)),  # the listing's, at matching
     *_claim_columns(),
-    # A user is never notified twice about one listing.
+    # A user is never notified twice about one listing, nor about one item that several
+    # sources carry (NULL keys, of notifications older than revision 0006, never clash).
     sa.UniqueConstraint("user_id", "listing_id"),
+    sa.Index("uq_notifications_user_id_item_key", "user_id", "item_key", unique=True),
     sa.CheckConstraint("status IN ('pending', 'sent', 'failed', 'dead')", name="status"),
     sa.Index(None, "listing_id"),
     # Dead notifications, for the asset check and `notifications requeue --dead`.
@@ -317,6 +377,8 @@ SOURCES_DUE = QueueSpec(
         OrderTerm(sources.c.id),
     ),
     index_on=(sources.c.next_fetch_at,),
+    attempts=sources.c.attempts,
+    suspect=lambda row: row["attempts"] > 1,  # reset when a fetch completes
 )
 
 # Raw rows not yet processed, oldest first: the free index is read in order.
@@ -326,6 +388,8 @@ RAW_UNPROCESSED = QueueSpec(
     pending=listings_raw.c.processed_at.is_(None),
     order=(OrderTerm(listings_raw.c.fetched_at), OrderTerm(listings_raw.c.id)),
     index_on=(listings_raw.c.fetched_at, listings_raw.c.id),
+    attempts=listings_raw.c.attempts,
+    suspect=lambda row: row["attempts"] > 1,  # a stopped worker, or a failure (rare)
 )
 
 # Listings not yet matched against filters (new, or changed since they were matched).
@@ -351,6 +415,10 @@ NOTIFICATIONS_DUE = QueueSpec(
     ready=_attempt_due,
     order=(OrderTerm(notifications.c.next_attempt_at), OrderTerm(notifications.c.id)),
     index_on=(notifications.c.next_attempt_at, notifications.c.id),
+    attempts=notifications.c.attempts,
+    # Claimed before, and no outcome recorded: a failed send records its error. (A
+    # sender that dies after an earlier failure is not told apart from a retry.)
+    suspect=lambda row: row["attempts"] > 1 and row["last_error"] is None,
 )
 
 QUEUES: tuple[QueueSpec, ...] = (SOURCES_DUE, RAW_UNPROCESSED, LISTINGS_UNMATCHED, NOTIFICATIONS_DUE)

@@ -17,6 +17,7 @@ DEFAULT_HTTP_TIMEOUT_SECONDS = 20.0
 DEFAULT_MAX_RESPONSE_BYTES = 15 * 1024 * 1024
 DEFAULT_CONCURRENCY = 16
 DEFAULT_RAW_MAX_ATTEMPTS = 3
+DEFAULT_SOURCE_MAX_ATTEMPTS = 3
 DEFAULT_DELIVERY_MAX_ATTEMPTS = 8
 DEFAULT_RAW_RETENTION_DAYS = 30
 DEFAULT_EVENT_RETENTION_DAYS = 90
@@ -63,6 +64,16 @@ def _int_env(name: str, default: int, minimum: int = 1) -> int:
     return value
 
 
+def _choice_env(name: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` (the first when unset)."""
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return choices[0]
+    if raw not in choices:
+        raise ConfigError(f"{name}={raw!r}: use one of {', '.join(choices)}")
+    return raw
+
+
 def _float_env(name: str, default: float) -> float:
     raw = os.environ.get(name, "").strip()
     if not raw:
@@ -85,7 +96,11 @@ class Settings:
     concurrency: int = DEFAULT_CONCURRENCY
     allow_networks: tuple[str, ...] = ()
     raw_max_attempts: int = DEFAULT_RAW_MAX_ATTEMPTS  # a raw row that fails this often is given up
+    # a source claimed this often without a fetch finishing (each holder died) fails
+    source_max_attempts: int = DEFAULT_SOURCE_MAX_ATTEMPTS
     delivery_max_attempts: int = DEFAULT_DELIVERY_MAX_ATTEMPTS  # then a notification is dead
+    # how a source's politeness group is named when none is given: "host" or "domain"
+    politeness_group_by: str = "host"
     raw_retention_days: int = DEFAULT_RAW_RETENTION_DAYS  # processed raw rows kept this long
     event_retention_days: int = DEFAULT_EVENT_RETENTION_DAYS  # ingestion_events kept this long
 
@@ -102,9 +117,13 @@ class Settings:
             concurrency=_int_env("PIPELINE_CONCURRENCY", DEFAULT_CONCURRENCY),
             allow_networks=tuple(n.strip() for n in networks.split(",") if n.strip()),
             raw_max_attempts=_int_env("PIPELINE_RAW_MAX_ATTEMPTS", DEFAULT_RAW_MAX_ATTEMPTS),
+            source_max_attempts=_int_env(
+                "PIPELINE_SOURCE_MAX_ATTEMPTS", DEFAULT_SOURCE_MAX_ATTEMPTS
+            ),
             delivery_max_attempts=_int_env(
                 "PIPELINE_DELIVERY_MAX_ATTEMPTS", DEFAULT_DELIVERY_MAX_ATTEMPTS
             ),
+            politeness_group_by=_choice_env("PIPELINE_POLITENESS_GROUP_BY", ("host", "domain")),
             raw_retention_days=_int_env("PIPELINE_RAW_RETENTION_DAYS", DEFAULT_RAW_RETENTION_DAYS),
             event_retention_days=_int_env(
                 "PIPELINE_EVENT_RETENTION_DAYS", DEFAULT_EVENT_RETENTION_DAYS

@@ -21,10 +21,12 @@ from urllib.parse import urlsplit
 import sqlalchemy as sa
 import yaml
 
-from pipeline import schema, youtube
+from pipeline import politeness, schema, youtube
 from pipeline.adapters import adapter_for
+from pipeline.claim import UNCLAIMED
 from pipeline.db import insert_ignoring_conflicts
 from pipeline.errors import PipelineError
+from pipeline.urls import canonical_url
 
 # Config keys whose values are secrets: shown as "***" by `sources list`.
 SECRET_KEYS = ("api_key", "secret", "token", "password")
@@ -45,6 +47,7 @@ class SourceSpec:
     interval_minutes: int = schema.DEFAULT_FETCH_INTERVAL_MINUTES
     category: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    politeness_group: str = politeness.DEFAULT  # make_spec names it (politeness.group_for)
 
     def row(self) -> dict[str, Any]:
         config = dict(self.config)
@@ -56,6 +59,7 @@ class SourceSpec:
             "name": self.name,
             "fetch_interval_minutes": self.interval_minutes,
             "config": config,
+            "politeness_group": self.politeness_group,
         }
 
 
@@ -67,9 +71,12 @@ def make_spec(
     interval: int | str | None = None,
     category: str | None = None,
     config: dict[str, Any] | str | None = None,
+    politeness_group: str | None = None,
+    group_by: str = "host",
     entry: str = "",
 ) -> SourceSpec:
-    """Validate one entry; ``entry`` names it in errors (e.g. "line 4 of feeds.csv")."""
+    """Validate one entry; ``entry`` names it in errors (e.g. "line 4 of feeds.csv").
+    Its politeness group is ``politeness_group``, or named by ``group_by`` (host, domain)."""
     where = f"{entry}: " if entry else ""
     value = (url or "").strip()
     if not value:
@@ -83,10 +90,13 @@ def make_spec(
     if channel is not None and kind in (None, "youtube"):
         value, kind = channel, "youtube"
     parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
         raise SourceError(f"{where}{value!r} is not an http(s) URL")
     if any(c.isspace() for c in value):
         raise SourceError(f"{where}{value!r} contains white space")
+    # One feed, one source: HTTP://Host:80/feed#top is http://host/feed (pipeline/urls.py).
+    value = canonical_url(value)
+    parts = urlsplit(value)
     if kind is None:
         kind = "youtube" if parts.hostname in youtube.YOUTUBE_HOSTS else "rss"
     if kind == "youtube":
@@ -102,6 +112,7 @@ def make_spec(
         interval_minutes=minutes,
         category=(category or "").strip() or None,
         config=_config(config, where),
+        politeness_group=politeness.group_for(value, kind, politeness_group, by=group_by),
     )
     try:
         adapter_for(kind).check_config(spec.row()["config"])
@@ -150,8 +161,9 @@ def _interval(interval: int | str | None, where: str) -> int:
 # -- files --------------------------------------------------------------------------------
 
 
-def read_source_file(path: Path) -> list[SourceSpec]:
-    """Every entry of an OPML, YAML or CSV file, validated; SourceError names bad ones."""
+def read_source_file(path: Path, *, group_by: str = "host") -> list[SourceSpec]:
+    """Every entry of an OPML, YAML or CSV file, validated; SourceError names bad ones.
+    An entry's ``group`` names its politeness group; else ``group_by`` does."""
     try:
         text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
@@ -160,15 +172,15 @@ def read_source_file(path: Path) -> list[SourceSpec]:
         raise SourceError(f"{path}: cannot be read: {exc}") from None
     suffix = path.suffix.lower()
     if suffix in (".opml", ".xml"):
-        return _from_opml(text, path.name)
+        return _from_opml(text, path.name, group_by)
     if suffix in (".yaml", ".yml"):
-        return _from_yaml(text, path.name)
+        return _from_yaml(text, path.name, group_by)
     if suffix == ".csv":
-        return _from_csv(text, path.name)
+        return _from_csv(text, path.name, group_by)
     raise SourceError(f"{path}: unknown file type {suffix!r}: use .opml, .yaml or .csv")
 
 
-def _collect(entries: Iterable[tuple[str, dict[str, Any]]], file: str) -> list[SourceSpec]:
+def _collect(entries: Iterable[tuple[str, dict[str, Any]]], file: str, group_by: str) -> list[SourceSpec]:
     """Validate every entry, reporting all the bad ones at once."""
     specs, problems = [], []
     for entry, fields in entries:
@@ -181,6 +193,8 @@ def _collect(entries: Iterable[tuple[str, dict[str, Any]]], file: str) -> list[S
                     interval=fields.get("interval"),
                     category=fields.get("category"),
                     config=fields.get("config"),
+                    politeness_group=fields.get("group"),
+                    group_by=group_by,
                     entry=entry,
                 )
             )
@@ -194,7 +208,7 @@ def _collect(entries: Iterable[tuple[str, dict[str, Any]]], file: str) -> list[S
     return specs
 
 
-def _from_opml(text: str, file: str) -> list[SourceSpec]:
+def _from_opml(text: str, file: str, group_by: str) -> list[SourceSpec]:
     # No DTDs at all: an OPML file never needs one, and refusing them rules out entity
     # expansion (the "billion laughs") whatever the XML parser would allow.
     if re.search(r"<!(DOCTYPE|ENTITY)", text, re.IGNORECASE):
@@ -231,10 +245,10 @@ def _from_opml(text: str, file: str) -> list[SourceSpec]:
             )
 
     walk(body, None)
-    return _collect(entries, file)
+    return _collect(entries, file, group_by)
 
 
-def _from_yaml(text: str, file: str) -> list[SourceSpec]:
+def _from_yaml(text: str, file: str, group_by: str) -> list[SourceSpec]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -251,10 +265,10 @@ def _from_yaml(text: str, file: str) -> list[SourceSpec]:
         if not isinstance(item, dict):
             raise SourceError(f"{entry}: expected a URL or a mapping, got {type(item).__name__}")
         entries.append((entry, item))
-    return _collect(entries, file)
+    return _collect(entries, file, group_by)
 
 
-def _from_csv(text: str, file: str) -> list[SourceSpec]:
+def _from_csv(text: str, file: str, group_by: str) -> list[SourceSpec]:
     reader = csv.DictReader(io.StringIO(text))
     fields = [f.strip().lower() for f in reader.fieldnames or []]
     if "url" not in fields:
@@ -267,7 +281,7 @@ def _from_csv(text: str, file: str) -> list[SourceSpec]:
         (f"{file}, line {reader.line_num}", {k: (v or "").strip() for k, v in row.items() if k})
         for row in reader
     ]
-    return _collect(entries, file)
+    return _collect(entries, file, group_by)
 
 
 # -- the catalogue --------------------------------------------------------------------------
@@ -278,7 +292,9 @@ def add_source(conn: sa.Connection, spec: SourceSpec) -> int:
     existing = conn.execute(sa.select(t.c.id).where(t.c.url == spec.url)).scalar()
     if existing is not None:
         raise SourceError(f"a source with URL {spec.url} exists already (id {existing})")
-    return int(conn.execute(sa.insert(t).values(spec.row()).returning(t.c.id)).scalar_one())
+    row = spec.row()
+    politeness.ensure_groups(conn, [row["politeness_group"]])
+    return int(conn.execute(sa.insert(t).values(row).returning(t.c.id)).scalar_one())
 
 
 @dataclass(frozen=True)
@@ -295,10 +311,11 @@ def import_sources(
     unique = list({spec.url: spec for spec in reversed(specs)}.values())[::-1]
     added = 0
     for start in range(0, len(unique), IMPORT_CHUNK):
-        chunk = unique[start : start + IMPORT_CHUNK]
-        added += insert_ignoring_conflicts(conn, schema.sources, [spec.row() for spec in chunk], ["url"])
+        rows = [spec.row() for spec in unique[start : start + IMPORT_CHUNK]]
+        politeness.ensure_groups(conn, [row["politeness_group"] for row in rows])
+        added += insert_ignoring_conflicts(conn, schema.sources, rows, ["url"])
         if progress is not None:
-            progress(len(chunk))
+            progress(len(rows))
     return ImportResult(added=added, present=len(unique) - added)
 
 
@@ -307,7 +324,7 @@ def list_sources(conn: sa.Connection) -> list[dict[str, Any]]:
     columns = [
         t.c.id, t.c.name, t.c.url, t.c.source_type, t.c.enabled, t.c.fetch_interval_minutes,
         t.c.next_fetch_at, t.c.last_success_at, t.c.consecutive_failures,
-        t.c.last_failure_reason, t.c.disabled_reason, t.c.priority, t.c.config,
+        t.c.last_failure_reason, t.c.disabled_reason, t.c.priority, t.c.politeness_group, t.c.config,
     ]
     rows = [dict(r) for r in conn.execute(sa.select(*columns).order_by(t.c.id)).mappings()]
     for row in rows:
@@ -322,9 +339,11 @@ def _update_source(conn: sa.Connection, source_id: int, **values: Any) -> None:
 
 
 def enable_source(conn: sa.Connection, source_id: int) -> None:
-    """Enable, forget the failure streak, and make it due now."""
+    """Enable, forget the failure streak, and make it due now (a fetch in flight is
+    fenced out: see ``refresh_source``)."""
     _update_source(
-        conn, source_id, enabled=True, disabled_reason=None, consecutive_failures=0, next_fetch_at=None
+        conn, source_id, enabled=True, disabled_reason=None, consecutive_failures=0,
+        next_fetch_at=None, attempts=0, **UNCLAIMED,
     )
 
 
@@ -333,14 +352,20 @@ def disable_source(conn: sa.Connection, source_id: int, reason: str = "disabled 
 
 
 def refresh_source(conn: sa.Connection, source_id: int) -> None:
-    """Make the source due now (NULL next_fetch_at sorts first among due sources)."""
-    _update_source(conn, source_id, next_fetch_at=None)
+    """Make the source due now (NULL next_fetch_at sorts first among due sources).
+
+    A fetch in flight is fenced out (its claim is cleared, ``claim.UNCLAIMED``): its
+    result is discarded and the source is fetched afresh, so a refresh is never
+    overwritten by the schedule of a fetch that started before it."""
+    _update_source(conn, source_id, next_fetch_at=None, attempts=0, **UNCLAIMED)
 
 
 def refresh_sources(conn: sa.Connection, source_ids: Sequence[int]) -> list[int]:
-    """Make the enabled sources among ``source_ids`` due now; the ids made due."""
+    """Make the enabled sources among ``source_ids`` due now, as ``refresh_source``
+    does; the ids made due."""
     t = schema.sources
     result = conn.execute(
-        sa.update(t).where(t.c.id.in_(list(source_ids)), t.c.enabled).values(next_fetch_at=None).returning(t.c.id)
+        sa.update(t).where(t.c.id.in_(list(source_ids)), t.c.enabled)
+        .values(next_fetch_at=None, attempts=0, **UNCLAIMED).returning(t.c.id)
     )
     return sorted(result.scalars())

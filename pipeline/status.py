@@ -59,12 +59,6 @@ class PipelineStatus:
     stages: list[dict[str, Any]]  # worker_state: each stage's last run
 
 
-def _now_sql(engine: Engine) -> sa.ColumnElement[datetime]:
-    if engine.dialect.name == "postgresql":
-        return sa.func.now(type_=schema.UTCDateTime())
-    return sa.literal(datetime.now(UTC), schema.UTCDateTime())
-
-
 def _count(conn: sa.Connection, table: sa.Table, *where: sa.ColumnElement[bool]) -> int:
     return int(conn.execute(sa.select(sa.func.count()).select_from(table).where(*where)).scalar_one())
 
@@ -107,7 +101,7 @@ def _totals(conn: sa.Connection) -> tuple[dict[str, int], bool]:
 
 
 def collect_status(engine: Engine) -> PipelineStatus:
-    now = _now_sql(engine)
+    now = schema.now_sql(engine.dialect.name)
     s, n, events = schema.sources, schema.notifications, schema.ingestion_events
     with engine.connect() as conn:
         at = conn.execute(sa.select(now)).scalar_one()

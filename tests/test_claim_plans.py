@@ -17,8 +17,9 @@ import psycopg.sql
 import pytest
 import sqlalchemy as sa
 
-from pipeline import db, schema
+from pipeline import db, politeness, schema
 from pipeline.claim import QueueSpec, WorkQueue
+from pipeline.politeness import PoliteQueue
 from tests.conftest import BACKENDS, PostgresDatabases
 from tests.helpers import now
 
@@ -195,3 +196,37 @@ def test_claim_uses_the_partial_indexes(big_engine: sa.Engine, spec: QueueSpec) 
     if big_engine.dialect.name == "postgresql":
         generic = text.split("-- generic plan --")[1]
         assert f"ix_{table}_{spec.name}_free" in generic, f"generic plan:\n{generic}"
+
+
+def test_the_polite_claim_of_due_sources_is_index_scans_too(big_engine: sa.Engine) -> None:
+    """The due-source claim with its politeness conditions (pipeline/politeness.py):
+    every statement it sends reads sources through indexes, including the count of a
+    group's fetches in flight (ix_sources_politeness_leased)."""
+    with big_engine.begin() as conn:
+        politeness.set_limits(conn, politeness.DEFAULT, max_in_flight=100_000, min_interval_seconds=0)
+    seen: list[tuple[str, object]] = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        if "sources" in statement and not statement.lstrip().upper().startswith(("INSERT", "BEGIN")):
+            seen.append((statement, parameters))
+
+    sa.event.listen(big_engine, "before_cursor_execute", capture)
+    try:
+        claim = PoliteQueue(big_engine).claim("probe", 10)
+    finally:
+        sa.event.remove(big_engine, "before_cursor_execute", capture)
+    assert claim, "the populated table has claimable sources"
+    plans = []
+    with big_engine.connect() as conn:
+        for statement, parameters in seen:
+            if big_engine.dialect.name == "postgresql":
+                plan = [r[0] for r in conn.exec_driver_sql("EXPLAIN " + statement, parameters)]
+                scans = [line for line in plan if re.search(r"Seq Scan on sources\b", line)]
+            else:
+                plan = [r[3] for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters)]
+                scans = [line for line in plan if re.fullmatch(r"\s*SCAN sources", line)]
+            text = "\n".join(plan)
+            assert not scans, f"sequential scan of sources:\n{statement}\n{text}"
+            plans.append(text)
+    everything = "\n".join(plans)
+    assert "ix_sources_due_free" in everything and "ix_sources_politeness_leased" in everything, everything

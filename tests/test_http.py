@@ -250,10 +250,12 @@ def test_the_allow_list_exempts_only_its_ranges():
         AddressGuard(["not-a-network"])
 
 
-def test_at_most_per_host_requests_at_once(server):
+def test_at_most_per_host_posts_at_once_and_waiting_is_not_a_timeout(server):
     in_flight = InFlight()
-    server.routes["/hold"] = in_flight.holding(lambda h: h.reply(200, FEED))
-    with Fetcher(timeout=5.0, allow_networks=ALLOW, per_host=2) as fetcher, ThreadPoolExecutor(6) as pool:
-        results = list(pool.map(lambda _: fetcher.fetch(server.url("/hold")), range(6)))
-    assert all(r.body == FEED for r in results)
+    server.routes["/hold"] = in_flight.holding(lambda h: h.reply(204), seconds=0.5)
+    # Ten posts, two at a time, each held 0.5 s, with a 2 s timeout: the last pair waits
+    # 2 s for a slot, and that wait is not counted against its deadline.
+    with Fetcher(timeout=2.0, allow_networks=ALLOW, per_host=2) as fetcher, ThreadPoolExecutor(10) as pool:
+        results = list(pool.map(lambda _: fetcher.post(server.url("/hold"), b"{}", {}), range(10)))
+    assert results == [204] * 10
     assert in_flight.peak == 2

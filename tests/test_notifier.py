@@ -24,14 +24,6 @@ from tests.http_server import Handler, LocalServer
 SECRET = "receiver-shared-secret-0123"
 
 
-@pytest.fixture
-def receiver():
-    srv = LocalServer().start()
-    srv.routes["/hook"] = lambda h: h.reply(204)
-    yield srv
-    srv.stop()
-
-
 def settings(engine: sa.Engine, **values) -> Settings:
     return Settings(database_url=str(engine.url), allow_networks=("127.0.0.1/32",),
                     http_timeout_seconds=2.0, **values)

@@ -145,7 +145,13 @@ def test_the_run_command_serves_the_ui_and_listings_arrive(quickstart: Quickstar
     print(f"UI up after {ui_after:.0f} s, first delivery after {delivered_after:.0f} s")
     assert quickstart.count(schema.sources) == 4
     assert quickstart.count(schema.listings) > 0
-    sent = quickstart.count(schema.notifications, schema.notifications.c.status == "sent")
+    # The notifier marks a notification sent after its send returned, so the receiver
+    # sees a delivery before the row says so: wait for that state, not for a moment.
+    sent = wait_until(
+        "a notification marked sent",
+        lambda: quickstart.count(schema.notifications, schema.notifications.c.status == "sent"),
+        timeout=120,
+    )
     received = quickstart.deliveries()
     # The receiver keeps only deliveries whose signature verified, once per key.
     assert sent > 0 and received["total"] > 0 and received["repeats_dropped"] == 0
