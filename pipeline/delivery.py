@@ -149,6 +149,7 @@ def redact_url(url: str) -> str:
 
 def delivery_retry_at(attempts: int, now: datetime, u: float, retry_after: datetime | None) -> datetime:
     """When a failed notification is tried again: the shared exponential formula from 1
-    minute up to 6 hours, +-20% jitter, with the receiver's Retry-After as a floor."""
+    minute up to 6 hours, +-20% jitter, with the receiver's Retry-After as a floor within
+    that cap (a receiver cannot park a notification for longer than our backoff would)."""
     at = now + exponential_delay(attempts, base=RETRY_BASE, cap=RETRY_CAP, jitter=RETRY_JITTER, u=u)
-    return max(at, retry_after) if retry_after is not None else at
+    return max(at, min(retry_after, now + RETRY_CAP)) if retry_after is not None else at

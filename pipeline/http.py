@@ -11,7 +11,8 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -40,6 +41,15 @@ PERMANENT_REDIRECTS = (301, 308)
 # How much of an error response is kept (FetchError.body): enough for an API's JSON error
 # (the YouTube adapter reads its reason), and it lets the connection go back to the pool.
 ERROR_BODY_BYTES = 64 * 1024
+# The content codings asked for and decoded (by this module, under the size cap). Brotli
+# and zstd are not asked for: decoding them incrementally under a cap needs libraries
+# this project does not depend on.
+ACCEPT_ENCODING = "gzip, deflate"
+# At most this much decoded output per step: a compressed chunk never inflates in one go.
+INFLATE_STEP = 64 * 1024
+# A Retry-After in seconds past this is read as this (about 31 years): far past every
+# backoff cap (which then applies), and far from timedelta's limits.
+RETRY_AFTER_MAX_SECONDS = 10**9
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
@@ -64,6 +74,61 @@ class AddressGuard:
         if any(address in network for network in self.allowed):
             return False
         return not address.is_global or address.is_multicast or address.is_reserved
+
+
+_exchange = threading.local()
+
+
+@contextmanager
+def _deadline(at: float) -> Iterator[None]:
+    """Every socket operation of this thread's exchange ends by ``at`` (time.monotonic()).
+
+    httpx's timeouts bound each read on its own, so a server that sends one header line a
+    second, or ``100 Continue`` after ``100 Continue``, is never idle long enough to trip
+    them; the exchange's deadline is checked at every read, write and connect instead.
+    """
+    _exchange.deadline = at
+    try:
+        yield
+    finally:
+        _exchange.deadline = None
+
+
+def _within_deadline(timeout: float | None, error: type[Exception]) -> float | None:
+    """``timeout`` shortened to what is left of the exchange's deadline; ``error`` once
+    nothing is left."""
+    at: float | None = getattr(_exchange, "deadline", None)
+    if at is None:
+        return timeout
+    left = at - time.monotonic()
+    if left <= 0:
+        raise error("the exchange's deadline has passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection whose every read and write is bounded by the exchange's deadline."""
+
+    def __init__(self, stream: httpcore.NetworkStream) -> None:
+        self._stream = stream
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, _within_deadline(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.write(buffer, _within_deadline(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
+        timeout = _within_deadline(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._stream.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
 
 
 class _GuardedBackend(httpcore.SyncBackend):
@@ -96,9 +161,10 @@ class _GuardedBackend(httpcore.SyncBackend):
                 refused.append(str(address))
                 continue
             try:
-                return super().connect_tcp(
-                    str(address), port, timeout, local_address, socket_options
-                )
+                return _DeadlineStream(super().connect_tcp(
+                    str(address), port, _within_deadline(timeout, httpcore.ConnectTimeout),
+                    local_address, socket_options,
+                ))
             except httpcore.ConnectError as exc:
                 last_error = exc
         if last_error is not None:
@@ -142,10 +208,10 @@ def parse_retry_after(value: str | None, now: datetime) -> datetime | None:
         return None
     value = value.strip()
     if value.isdigit():
-        return now + timedelta(seconds=int(value))
+        return now + timedelta(seconds=min(int(value), RETRY_AFTER_MAX_SECONDS))
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError, IndexError):
         return None
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
@@ -179,7 +245,7 @@ class Fetcher:
         self.client = httpx.Client(
             transport=_GuardedTransport(AddressGuard(allow_networks), limits),
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-            headers={"User-Agent": USER_AGENT},
+            headers={"User-Agent": USER_AGENT, "Accept-Encoding": ACCEPT_ENCODING},
             # One client serves every source of a run: a cookie one site sets must never
             # reach another, so none is kept.
             cookies=http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[])),
@@ -224,6 +290,13 @@ class Fetcher:
             sent["If-None-Match"] = etag
         if last_modified:
             sent["If-Modified-Since"] = last_modified
+        with _deadline(deadline):
+            return self._fetch(url, headers, sent, started, deadline)
+
+    def _fetch(
+        self, url: str, headers: Mapping[str, str] | None, sent: dict[str, str], started: float,
+        deadline: float,
+    ) -> FetchResult:
         origin = _origin(url)
         moved_to: str | None = None
         permanent_so_far = True
@@ -270,20 +343,24 @@ class Fetcher:
             # The deadline starts once the request can be sent: waiting for the host's
             # slot is never a timeout.
             deadline = time.monotonic() + self.timeout
-            response = self._open(url, dict(headers), deadline, method="POST", content=body)
-            try:
-                excerpt = self._drain(response, deadline)
-                if 200 <= response.status_code < 300:
-                    return response.status_code
-                if response.status_code in REDIRECTS:
-                    raise FetchError(
-                        FailureReason.HTTP_4XX,
-                        f"the receiver redirected ({response.status_code}); redirects are not followed",
-                        http_status=response.status_code,
-                    )
-                raise _status_error(response, excerpt)
-            finally:
-                response.close()
+            with _deadline(deadline):
+                return self._post(url, body, headers, deadline)
+
+    def _post(self, url: str, body: bytes, headers: Mapping[str, str], deadline: float) -> int:
+        response = self._open(url, dict(headers), deadline, method="POST", content=body)
+        try:
+            excerpt = self._drain(response, deadline)
+            if 200 <= response.status_code < 300:
+                return response.status_code
+            if response.status_code in REDIRECTS:
+                raise FetchError(
+                    FailureReason.HTTP_4XX,
+                    f"the receiver redirected ({response.status_code}); redirects are not followed",
+                    http_status=response.status_code,
+                )
+            raise _status_error(response, excerpt)
+        finally:
+            response.close()
 
     def _body(self, response: httpx.Response, deadline: float) -> bytes:
         """The body of a final response, or FetchError for a status that is a failure.
@@ -351,32 +428,87 @@ class Fetcher:
                 f"Content-Length {declared} is over the {cap} byte cap",
                 http_status=response.status_code,
             )
+        inflate = _decoder(response)
         chunks, size = [], 0
         try:
-            # Decoded bytes are counted, so a small gzip bomb is stopped too.
-            for chunk in response.iter_bytes():
-                size += len(chunk)
-                if size > cap:
-                    if truncate:
-                        chunks.append(chunk[: cap - (size - len(chunk))])
-                        break
-                    raise FetchError(
-                        FailureReason.TOO_LARGE,
-                        f"body over the {cap} byte cap",
-                        http_status=response.status_code,
-                    )
+            # Decoded bytes are counted, INFLATE_STEP at a time, so a small compression
+            # bomb is stopped at the cap and never inflated whole in memory.
+            for raw in response.iter_raw():
+                for chunk in inflate(raw):
+                    size += len(chunk)
+                    if size > cap:
+                        if truncate:
+                            chunks.append(chunk[: cap - (size - len(chunk))])
+                            return b"".join(chunks)
+                        raise FetchError(
+                            FailureReason.TOO_LARGE,
+                            f"body over the {cap} byte cap",
+                            http_status=response.status_code,
+                        )
+                    chunks.append(chunk)
                 if time.monotonic() > deadline:  # a server that drips bytes forever
                     raise FetchError(
                         FailureReason.TIMEOUT, f"body not complete within {self.timeout:g} s"
                     )
-                chunks.append(chunk)
         except httpx.TimeoutException:
             raise FetchError(FailureReason.TIMEOUT, f"body not complete within {self.timeout:g} s") from None
-        except httpx.DecodingError as exc:
+        except zlib.error as exc:
             raise FetchError(FailureReason.PARSE_ERROR, f"undecodable body: {exc}") from None
         except httpx.TransportError as exc:
             raise FetchError(FailureReason.NETWORK_ERROR, f"{type(exc).__name__}: {exc}") from None
         return b"".join(chunks)
+
+
+class _Inflater:
+    """One content coding undone in steps of at most INFLATE_STEP bytes of output."""
+
+    def __init__(self, coding: str) -> None:
+        self.deflate = coding == "deflate"
+        # gzip: a gzip header; deflate: a zlib stream, or (as some servers send) a raw one.
+        self._d = zlib.decompressobj(zlib.MAX_WBITS if self.deflate else 16 + zlib.MAX_WBITS)
+        self._started = False
+
+    def __call__(self, raw: bytes) -> Iterator[bytes]:
+        while True:
+            try:
+                out = self._d.decompress(raw, INFLATE_STEP)
+            except zlib.error:
+                if not self.deflate or self._started:
+                    raise
+                self._d = zlib.decompressobj(-zlib.MAX_WBITS)  # raw deflate, no zlib header
+                self._started = True
+                continue
+            self._started = True
+            if out:
+                yield out
+            if self._d.eof:
+                raw = self._d.unused_data
+                if not raw or self.deflate:
+                    return
+                self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)  # the next gzip member
+                continue
+            raw = self._d.unconsumed_tail
+            if not raw and len(out) < INFLATE_STEP:  # a full step may leave output pending
+                return
+
+
+def _decoder(response: httpx.Response) -> Callable[[bytes], Iterable[bytes]]:
+    """The body's content coding, undone under the cap (see ``_Inflater``).
+
+    Only what ACCEPT_ENCODING asks for is decoded, one layer of it: a layered coding
+    (``gzip, gzip``, which inflates by a factor of a million) or an unknown one is refused.
+    """
+    header = response.headers.get("content-encoding", "")
+    codings = [c for c in (part.strip().lower() for part in header.split(",")) if c and c != "identity"]
+    if not codings:
+        return lambda raw: (raw,)
+    if len(codings) > 1 or codings[0] not in ("gzip", "x-gzip", "deflate"):
+        raise FetchError(
+            FailureReason.PARSE_ERROR,
+            f"Content-Encoding {header!r} is not accepted (one layer of {ACCEPT_ENCODING})",
+            http_status=response.status_code,
+        )
+    return _Inflater(codings[0])
 
 
 def _request_error(exc: Exception, url: str, timeout: float) -> FetchError:

@@ -125,6 +125,26 @@ def test_a_failing_source_backs_off_and_never_stops_the_others(engine, server):
     assert events[bad]["retry_in_minutes"] >= 59
 
 
+@pytest.mark.parametrize("retry_after", ["1000000000000", "Fri, 31 Dec 9999 23:59:59 GMT"])
+def test_a_hostile_retry_after_is_rate_limited_within_the_cap(engine, server, retry_after):
+    # It once raised OverflowError (recorded as a parse_error, with a traceback) or
+    # parked the source, still enabled, until the year 9999.
+    server.routes["/far"] = lambda h: h.reply(429, b"later", {"Retry-After": retry_after})
+    with engine.begin() as conn:
+        add_source(conn, server.url("/far"))
+    c = collector(engine)
+    stats = c.run()
+    assert dict(stats.failed) == {"rate_limited": 1}
+    [source] = rows(engine, schema.sources)
+    cap = c.policy.transient_cap
+    assert source["last_failure_reason"] == "rate_limited" and source["enabled"]
+    assert source["next_fetch_at"] <= now() + cap
+    with engine.connect() as conn:
+        group = conn.execute(sa.select(schema.politeness_groups.c.next_request_at)
+                             .where(schema.politeness_groups.c.name == "127.0.0.1")).scalar_one()
+    assert group <= now() + cap, "the group's deferral is bounded by the same cap"
+
+
 def test_permanent_failures_disable_the_source_with_a_reason(engine, server):
     server.routes["/gone"] = lambda h: h.reply(410, b"gone")
     with engine.begin() as conn:

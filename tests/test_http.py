@@ -10,12 +10,17 @@ from __future__ import annotations
 import gzip
 import ipaddress
 import socket
+import threading
 import time
+import tracemalloc
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from pipeline.backoff import BackoffPolicy, clamp_retry_after
+from pipeline.delivery import RETRY_CAP, delivery_retry_at
 from pipeline.failures import FailureReason, FetchError
 from pipeline.http import USER_AGENT, AddressGuard, Fetcher, parse_retry_after
 from tests.http_server import Handler, InFlight, LocalServer
@@ -259,3 +264,111 @@ def test_at_most_per_host_posts_at_once_and_waiting_is_not_a_timeout(server):
         results = list(pool.map(lambda _: fetcher.post(server.url("/hold"), b"{}", {}), range(10)))
     assert results == [204] * 10
     assert in_flight.peak == 2
+
+
+# -- hostile servers: one deadline for the whole exchange, bounded decoding ------------
+
+
+def dripping(lines: list[bytes], pause: float, finished: threading.Event):
+    """A route that writes ``lines`` raw, one every ``pause`` seconds, then a response;
+    ``finished`` is set only if it got to the end (the client never hung up on it)."""
+
+    def route(h: Handler) -> None:
+        try:
+            for line in lines:
+                h.wfile.write(line)
+                h.wfile.flush()
+                time.sleep(pause)
+            h.wfile.write(b"Content-Length: 0\r\n\r\n")
+            h.wfile.flush()
+            finished.set()
+        except OSError:
+            h.close_connection = True
+
+    return route
+
+
+@pytest.mark.parametrize("method", ["GET", "POST"])
+@pytest.mark.parametrize("shape", ["header lines", "interim responses"])
+def test_headers_and_interim_responses_are_bound_by_the_overall_deadline(server, method, shape):
+    # Each line arrives well within the read timeout, so only the exchange's deadline
+    # (1 s) can end it; the server would go on for 60 s.
+    if shape == "header lines":
+        lines = [b"HTTP/1.1 200 OK\r\n"] + [b"X-Drip-%d: x\r\n" % i for i in range(300)]
+    else:
+        lines = [b"HTTP/1.1 100 Continue\r\n\r\n"] * 300 + [b"HTTP/1.1 200 OK\r\n"]
+    finished = threading.Event()
+    server.routes["/drip"] = dripping(lines, 0.2, finished)
+    with Fetcher(timeout=1.0, allow_networks=ALLOW) as fetcher, pytest.raises(FetchError) as caught:
+        if method == "GET":
+            fetcher.fetch(server.url("/drip"))
+        else:
+            fetcher.post(server.url("/drip"), b"{}", {})
+    assert caught.value.reason is FailureReason.TIMEOUT, caught.value
+    assert not finished.is_set(), "the fetch waited for the server's last header"
+
+
+def peak_memory_of(call) -> int:
+    tracemalloc.start()
+    try:
+        call()
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak
+
+
+def test_a_compression_bomb_is_inflated_in_steps_never_whole(server, fetcher):
+    # 60 MiB of zeros, about 60 KB on the wire (under the 64 KiB cap, so its length does
+    # not give it away): a chunk of it read from the socket inflates to tens of MiB at
+    # once unless decoding stops at the cap as it goes.
+    bomb = gzip.compress(b"\0" * (60 * 1024 * 1024), compresslevel=9)
+    assert len(bomb) < CAP
+    server.routes["/bomb"] = lambda h: h.reply(200, bomb, {"Content-Encoding": "gzip"})
+    reasons = []
+    peak = peak_memory_of(lambda: reasons.append(failure(fetcher, server.url("/bomb")).reason))
+    assert reasons == [FailureReason.TOO_LARGE]
+    assert peak < 8 * 1024 * 1024, f"{peak / 2**20:.0f} MiB allocated to refuse a body capped at 64 KiB"
+
+
+def test_a_layered_or_unknown_content_encoding_is_refused(server, fetcher):
+    # 1 GiB of zeros, gzipped twice: a few KB on the wire, a million times that inflated.
+    inner = gzip.compress(b"\0" * (64 * 1024 * 1024), compresslevel=9)
+    layered = gzip.compress(inner, compresslevel=9)
+    server.routes["/layered"] = lambda h: h.reply(200, layered, {"Content-Encoding": "gzip, gzip"})
+    server.routes["/unknown"] = lambda h: h.reply(200, b"...", {"Content-Encoding": "compress"})
+    for path in ("/layered", "/unknown"):
+        error = []
+        peak = peak_memory_of(lambda p=path, e=error: e.append(failure(fetcher, server.url(p))))
+        assert error[0].reason is FailureReason.PARSE_ERROR and "Content-Encoding" in error[0].message, error
+        assert peak < 8 * 1024 * 1024, f"{path}: {peak / 2**20:.0f} MiB allocated"
+
+
+def test_gzip_members_deflate_and_raw_deflate_are_decoded(server, fetcher):
+    text = b"<rss>" + b"caf\xc3\xa9 " * 30000 + b"</rss>"  # 180 KB: several inflate steps
+    half = len(text) // 2
+    raw = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    bodies = {
+        "/gzip": (gzip.compress(text), "gzip"),
+        "/members": (gzip.compress(text[:half]) + gzip.compress(text[half:]), "gzip"),
+        "/deflate": (zlib.compress(text), "deflate"),
+        "/raw-deflate": (raw.compress(text) + raw.flush(), "deflate"),
+        "/identity": (text, "identity"),
+    }
+    for path, (body, coding) in bodies.items():
+        server.routes[path] = lambda h, b=body, c=coding: h.reply(200, b, {"Content-Encoding": c})
+    with Fetcher(timeout=5.0, allow_networks=ALLOW) as big_enough:
+        for path in bodies:
+            assert big_enough.fetch(server.url(path)).body == text, path
+    assert server.requests[-1]["headers"]["Accept-Encoding"] == "gzip, deflate"
+
+
+def test_a_hostile_retry_after_never_overflows_or_parks_past_the_caps():
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    # Far past every cap, but a time: the caps then apply (tests/test_backoff.py).
+    assert parse_retry_after("1000000000000", now) == now + timedelta(seconds=10**9)
+    assert parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", now).year == 9999
+    assert parse_retry_after("Fri, 31 Dec 99999 23:59:59 GMT", now) is None
+    year_9999 = datetime(9999, 12, 31, tzinfo=UTC)
+    assert delivery_retry_at(1, now, 0.5, year_9999) == now + RETRY_CAP
+    assert clamp_retry_after(FailureReason.RATE_LIMITED, year_9999, now) == now + BackoffPolicy().transient_cap
