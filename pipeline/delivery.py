@@ -7,7 +7,8 @@ worker send again once the lease runs out), and a receiver drops a repeat by tha
 * ``webhook``: ``POST`` of the JSON body below, with ``Idempotency-Key`` and
   ``X-Pipeline-Signature: sha256=<hex HMAC-SHA256 of the body under the user's secret>``,
   through the run's Fetcher (the SSRF guard, timeouts, no redirects).
-* ``apprise``: any Apprise URL (e-mail, chat services, ...) through the apprise library.
+* ``apprise``: any Apprise URL (e-mail, chat services, ...) through the apprise library,
+  its connections held to the same SSRF guard (``pipeline.http.guarded_sockets``).
 
 A failed send raises ``DeliveryError``; pipeline/notifier.py backs it off
 (``delivery_retry_at``) and after ``delivery_max_attempts`` marks it dead.
@@ -26,8 +27,8 @@ from urllib.parse import urlsplit
 import apprise
 
 from pipeline.backoff import exponential_delay
-from pipeline.failures import FetchError
-from pipeline.http import USER_AGENT, Fetcher
+from pipeline.failures import FailureReason, FetchError
+from pipeline.http import USER_AGENT, AddressGuard, Fetcher, guarded_sockets
 
 SIGNATURE_HEADER = "X-Pipeline-Signature"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -118,11 +119,16 @@ class WebhookChannel:
 
 
 class AppriseChannel:
-    """Any Apprise URL. Apprise does its own networking, so the SSRF guard does not see
-    it: Apprise URLs are set by operators (`pipeline users add`), not by feeds."""
+    """Any Apprise URL. Apprise does its own networking (requests, smtplib, ...): its
+    sends run inside ``guarded_sockets``, so every connection they open, redirect hops
+    included, goes to an address the run's SSRF guard allows, as webhooks do."""
+
+    def __init__(self, guard: AddressGuard) -> None:
+        self.guard = guard
 
     def send(self, message: Message) -> None:
-        notifier = apprise.Apprise()
+        # async_mode off: Apprise sends in this thread, where the guard is in force.
+        notifier = apprise.Apprise(asset=apprise.AppriseAsset(async_mode=False))
         if not notifier.add(message.channel_url):
             raise DeliveryError(f"not a usable Apprise URL ({redact_url(message.channel_url)})")
         listing = message.listing
@@ -133,7 +139,15 @@ class AppriseChannel:
                 f"Matched: {' '.join(message.keywords)} ({message.idempotency_key})",
             ) if part
         )
-        if not notifier.notify(title=str(listing.get("title") or "New listing"), body=body):
+        with guarded_sockets(self.guard) as refused:
+            sent = notifier.notify(title=str(listing.get("title") or "New listing"), body=body)
+        if refused:
+            raise DeliveryError(
+                f"{FailureReason.BLOCKED_ADDRESS}: Apprise was refused a connection to"
+                f" {', '.join(dict.fromkeys(refused))} by the address guard"
+                f" ({redact_url(message.channel_url)})"
+            )
+        if not sent:
             raise DeliveryError(
                 f"Apprise could not deliver to {redact_url(message.channel_url)} (its log says why)"
             )

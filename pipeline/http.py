@@ -131,6 +131,53 @@ class _DeadlineStream(httpcore.NetworkStream):
         return self._stream.get_extra_info(info)
 
 
+# -- guarding a library's own sockets ------------------------------------------------
+#
+# Apprise does its own networking (requests, smtplib, ...), so it cannot use the guarded
+# transport below. Every one of those connections starts with socket.getaddrinfo, and
+# connects only to an address it returned: inside ``guarded_sockets`` that lookup hands
+# back only the addresses the guard allows, so each connection, every redirect hop
+# included, goes to a vetted address (no window for DNS rebinding either). Outside the
+# block, and in every other thread, the lookup is untouched.
+
+_library = threading.local()
+_install_lock = threading.Lock()
+_real_getaddrinfo = socket.getaddrinfo
+
+
+def _vetted_getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+    infos = _real_getaddrinfo(host, port, *args, **kwargs)
+    guard: AddressGuard | None = getattr(_library, "guard", None)
+    if guard is None:
+        return infos
+    allowed, refused = [], []
+    for info in infos:
+        address = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])  # no IPv6 zone
+        if guard.refuses(address):
+            refused.append(str(address))
+        else:
+            allowed.append(info)
+    _library.refused.extend(refused)
+    if not allowed:
+        raise socket.gaierror(socket.EAI_NONAME, f"{host} resolves only to refused addresses: {', '.join(refused)}")
+    return allowed
+
+
+@contextmanager
+def guarded_sockets(guard: AddressGuard) -> Iterator[list[str]]:
+    """Within the block, this thread's new connections go to addresses ``guard`` allows
+    only; yields the list of the refused addresses it was asked for, filled as it goes."""
+    with _install_lock:
+        if socket.getaddrinfo is not _vetted_getaddrinfo:
+            socket.getaddrinfo = _vetted_getaddrinfo
+    refused: list[str] = []
+    _library.guard, _library.refused = guard, refused
+    try:
+        yield refused
+    finally:
+        _library.guard = None
+
+
 class _GuardedBackend(httpcore.SyncBackend):
     """Resolves the host itself, vets every address, and connects to a vetted one.
 
@@ -242,8 +289,9 @@ class Fetcher:
         limits = httpx.Limits(
             max_connections=max_connections, max_keepalive_connections=max_connections
         )
+        self.guard = AddressGuard(allow_networks)
         self.client = httpx.Client(
-            transport=_GuardedTransport(AddressGuard(allow_networks), limits),
+            transport=_GuardedTransport(self.guard, limits),
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
             headers={"User-Agent": USER_AGENT, "Accept-Encoding": ACCEPT_ENCODING},
             # One client serves every source of a run: a cookie one site sets must never

@@ -171,7 +171,7 @@ class Notifier:
             allow_networks=self.settings.allow_networks,
             max_connections=max(threads * 2, 8),
         ) as fetcher:
-            channels = self.channels or {"webhook": WebhookChannel(fetcher), "apprise": AppriseChannel()}
+            channels = self.channels or {"webhook": WebhookChannel(fetcher), "apprise": AppriseChannel(fetcher.guard)}
             stats.claimed += work_claimed(
                 queue, self.worker, threads=threads, max_rows=max_notifications,
                 batch_size=self.delivery_batch,

@@ -198,6 +198,35 @@ def test_apprise_delivers_through_its_own_url(engine, receiver, source_id):
     assert "http://127.0.0.1/a" in payload["message"] and "notification-1" in payload["message"]
 
 
+@pytest.fixture
+def refused_host():
+    """A receiver on 127.0.0.2: outside the allow-list, so nothing may ever reach it."""
+    srv = LocalServer(host="127.0.0.2").start()
+    srv.routes["/hook"] = lambda h: h.reply(200, b"{}")
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("route", ["direct", "redirected"])
+def test_apprise_is_held_to_the_address_guard(engine, receiver, refused_host, source_id, route):
+    # Once, the same receiver as an Apprise URL was posted to, and a 307 from an allowed
+    # receiver had the POST, with the listing, followed to the refused address.
+    target = refused_host.url("/hook", host="127.0.0.2")
+    receiver.routes["/moved"] = lambda h: h.reply(307, headers={"Location": target})
+    url = {
+        "direct": f"json://127.0.0.2:{refused_host.port}/hook",
+        "redirected": f"json://127.0.0.1:{receiver.port}/moved",
+    }[route]
+    with engine.begin() as conn:
+        users.add_user(conn, "mallory", apprise_url=url)
+        users.add_filter(conn, "mallory", "python")
+        add_listing(conn, source_id, "a", "Python developer")
+    assert notifier(engine).run().retrying == 1
+    assert refused_host.requests == [], "the refused address was never contacted"
+    error = notifications(engine)[0]["last_error"]
+    assert "blocked_address" in error and "127.0.0.2" in error, error
+
+
 @pytest.mark.slow
 def test_three_notifier_processes_never_deliver_twice(engine, db_url, receiver, source_id):
     lock, keys = threading.Lock(), []
