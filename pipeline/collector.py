@@ -14,6 +14,7 @@ and never fails the pass.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -102,6 +103,8 @@ class Fetched:
     error: FetchError | None
     finished: datetime
     duration_ms: int
+    items_seen: int | None = None  # set when the items were capped: how many the fetch had
+    items_left: int = 0  # new or changed items left for the next fetch by the cap
 
 
 @dataclass
@@ -215,6 +218,7 @@ class Collector:
         with self.engine.begin() as conn:
             completions = {}
             for fetched in batch:
+                self._cap_items(conn, fetched)
                 if fetched.outcome is not None:
                     values = self._success_values(conn, fetched, fetched.outcome)
                 else:
@@ -236,6 +240,20 @@ class Collector:
             events = [self._completed_event(f, completions[f.source["id"]], new) for f in kept]
             insert_rows(conn, schema.ingestion_events, events)
         return events
+
+    def _cap_items(self, conn: sa.Connection, fetched: Fetched) -> None:
+        """Keep at most ``max_items_per_fetch`` new or changed items; the rest are left for
+        the next fetch, which the validators dropped here make a full one."""
+        cap, outcome = self.settings.max_items_per_fetch, fetched.outcome
+        if outcome is None or len(outcome.items) <= cap:
+            return
+        items = list({item.source_item_id: item for item in outcome.items}.values())
+        known = _known_hashes(conn, fetched.source["id"], [item.source_item_id for item in items])
+        fresh = [item for item in items if known.get(item.source_item_id) != item.content_hash]
+        if len(fresh) <= cap:
+            return
+        fetched.items_seen, fetched.items_left = len(outcome.items), len(fresh) - cap
+        fetched.outcome = dataclasses.replace(outcome, items=fresh[:cap], etag=None, last_modified=None)
 
     def _defer_group(self, conn: sa.Connection, fetched: Fetched) -> None:
         """A 429, or a 503 with Retry-After, speaks for the whole host: no fetch of the
@@ -325,6 +343,8 @@ class Collector:
                 details["disabled"] = True
         elif outcome is not None and outcome.not_modified:
             details["not_modified"] = True
+        if fetched.items_left:
+            details["items_left"] = fetched.items_left  # for the next fetch (the item cap)
         return {
             "event": "ingestion.completed",
             "source_id": source["id"],
@@ -339,7 +359,7 @@ class Collector:
                 if error else None
             ),
             "http_status": error.http_status if error else outcome.http_status if outcome else None,
-            "items_seen": len(outcome.items) if outcome else 0,
+            "items_seen": fetched.items_seen or (len(outcome.items) if outcome else 0),
             "items_new": new.get(source["id"], 0),
             "details": details or None,
         }
@@ -431,6 +451,20 @@ def store_items(conn: sa.Connection, batch: Sequence[tuple[int, Sequence[Item]]]
             conn.execute(_INSERT_RAW, rows)
             new[source_id] = len(rows)
     return new
+
+
+def _known_hashes(conn: sa.Connection, source_id: int, item_ids: Sequence[str]) -> dict[str, str]:
+    """The stored content hash of each of ``item_ids`` that the source has had."""
+    t = schema.source_items
+    known: dict[str, str] = {}
+    for start in range(0, len(item_ids), 1000):  # well under SQLite's bound-variable limit
+        rows = conn.execute(
+            sa.select(t.c.source_item_id, t.c.content_hash).where(
+                t.c.source_id == source_id, t.c.source_item_id.in_(item_ids[start:start + 1000])
+            )
+        )
+        known.update({row.source_item_id: row.content_hash for row in rows})
+    return known
 
 
 def _changed_item_ids(conn: sa.Connection, source_id: int, items: Sequence[Item]) -> set[str]:

@@ -69,11 +69,30 @@ class AddressGuard:
             raise ValueError(f"PIPELINE_ALLOW_NETWORKS: {exc}") from None
 
     def refuses(self, address: IPAddress) -> bool:
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1
+        if isinstance(address, ipaddress.IPv6Address):
+            embedded = _embedded_ipv4(address)
+            if embedded is not None:
+                address = embedded  # ::ffff:127.0.0.1 is 127.0.0.1; so are 6to4 and NAT64 forms of it
+            elif address.is_site_local:
+                return True  # fec0::/10: deprecated, still private, yet "global" to ipaddress
         if any(address in network for network in self.allowed):
             return False
         return not address.is_global or address.is_multicast or address.is_reserved
+
+
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one stands for: IPv4-mapped, 6to4 or NAT64's well-known
+    prefix (each reaches that IPv4 address through a gateway or the host's own stack)."""
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address in _NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
 
 
 _exchange = threading.local()

@@ -17,6 +17,8 @@ from datetime import UTC, datetime, timedelta
 from html import escape, unescape
 from typing import Any
 
+from pipeline.urls import web_url
+
 TITLE_CHARS = 500
 SUMMARY_CHARS = 5000
 AUTHOR_CHARS = 200
@@ -27,8 +29,6 @@ MAX_CATEGORIES = 50
 FUTURE_TOLERANCE = timedelta(days=1)
 
 
-# An absolute http(s) URL with a host, and no white space anywhere.
-_HTTP_URL = re.compile(r"https?://[^\s/?#@]*@?[^\s/?#@]+(?:[/?#]\S*)?\Z", re.IGNORECASE)
 
 
 class NormaliseError(ValueError):
@@ -96,10 +96,9 @@ def _text(value: Any, field: str) -> str:
 
 
 def _url(value: Any) -> str | None:
-    if not isinstance(value, str):
-        return None
-    url = value.strip()
-    return url if _HTTP_URL.match(url) else None
+    """A listing's link: an absolute http(s) URL with a real host, never markup
+    (pipeline/urls.py ``web_url``)."""
+    return web_url(value)
 
 
 def _bounded(text: str, limit: int) -> str:

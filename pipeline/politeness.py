@@ -32,6 +32,7 @@ as a few statements in one transaction, the group rows locked before the count.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import logging
 import uuid
 from collections.abc import Iterable, Sequence
@@ -46,6 +47,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from pipeline import schema
 from pipeline.claim import Claim, Strategy, WorkQueue
 from pipeline.db import insert_ignoring_conflicts
+from pipeline.urls import canonical_host
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +73,9 @@ def group_for(url: str, source_type: str, named: str | None = None, *, by: str =
         return named.strip().lower()
     if source_type == "youtube":
         return YOUTUBE_GROUP
-    host = (urlsplit(url).hostname or "").lower().rstrip(".")
+    # One spelling per host (127.1, 2130706433 and 127.0.0.1 are one machine), without
+    # an IPv6 literal's brackets.
+    host = (canonical_host(urlsplit(url).hostname or "") or "").strip("[]")
     if by == "domain" and host:
         return _registrable_domain(host)
     return host or DEFAULT
@@ -89,9 +93,27 @@ def _registrable_domain(host: str) -> str:
     return parts.top_domain_under_public_suffix or host
 
 
+# A loopback host is the operator's own machine, with nobody to be polite to: its group
+# starts with no spacing and this many fetches at once (the workers' threads bound them
+# first). `pipeline politeness set` changes it like any other group.
+LOOPBACK_MAX_IN_FLIGHT = 256
+
+
+def _initial_limits(name: str) -> dict[str, int | None]:
+    """A new group's limits: NULL (the default group's), or a loopback host's own."""
+    try:
+        loopback = ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        loopback = name == "localhost" or name.endswith(".localhost")
+    if loopback:
+        return {"max_in_flight": LOOPBACK_MAX_IN_FLIGHT, "min_interval_ms": 0}
+    return {"max_in_flight": None, "min_interval_ms": None}
+
+
 def ensure_groups(conn: Connection, names: Iterable[str]) -> None:
-    """Create the rows of groups that have none (their limits: the default group's)."""
-    rows = [{"name": name} for name in sorted(set(names)) if name != DEFAULT]
+    """Create the rows of groups that have none, with their initial limits (the default
+    group's, or a loopback host's)."""
+    rows = [{"name": name, **_initial_limits(name)} for name in sorted(set(names)) if name != DEFAULT]
     if rows:
         insert_ignoring_conflicts(conn, _groups, rows, ["name"])
 
@@ -111,7 +133,7 @@ def set_limits(
     ensure_groups(conn, [name])
     values: dict[str, Any] = {}
     if reset:
-        values.update(max_in_flight=None, min_interval_ms=None)
+        values.update(_initial_limits(name))
     if max_in_flight is not None:
         values["max_in_flight"] = max_in_flight
     if min_interval_seconds is not None:

@@ -8,7 +8,6 @@ document that declares any is refused before it is parsed (``parse_error``).
 from __future__ import annotations
 
 import calendar
-import codecs
 import hashlib
 import re
 import xml.sax
@@ -18,6 +17,7 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import feedparser
+from feedparser.encodings import convert_to_utf8
 
 from pipeline.adapters import Item, Outcome, fetch_and_parse
 from pipeline.failures import FailureReason, FetchError
@@ -46,10 +46,15 @@ def _iso(parsed: Any) -> str | None:
 _ENTITY_DECLARATION = re.compile(rb"<!ENTITY", re.IGNORECASE)
 
 
-def _declares_entities(body: bytes) -> bool:
-    if body.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        body = body.decode("utf-16", errors="replace").encode("utf-8")
-    return _ENTITY_DECLARATION.search(body) is not None
+def _declares_entities(body: bytes, headers: Mapping[str, str]) -> bool:
+    """Whether the document, as the parser will read it, declares an entity.
+
+    Decided on the text feedparser's own encoding detection gives its XML parser
+    (``convert_to_utf8``: byte-order marks, UTF-16/32 without one, EBCDIC, the XML
+    declaration, the HTTP charset), so no encoding hides a declaration from the check.
+    """
+    decoded = convert_to_utf8(dict(headers), body, {})
+    return _ENTITY_DECLARATION.search(decoded) is not None
 
 
 def parse_feed(
@@ -65,11 +70,11 @@ def parse_feed(
     """
     # feedparser's XML parser expands entities declared in an internal DTD subset (the
     # "billion laughs"); no real feed needs one, so such a document is refused unread.
-    if _declares_entities(body):
+    headers = {"content-type": content_type} if content_type else {}
+    if _declares_entities(body, headers):
         raise FetchError(
             FailureReason.PARSE_ERROR, "the document declares XML entities; they are never expanded"
         )
-    headers = {"content-type": content_type} if content_type else {}
     parsed = feedparser.parse(body, response_headers=headers, **FEEDPARSER_OPTIONS)
     problem = parsed.get("bozo_exception")
     if problem is not None and not isinstance(problem, _TOLERATED):

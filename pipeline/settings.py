@@ -18,6 +18,9 @@ DEFAULT_MAX_RESPONSE_BYTES = 15 * 1024 * 1024
 DEFAULT_CONCURRENCY = 16
 DEFAULT_RAW_MAX_ATTEMPTS = 3
 DEFAULT_SOURCE_MAX_ATTEMPTS = 3
+# New or changed items stored from one fetch; the rest wait for the next fetch (15 MB of
+# tiny items would otherwise be half a million raw rows at once).
+DEFAULT_MAX_ITEMS_PER_FETCH = 5000
 DEFAULT_DELIVERY_MAX_ATTEMPTS = 8
 DEFAULT_RAW_RETENTION_DAYS = 30
 DEFAULT_EVENT_RETENTION_DAYS = 90
@@ -93,6 +96,7 @@ class Settings:
     lease_seconds: int = DEFAULT_LEASE_SECONDS
     http_timeout_seconds: float = DEFAULT_HTTP_TIMEOUT_SECONDS
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    max_items_per_fetch: int = DEFAULT_MAX_ITEMS_PER_FETCH
     concurrency: int = DEFAULT_CONCURRENCY
     allow_networks: tuple[str, ...] = ()
     raw_max_attempts: int = DEFAULT_RAW_MAX_ATTEMPTS  # a raw row that fails this often is given up
@@ -114,6 +118,7 @@ class Settings:
                 "PIPELINE_HTTP_TIMEOUT_SECONDS", DEFAULT_HTTP_TIMEOUT_SECONDS
             ),
             max_response_bytes=_int_env("PIPELINE_MAX_RESPONSE_BYTES", DEFAULT_MAX_RESPONSE_BYTES),
+            max_items_per_fetch=_int_env("PIPELINE_MAX_ITEMS_PER_FETCH", DEFAULT_MAX_ITEMS_PER_FETCH),
             concurrency=_int_env("PIPELINE_CONCURRENCY", DEFAULT_CONCURRENCY),
             allow_networks=tuple(n.strip() for n in networks.split(",") if n.strip()),
             raw_max_attempts=_int_env("PIPELINE_RAW_MAX_ATTEMPTS", DEFAULT_RAW_MAX_ATTEMPTS),

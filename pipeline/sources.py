@@ -26,7 +26,7 @@ from pipeline.adapters import adapter_for
 from pipeline.claim import UNCLAIMED
 from pipeline.db import insert_ignoring_conflicts
 from pipeline.errors import PipelineError
-from pipeline.urls import canonical_url
+from pipeline.urls import canonical_host, canonical_url
 
 # Config keys whose values are secrets: shown as "***" by `sources list`.
 SECRET_KEYS = ("api_key", "secret", "token", "password")
@@ -89,11 +89,19 @@ def make_spec(
     channel = youtube.youtube_url(value)
     if channel is not None and kind in (None, "youtube"):
         value, kind = channel, "youtube"
-    parts = urlsplit(value)
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:  # a port out of range, a malformed IPv6 literal
+        raise SourceError(f"{where}{value!r} is not a usable URL: {exc}") from None
     if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
         raise SourceError(f"{where}{value!r} is not an http(s) URL")
-    if any(c.isspace() for c in value):
-        raise SourceError(f"{where}{value!r} contains white space")
+    if any(c.isspace() or not c.isprintable() for c in value):
+        raise SourceError(f"{where}{value!r} contains white space or control characters")
+    if canonical_host(parts.hostname) is None:
+        raise SourceError(f"{where}{value!r}: {parts.hostname!r} is not a host name or an IP address")
+    if port == 0:
+        raise SourceError(f"{where}{value!r}: port 0 is not a port")
     # One feed, one source: HTTP://Host:80/feed#top is http://host/feed (pipeline/urls.py).
     value = canonical_url(value)
     parts = urlsplit(value)

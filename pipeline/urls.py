@@ -11,11 +11,77 @@ trailing slash, ``www.``, query order and tracking parameters can name other res
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import re
-from urllib.parse import urlsplit, urlunsplit
+import socket
+from urllib.parse import quote, urlsplit, urlunsplit
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _ESCAPE = re.compile(r"%[0-9a-fA-F]{2}")
+_LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)\Z")
+_NUMERIC = re.compile(r"[0-9a-fx.]+\Z")
+# What stays as it is in a path, query or fragment: RFC 3986's unreserved and reserved
+# characters and "%" (escapes already made), less the single quote. Everything else
+# (quotes, angle brackets, spaces, backticks, braces, non-ASCII) is percent-encoded, so a
+# stored URL is never markup in an HTML attribute, quoted either way.
+_URL_SAFE = "-._~:/?#[]@!$&()*+,;=%"
+
+
+def canonical_host(hostname: str) -> str | None:
+    """A host as one spelling: an IP address in its standard form (``127.1``,
+    ``2130706433`` and ``0x7f.1`` are all ``127.0.0.1``, as the resolver reads them), a
+    DNS name lower-cased and IDNA-encoded, no trailing dot; None when it is neither (a
+    quote, an angle bracket, an empty or over-long label)."""
+    host = hostname.strip().lower().rstrip(".")
+    if not host:
+        return None
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        pass
+    else:
+        if isinstance(address, ipaddress.IPv6Address):
+            if address.ipv4_mapped is not None:  # ::ffff:127.0.0.1 is 127.0.0.1
+                return str(address.ipv4_mapped)
+            return f"[{address.compressed}]"
+        return str(address)
+    if _NUMERIC.match(host):
+        try:
+            return socket.inet_ntoa(socket.inet_aton(host))  # the resolver's own reading
+        except OSError:
+            pass
+    try:
+        ascii_host = host.encode("idna").decode("ascii")
+    except UnicodeError:
+        return None
+    labels = ascii_host.split(".")
+    if len(ascii_host) > 253 or not all(_LABEL.match(label) for label in labels):
+        return None
+    return ascii_host
+
+
+def web_url(value: object) -> str | None:
+    """``value`` as an absolute http(s) URL fit to store and send, or None.
+
+    It has a real host (``canonical_host``) and a port in range; user info is dropped
+    (a listing's link never needs a password); the path, query and fragment keep their
+    meaning with every character outside ``_URL_SAFE`` percent-encoded.
+    """
+    if not isinstance(value, str):
+        return None
+    try:
+        parts = urlsplit(value.strip())
+        port = parts.port
+    except ValueError:  # a port out of range, a malformed IPv6 literal
+        return None
+    if parts.scheme.lower() not in _DEFAULT_PORTS or not parts.hostname:
+        return None
+    host = canonical_host(parts.hostname)
+    if host is None:
+        return None
+    netloc = host if port is None else f"{host}:{port}"
+    path, query, fragment = (quote(part, safe=_URL_SAFE) for part in (parts.path, parts.query, parts.fragment))
+    return urlunsplit((parts.scheme.lower(), netloc, path or "/", query, fragment))
 
 
 def canonical_url(url: str) -> str:
@@ -28,11 +94,9 @@ def canonical_url(url: str) -> str:
     except ValueError:
         return value
     scheme = parts.scheme.lower()
-    host = (parts.hostname or "").rstrip(".")
+    host = canonical_host(parts.hostname or "")
     if not scheme or not host:
         return value
-    if ":" in host:  # an IPv6 literal keeps its brackets
-        host = f"[{host}]"
     userinfo = parts.netloc.rpartition("@")[0]
     netloc = (f"{userinfo}@" if userinfo else "") + host
     if port is not None and port != _DEFAULT_PORTS.get(scheme):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from datetime import UTC, datetime, timedelta
@@ -145,6 +146,29 @@ def test_a_hostile_retry_after_is_rate_limited_within_the_cap(engine, server, re
     assert group <= now() + cap, "the group's deferral is bounded by the same cap"
 
 
+def test_a_fetch_stores_at_most_the_item_cap_and_leaves_the_rest_for_the_next(engine, server):
+    # 25 items, a cap of 10: three fetches store them all, none twice, and each capped
+    # fetch says how many it left; the validators are dropped so the next is no 304.
+    serve(server, "/many", rss([(f"g{i}", f"Item {i}") for i in range(25)]), etag='"v1"')
+    with engine.begin() as conn:
+        add_source(conn, server.url("/many"))
+    c = collector(engine)
+    c.settings = dataclasses.replace(c.settings, max_items_per_fetch=10)
+    stored, left = [], []
+    for _ in range(4):
+        with engine.begin() as conn:
+            conn.execute(sa.update(schema.sources).values(next_fetch_at=None))
+        stats = c.run()
+        stored.append(stats.items_new)
+        event = rows(engine, schema.ingestion_events)[-1]
+        left.append((event["details"] or {}).get("items_left"))
+        assert event["items_seen"] == 25 or event["http_status"] == 304
+    assert stored == [10, 10, 5, 0] and left == [15, 5, None, None]
+    raw = rows(engine, schema.listings_raw)
+    assert sorted(r["source_item_id"] for r in raw) == sorted(f"g{i}" for i in range(25))
+    assert rows(engine, schema.sources)[0]["etag"] == '"v1"', "the fetch that stored the last ones keeps it"
+
+
 def test_permanent_failures_disable_the_source_with_a_reason(engine, server):
     server.routes["/gone"] = lambda h: h.reply(410, b"gone")
     with engine.begin() as conn:
@@ -260,6 +284,30 @@ def test_unusable_documents_are_parse_errors(body, message):
     with pytest.raises(FetchError) as error:
         parse_feed(body, "http://127.0.0.1/feed")
     assert error.value.reason is FailureReason.PARSE_ERROR and message in str(error.value)
+
+
+ENTITY_SPOOF = (
+    "<?xml version='1.0' encoding='{name}'?><!DOCTYPE rss [<!ENTITY a 'SPOOFED'>"
+    "<!ENTITY b '&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;'>]>"
+    "<rss version='2.0'><channel><title>t</title><item><guid>1</guid><title>&b;</title></item>"
+    "</channel></rss>"
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "codec"),
+    [("utf-16", "utf-16-le"), ("utf-16", "utf-16-be"), ("utf-32", "utf-32"), ("utf-32", "utf-32-le"),
+     ("utf-32", "utf-32-be"), ("cp037", "cp037")],
+)
+@pytest.mark.parametrize("content_type", [None, "application/rss+xml"])
+def test_entity_declarations_are_refused_in_every_encoding(name, codec, content_type):
+    # Byte-order-mark-less UTF-16, UTF-32 and EBCDIC once passed a check for the bytes
+    # "<!ENTITY", and the parser expanded the entity into the title.
+    body = ENTITY_SPOOF.format(name=name).encode(codec)
+    with pytest.raises(FetchError) as error:
+        items = parse_feed(body, "http://127.0.0.1/feed", content_type)
+        pytest.fail(f"parsed, titles {[i.raw['title'][:20] for i in items]}")
+    assert error.value.reason is FailureReason.PARSE_ERROR and "declares XML entities" in error.value.message
 
 
 def test_an_external_dtd_without_entity_declarations_still_parses():

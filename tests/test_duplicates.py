@@ -8,7 +8,7 @@ import json
 import pytest
 import sqlalchemy as sa
 
-from pipeline import schema, sources, users
+from pipeline import politeness, schema, sources, users
 from pipeline.urls import canonical_url, item_key
 from tests.helpers import add_source
 from tests.http_server import LocalServer
@@ -26,6 +26,14 @@ from tests.test_processor import add_raw, processor
     ("http://example.com/a%2fb?q=%7e", "http://example.com/a%2Fb?q=%7E"),
     ("http://example.com.:8080/feed", "http://example.com:8080/feed"),
     ("http://[::1]:80/x", "http://[::1]/x"),
+    # One machine, one spelling: the resolver reads all of these as 127.0.0.1.
+    ("http://127.1/x", "http://127.0.0.1/x"),
+    ("http://2130706433/x", "http://127.0.0.1/x"),
+    ("http://0x7f.0.0.1/x", "http://127.0.0.1/x"),
+    ("http://0177.0.0.1/x", "http://127.0.0.1/x"),
+    ("http://[::ffff:127.0.0.1]/x", "http://127.0.0.1/x"),
+    ("http://[0:0:0:0:0:0:0:1]/x", "http://[::1]/x"),
+    ("http://bücher.example/x", "http://xn--bcher-kva.example/x"),
 ])
 def test_spellings_of_one_url_have_one_canonical_form(spelling, canonical):
     assert canonical_url(spelling) == canonical
@@ -41,6 +49,15 @@ def test_spellings_of_one_url_have_one_canonical_form(spelling, canonical):
 ])
 def test_urls_that_may_name_other_resources_stay_apart(other):
     assert canonical_url(other) != canonical_url("http://example.com/feed")
+
+
+def test_spellings_of_one_host_share_one_politeness_group():
+    # Once, each spelling was a group of its own, so writing one host seven ways gave
+    # it seven times the politeness limit.
+    spellings = ["http://127.0.0.1:8080/a", "http://127.1:8080/b", "http://2130706433/c",
+                 "http://0x7f000001/d", "http://[::ffff:127.0.0.1]/e", "HTTP://127.0.0.1./f"]
+    assert {politeness.group_for(url, "rss") for url in spellings} == {"127.0.0.1"}
+    assert politeness.group_for("http://[0::1]/x", "rss") == "::1"
 
 
 def test_a_second_spelling_of_a_source_is_refused_with_the_existing_id(engine):

@@ -240,7 +240,7 @@ def test_a_refused_connection_is_a_network_error(fetcher):
     "address",
     ["127.0.0.2", "10.0.0.1", "172.16.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1",
      "0.0.0.0", "224.0.0.1", "240.0.0.1", "::1", "fe80::1", "fc00::1", "::ffff:127.0.0.2",
-     "::ffff:10.0.0.1", "::"],
+     "::ffff:10.0.0.1", "::", "fec0::1", "2002:7f00:2::1", "64:ff9b::7f00:2", "64:ff9b::a00:1"],
 )
 def test_the_guard_refuses_non_public_addresses(address):
     assert AddressGuard(ALLOW).refuses(ipaddress.ip_address(address))

@@ -103,3 +103,18 @@ def test_json_text_is_accepted():
 def test_future_tolerance_is_one_day():
     edge = (NOW + timedelta(days=1)).isoformat()
     assert normalise({"url": "http://x/1", "published_at": edge}, now=NOW).published_at == NOW + timedelta(days=1)
+
+
+@pytest.mark.parametrize(("link", "stored"), [
+    # Markup in the host: not a host at all, so the raw row's own URL stands in.
+    ('http://a"><svg/onload=alert(1)>', "http://127.0.0.1/feed"),
+    # Markup in the path or query: kept as what it means, percent-encoded.
+    ('http://example.com/a"><svg onload=alert(1)>', "http://example.com/a%22%3E%3Csvg%20onload=alert(1)%3E"),
+    ("http://example.com/?q=<b>'x'</b>", "http://example.com/?q=%3Cb%3E%27x%27%3C/b%3E"),
+    ("http://user:pw@example.com/x", "http://example.com/x"),
+    ("http://example.com/caf\u00e9", "http://example.com/caf%C3%A9"),
+    ("http://127.0.0.1:99999/x", "http://127.0.0.1/feed"),
+])
+def test_a_stored_link_is_a_url_never_markup(link, stored):
+    listing = normalise({"title": "t", "url": link}, fallback_url="http://127.0.0.1/feed", now=NOW)
+    assert listing.url == stored

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from urllib.parse import urlsplit
 
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -24,6 +25,7 @@ from pipeline.normalize import (
     normalise,
 )
 from pipeline.sources import SourceError, make_spec
+from pipeline.urls import canonical_host, web_url
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 # What a browser would start a tag or comment at: "<" then a letter, "/letter", "!" or "?".
@@ -183,3 +185,21 @@ def test_every_good_feed_url_and_interval_is_accepted(url, interval):
     assume(" " not in url)
     spec = make_spec(url, interval=interval)
     assert (spec.url, spec.interval_minutes, spec.source_type) == (url, interval, "rss")
+
+
+URL_TEXT = st.text(alphabet=st.sampled_from(list("ab1:/?#@[]%'\"<>` {}|\\^.-_~!$&()*+,;=\u00e9\x00\n")), max_size=40)
+
+
+@given(
+    st.sampled_from(["http://", "https://", "HTTP://"]),
+    st.one_of(st.sampled_from(["example.com", "127.1", "[::1]", "b\u00fccher.example", "a_b.c:8080"]), URL_TEXT),
+    URL_TEXT,
+)
+@settings(max_examples=500)
+def test_a_web_url_is_never_markup_and_keeps_its_host(scheme, host, rest):
+    url = web_url(scheme + host + rest)
+    assume(url is not None)
+    assert not set(url) & set("\"'<>` {}|\\^\x00\n"), url
+    parts = urlsplit(url)
+    assert parts.scheme in ("http", "https") and canonical_host(parts.hostname) is not None
+    assert web_url(url) == url, "cleaning a clean URL changes nothing"

@@ -60,6 +60,11 @@ def test_add_with_every_option(engine, db_url):
     [
         (["ftp://127.0.0.1/feed"], "'ftp://127.0.0.1/feed' is not an http(s) URL"),
         (["not a url"], "is not an http(s) URL"),
+        (["http://127.0.0.1:99999/x"], "is not a usable URL: Port out of range"),
+        (["http://[::1/x"], "is not a usable URL: Invalid IPv6 URL"),
+        (["http://127.0.0.1:0/x"], "port 0 is not a port"),
+        (['http://a"><svg/onload=alert(1)>/feed'], "is not a host name or an IP address"),
+        (["http://127.0.0.1/a\x01b"], "contains white space or control characters"),
         (["http://127.0.0.1/f", "--interval", "0"], "interval 0 is out of bounds: it must be 1 to 10080"),
         (["http://127.0.0.1/f", "--interval", "10081"], "interval 10081 is out of bounds"),
     ],
