@@ -18,8 +18,13 @@ import sqlalchemy as sa
 
 from pipeline import db, politeness, schema, sources
 from pipeline.errors import PipelineError
+from pipeline.inputs import MAX_ID
 from pipeline.settings import Settings
 from pipeline.status import collect_status, status_as_json, status_as_text
+
+# Every id a command takes: a positive 64-bit integer, refused by click (in one line)
+# before the database sees it.
+ID = click.IntRange(1, MAX_ID)
 
 
 def _engine(*, check: bool = True) -> sa.Engine:
@@ -141,7 +146,7 @@ def sources_list(as_json: bool) -> None:
 
 
 @sources_group.command("enable")
-@click.argument("source_id", type=int)
+@click.argument("source_id", type=ID)
 def sources_enable(source_id: int) -> None:
     """Enable a source, clear its failure streak and make it due now."""
     with _engine().begin() as conn:
@@ -149,7 +154,7 @@ def sources_enable(source_id: int) -> None:
 
 
 @sources_group.command("disable")
-@click.argument("source_id", type=int)
+@click.argument("source_id", type=ID)
 @click.option("--reason", default="disabled by an operator", show_default=True)
 def sources_disable(source_id: int, reason: str) -> None:
     """Stop fetching a source."""
@@ -158,7 +163,7 @@ def sources_disable(source_id: int, reason: str) -> None:
 
 
 @sources_group.command("refresh")
-@click.argument("source_id", type=int)
+@click.argument("source_id", type=ID)
 def sources_refresh(source_id: int) -> None:
     """Make a source due now."""
     with _engine().begin() as conn:
@@ -193,7 +198,7 @@ def politeness_list(as_json: bool) -> None:
 
 @politeness_group.command("set")
 @click.argument("name")
-@click.option("--max-in-flight", type=int, help="Fetches of the group at once, across all workers.")
+@click.option("--max-in-flight", type=click.IntRange(1, 2**31 - 1), help="Fetches of the group at once, across all workers.")
 @click.option("--interval", "interval", type=float, metavar="SECONDS",
               help="Least time between the starts of two fetches of the group.")
 @click.option("--reset", is_flag=True, help="Return the group to the defaults (the limits of '*').")
@@ -373,7 +378,7 @@ def backfill_rematch(since: datetime, until: datetime | None, any_age: bool, as_
 
 
 @backfill_group.command("refetch")
-@click.argument("source_ids", type=int, nargs=-1, required=True)
+@click.argument("source_ids", type=ID, nargs=-1, required=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the collector's totals as JSON.")
 def backfill_refetch(source_ids: tuple[int, ...], as_json: bool) -> None:
     """Make the chosen sources due now and run a collector pass."""
@@ -394,13 +399,20 @@ def users_group() -> None:
 @users_group.command("add")
 @click.argument("name")
 @click.option("--webhook", metavar="URL", help="Deliver by signed HTTP POST to this URL.")
-@click.option("--secret", help="The webhook's HMAC secret (16+ characters); default: generated and printed once.")
+@click.option("--secret-file", type=click.File("r"), metavar="FILE",
+              help="Read the webhook's HMAC secret (16+ characters) from FILE, '-' for standard"
+                   " input; or set PIPELINE_WEBHOOK_SECRET. Default: generated and printed once."
+                   " Never on the command line: process listings and shell history would show it.")
 @click.option("--apprise", "apprise_url", metavar="URL",
               help="Deliver through Apprise: mailto://..., slack://..., json://..., any Apprise URL.")
-def users_add(name: str, webhook: str | None, secret: str | None, apprise_url: str | None) -> None:
+def users_add(name: str, webhook: str | None, secret_file: Any, apprise_url: str | None) -> None:
     """Add a user with one delivery channel and print the user's id."""
+    import os
+
     from pipeline import users
 
+    secret = secret_file.read().strip() if secret_file is not None else None
+    secret = secret or os.environ.get("PIPELINE_WEBHOOK_SECRET", "").strip() or None
     with _engine().begin() as conn:
         user = users.add_user(conn, name, webhook=webhook, secret=secret, apprise_url=apprise_url)
     click.echo(user.id)
@@ -433,7 +445,7 @@ def filters_group() -> None:
 @filters_group.command("add")
 @click.argument("user")
 @click.option("--keywords", required=True, help='Words that must all appear, e.g. "python remote".')
-@click.option("--source", "source_id", type=int, help="Only listings of this source id.")
+@click.option("--source", "source_id", type=ID, help="Only listings of this source id.")
 @click.option("--category", help="Only listings with this category.")
 def filters_add(user: str, keywords: str, source_id: int | None, category: str | None) -> None:
     """Add a filter for USER (a name or id) and print its id. It applies to listings that
@@ -465,7 +477,7 @@ def filters_list(as_json: bool) -> None:
 
 
 @filters_group.command("enable")
-@click.argument("filter_id", type=int)
+@click.argument("filter_id", type=ID)
 def filters_enable(filter_id: int) -> None:
     """Enable a filter."""
     from pipeline import users
@@ -475,7 +487,7 @@ def filters_enable(filter_id: int) -> None:
 
 
 @filters_group.command("disable")
-@click.argument("filter_id", type=int)
+@click.argument("filter_id", type=ID)
 def filters_disable(filter_id: int) -> None:
     """Disable a filter."""
     from pipeline import users
@@ -491,7 +503,7 @@ def notifications_group() -> None:
 
 @notifications_group.command("requeue")
 @click.option("--dead", is_flag=True, help="Every dead notification.")
-@click.option("--id", "ids", type=int, multiple=True, help="This notification (repeatable).")
+@click.option("--id", "ids", type=ID, multiple=True, help="This notification (repeatable).")
 def notifications_requeue(dead: bool, ids: tuple[int, ...]) -> None:
     """Make dead (or chosen) notifications pending again, attempts reset. Sent ones never."""
     from pipeline import users
@@ -555,8 +567,11 @@ def main(argv: list[str] | None = None) -> int:
     except PipelineError as exc:
         click.echo(f"pipeline: {exc}", err=True)
         return 1
-    except sa.exc.OperationalError as exc:
-        reason = str(exc.orig or exc).strip().splitlines()[0]
+    except sa.exc.DBAPIError as exc:
+        # The server's own message, its first line only: later lines (PostgreSQL's
+        # CONTEXT) can quote a bound value, and the statement's parameters never show.
+        diag = getattr(exc.orig, "diag", None)
+        reason = getattr(diag, "message_primary", None) or str(exc.orig or exc).strip().splitlines()[0]
         click.echo(f"pipeline: database error: {reason}", err=True)
         return 1
     except click.ClickException as exc:

@@ -7,6 +7,7 @@ timeout, every transaction ``BEGIN IMMEDIATE`` so writers queue instead of faili
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 
+from pipeline import redact
 from pipeline.errors import ConfigError, DatabaseUnavailable, SchemaMismatch
 from pipeline.recordset import json_rows, recordset
 
@@ -42,13 +44,8 @@ def parse_url(raw: str) -> sa.URL:
 
 
 def display_url(url: sa.URL | str) -> str:
-    """The URL with its password hidden, for messages and logs."""
-    if isinstance(url, str):
-        try:
-            url = sa.make_url(url)
-        except ArgumentError:
-            return "<unparseable URL>"
-    return url.render_as_string(hide_password=True)
+    """The URL with its password and query values hidden, for messages and logs."""
+    return redact.database_url(url)
 
 
 def _configure_sqlite(engine: Engine) -> None:
@@ -252,12 +249,25 @@ def current_revision(engine: Engine) -> str | None:
 def upgrade(engine: Engine, revision: str = "head") -> None:
     check_connection(engine)
     _refuse_newer_schema(engine)
+    _check_target(revision)
     command.upgrade(alembic_config(engine), revision)
 
 
 def downgrade(engine: Engine, revision: str) -> None:
     check_connection(engine)
+    _check_target(revision)
     command.downgrade(alembic_config(engine), revision)
+
+
+def _check_target(revision: str) -> None:
+    """SchemaMismatch, in one line, for a revision no migration has (alembic would
+    print its traceback)."""
+    relative = re.fullmatch(r"(head|base)?[+-]\d+", revision) is not None  # alembic's "-1"
+    if revision not in ("head", "base") and not relative and not _known_revision(revision):
+        raise SchemaMismatch(
+            f"no schema revision {revision!r}: the revisions are 0001 to {head_revision()},"
+            ", head, base, or a step such as -1"
+        )
 
 
 def _refuse_newer_schema(engine: Engine) -> None:

@@ -22,13 +22,13 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 import apprise
 
 from pipeline.backoff import exponential_delay
 from pipeline.failures import FailureReason, FetchError
 from pipeline.http import USER_AGENT, AddressGuard, Fetcher, guarded_sockets
+from pipeline.redact import channel_url
 
 SIGNATURE_HEADER = "X-Pipeline-Signature"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -114,7 +114,7 @@ class WebhookChannel:
         except FetchError as exc:
             # A webhook URL can be a credential (chat services put a token in its path):
             # errors show its scheme and host only.
-            text = exc.message.replace(message.channel_url, redact_url(message.channel_url))
+            text = exc.message.replace(message.channel_url, channel_url(message.channel_url))
             raise DeliveryError(f"{exc.reason}: {text}", retry_after=exc.retry_after) from None
 
 
@@ -130,7 +130,7 @@ class AppriseChannel:
         # async_mode off: Apprise sends in this thread, where the guard is in force.
         notifier = apprise.Apprise(asset=apprise.AppriseAsset(async_mode=False))
         if not notifier.add(message.channel_url):
-            raise DeliveryError(f"not a usable Apprise URL ({redact_url(message.channel_url)})")
+            raise DeliveryError(f"not a usable Apprise URL ({channel_url(message.channel_url)})")
         listing = message.listing
         body = "\n\n".join(
             part for part in (
@@ -145,20 +145,12 @@ class AppriseChannel:
             raise DeliveryError(
                 f"{FailureReason.BLOCKED_ADDRESS}: Apprise was refused a connection to"
                 f" {', '.join(dict.fromkeys(refused))} by the address guard"
-                f" ({redact_url(message.channel_url)})"
+                f" ({channel_url(message.channel_url)})"
             )
         if not sent:
             raise DeliveryError(
-                f"Apprise could not deliver to {redact_url(message.channel_url)} (its log says why)"
+                f"Apprise could not deliver to {channel_url(message.channel_url)} (its log says why)"
             )
-
-
-def redact_url(url: str) -> str:
-    """A channel URL fit for logs and listings: scheme and host only (Apprise URLs hold
-    tokens and passwords in their paths and user info)."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    return f"{parts.scheme}://{host}/…" if parts.scheme else "…"
 
 
 def delivery_retry_at(attempts: int, now: datetime, u: float, retry_after: datetime | None) -> datetime:

@@ -26,8 +26,12 @@ from pipeline.adapters import adapter_for
 from pipeline.claim import UNCLAIMED
 from pipeline.db import insert_ignoring_conflicts
 from pipeline.errors import PipelineError
+from pipeline.inputs import URL_CHARS, text_problem
 from pipeline.urls import canonical_host, canonical_url
 
+# Bounds on an entry's adapter options (the other fields: pipeline/inputs.py).
+CONFIG_CHARS = 64 * 1024
+CONFIG_DEPTH = 16
 # Config keys whose values are secrets: shown as "***" by `sources list`.
 SECRET_KEYS = ("api_key", "secret", "token", "password")
 IMPORT_CHUNK = 5_000  # sources per INSERT of an import
@@ -81,6 +85,8 @@ def make_spec(
     value = (url or "").strip()
     if not value:
         raise SourceError(f"{where}the URL is missing")
+    if len(value) > URL_CHARS:
+        raise SourceError(f"{where}the URL is {len(value):,} characters long; at most {URL_CHARS:,}")
     kind = (source_type or "").strip().lower() or None
     if kind is not None and kind not in schema.SOURCE_TYPES:
         raise SourceError(
@@ -116,11 +122,13 @@ def make_spec(
     spec = SourceSpec(
         url=value,
         source_type=kind,
-        name=(name or "").strip() or value,
+        name=_text(name, "name", where) or value,
         interval_minutes=minutes,
-        category=(category or "").strip() or None,
+        category=_text(category, "category", where) or None,
         config=_config(config, where),
-        politeness_group=politeness.group_for(value, kind, politeness_group, by=group_by),
+        politeness_group=politeness.group_for(
+            value, kind, _text(politeness_group, "group", where) or None, by=group_by
+        ),
     )
     try:
         adapter_for(kind).check_config(spec.row()["config"])
@@ -129,18 +137,52 @@ def make_spec(
     return spec
 
 
+def _text(value: object, field: str, where: str) -> str:
+    """A short text field of an entry, stripped; SourceError naming the field when
+    pipeline/inputs.py does not accept it."""
+    if value is None:
+        return ""
+    text = str(value).strip()
+    problem = text_problem(text, field)
+    if problem:
+        raise SourceError(f"{where}{problem}")
+    return text
+
+
 def _config(config: dict[str, Any] | str | None, where: str) -> dict[str, Any]:
-    """The adapter options of an entry: a mapping, or JSON text of one."""
+    """The adapter options of an entry: a mapping, or JSON text of one, flat enough and
+    clean enough to store (no control characters in its text, at most CONFIG_DEPTH deep)."""
     if config is None or (isinstance(config, str) and not config.strip()):
         return {}
     if isinstance(config, str):
+        if len(config) > CONFIG_CHARS:
+            raise SourceError(f"{where}config is {len(config):,} characters long; at most {CONFIG_CHARS:,}")
         try:
             config = json.loads(config)
+        except RecursionError:
+            raise SourceError(f"{where}config is nested too deeply (at most {CONFIG_DEPTH} levels)") from None
         except ValueError as exc:
             raise SourceError(f"{where}config is not valid JSON: {exc}") from None
     if not isinstance(config, dict):
         raise SourceError(f"{where}config must be a JSON object (a mapping of options)")
+    _check_config_values(config, where)
     return dict(config)
+
+
+def _check_config_values(config: dict[str, Any], where: str) -> None:
+    """Walk ``config`` (without recursion, so no depth can overflow the stack)."""
+    stack: list[tuple[Any, int]] = [(config, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > CONFIG_DEPTH:
+            raise SourceError(f"{where}config is nested too deeply (at most {CONFIG_DEPTH} levels)")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                stack.extend([(key, depth), (item, depth + 1)])
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
+        elif isinstance(value, str) and (problem := text_problem(value, "config", CONFIG_CHARS)):
+            raise SourceError(f"{where}{problem}")
 
 
 def public_config(config: dict[str, Any] | None) -> dict[str, Any]:

@@ -16,9 +16,10 @@ import sqlalchemy as sa
 
 from pipeline import schema
 from pipeline.claim import UNCLAIMED
-from pipeline.delivery import redact_url
 from pipeline.errors import PipelineError
+from pipeline.inputs import TEXT_CHARS, URL_CHARS, text_problem
 from pipeline.matching import parse_keywords
+from pipeline.redact import channel_url
 
 
 class UserError(PipelineError):
@@ -38,13 +39,17 @@ def add_user(
     name = name.strip()
     if not name:
         raise UserError("a user needs a name")
+    for field, value, limit in (("name", name, TEXT_CHARS), ("the webhook URL", webhook, URL_CHARS),
+                                ("the Apprise URL", apprise_url, URL_CHARS), ("the secret", secret, TEXT_CHARS)):
+        if value is not None and (problem := text_problem(value, field, limit)):
+            raise UserError(problem)
     if (webhook is None) == (apprise_url is None):
         raise UserError("give exactly one channel: --webhook URL or --apprise URL")
     generated = None
     if webhook is not None:
         parts = urlsplit(webhook)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UserError(f"webhook {webhook!r} is not an http(s) URL")
+            raise UserError(f"webhook {channel_url(webhook)} is not an http(s) URL")
         if secret is not None and len(secret) < 16:
             raise UserError("a webhook secret must be at least 16 characters")
         if secret is None:
@@ -53,9 +58,9 @@ def add_user(
     else:
         assert apprise_url is not None
         if secret is not None:
-            raise UserError("--secret signs webhooks; an Apprise URL carries its own credentials")
+            raise UserError("a webhook secret signs webhooks; an Apprise URL carries its own credentials")
         if not apprise.Apprise().add(apprise_url):
-            raise UserError(f"{redact_url(apprise_url)} is not a URL Apprise can send to")
+            raise UserError(f"{channel_url(apprise_url)} is not a URL Apprise can send to")
         channel, url = "apprise", apprise_url
     t = schema.users
     if conn.execute(sa.select(t.c.id).where(t.c.name == name)).first() is not None:
@@ -83,6 +88,9 @@ def add_filter(
 ) -> int:
     """Add a filter; it applies to listings that arrive from now on."""
     user_id = find_user(conn, user)
+    for field, value in (("the filter's words", keywords), ("category", category)):
+        if value is not None and (problem := text_problem(value, field)):
+            raise UserError(problem)
     try:
         words = parse_keywords(keywords)
     except ValueError as exc:
@@ -104,7 +112,7 @@ def list_users(conn: sa.Connection) -> list[dict[str, Any]]:
     rows = conn.execute(sa.select(t.c.id, t.c.name, t.c.channel, t.c.channel_url, t.c.enabled).order_by(t.c.id))
     return [
         {"id": r.id, "name": r.name, "channel": r.channel,
-         "target": redact_url(r.channel_url),  # webhook paths can hold tokens too
+         "target": channel_url(r.channel_url),  # webhook paths can hold tokens too
          "enabled": r.enabled}
         for r in rows
     ]

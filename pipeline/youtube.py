@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
+from pipeline import redact
 from pipeline.adapters import Item, Outcome, fetch_and_parse
 from pipeline.failures import FailureReason, FetchError
 from pipeline.http import Fetcher
@@ -271,9 +272,9 @@ class _ApiClient:
             return request()
         except FetchError as exc:
             error = _api_error(exc)
-            key = self.headers["X-Goog-Api-Key"]
-            if key and key in error.message:
-                error = FetchError(error.reason, error.message.replace(key, "***"),
+            message = redact.scrub(error.message, [self.headers["X-Goog-Api-Key"]])
+            if message != error.message:
+                error = FetchError(error.reason, message,
                                    http_status=error.http_status, retry_after=error.retry_after)
             raise error from None
 

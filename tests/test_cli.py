@@ -15,11 +15,12 @@ from pipeline import db, schema
 from tests.helpers import add_raw_rows, add_source, now
 
 
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run(*args: str, env: dict[str, str] | None = None, stdin: str = "") -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PIPELINE_STATE_DIR")}
     return subprocess.run(
         [sys.executable, "-m", "pipeline.cli", *args],
         env={**base, **(env or {})},
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=120,

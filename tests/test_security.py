@@ -20,13 +20,13 @@ from assets import ASSET_CHECKS
 from assets.collector import listings_raw
 from assets.notifier import notifications
 from assets.processor import listings
-from pipeline import db, schema, users
+from pipeline import db, redact, schema, users
 from pipeline.failures import FailureReason, FetchError
 from pipeline.http import Fetcher
 from resources import PipelineDatabase
 from tests.helpers import add_source
 from tests.http_server import LocalServer
-from tests.test_cli import run
+from tests.test_cli import assert_one_line_error, run
 
 ALLOW = ("127.0.0.1/32",)
 FEED = b'<?xml version="1.0"?><rss version="2.0"><channel><title>t</title><item><guid>1</guid><title>x</title><link>http://127.0.0.1/1</link></item></channel></rss>'
@@ -206,3 +206,122 @@ def test_every_value_travels_as_a_bound_parameter(engine, db_url, monkeypatch):
         [stored] = conn.execute(sa.select(schema.listings).where(schema.listings.c.source_item_id == HOSTILE)).mappings()
     assert stored["title"] == f"Python {HOSTILE}" and HOSTILE in stored["categories"]
     assert [r for r in server.requests if r["method"] == "POST"], "the hostile filter matched and was delivered"
+
+
+# -- operator input and what is printed of secrets ---------------------------------------
+
+TOO_BIG_ID = str(2**64 + 1)
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("command", [
+    ("sources", "disable", TOO_BIG_ID), ("sources", "refresh", TOO_BIG_ID), ("backfill", "refetch", TOO_BIG_ID),
+    ("filters", "disable", TOO_BIG_ID), ("sources", "enable", "0"),
+])
+def test_an_id_out_of_range_is_refused_before_the_database(engine, db_url, command):
+    # Once, an id past 64 bits reached PostgreSQL and came back as a 49-line traceback.
+    result = run(*command, env={"DATABASE_URL": db_url})
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "is not in the range 1<=x<=9223372036854775807" in result.stderr
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["http://127.0.0.1/a", "--config", '{"a":' + "[" * 30_000 + "]" * 30_000 + "}"], "nested too deeply"),
+    (["http://127.0.0.1/a", "--config", '{"a":' * 40 + "1" + "}" * 40], "nested too deeply"),
+    (["http://127.0.0.1/a", "--name", "bad\x01name"], "name contains a control character"),
+    (["http://127.0.0.1/a", "--category", "c" * 5000], "category is 5,000 characters long; at most 1,000"),
+    (["http://127.0.0.1/" + "a" * 3000], "the URL is 3,017 characters long; at most 2,048"),
+    (["https://www.youtube.com/@name", "--config", '{"api_key": "KEY-\\u0000-SECRET"}'],
+     "config contains a control character"),
+])
+def test_bad_operator_input_is_one_line_naming_the_field(engine, db_url, args, fragment):
+    result = run("sources", "add", *args, env={"DATABASE_URL": db_url})
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert len(result.stderr.strip().splitlines()) == 1 and fragment in result.stderr, result.stderr[-500:]
+    assert "SECRET" not in result.stderr
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_a_nul_in_an_import_file_names_the_entry_and_never_quotes_the_key(engine, db_url, tmp_path):
+    # Once, the NUL reached PostgreSQL, whose error quoted the bound parameter (the
+    # YouTube API key included) in its CONTEXT line. One bad entry rejects the file.
+    listing = tmp_path / "sources.yaml"
+    listing.write_text(
+        "- url: http://127.0.0.1/ok\n"
+        f"- url: https://www.youtube.com/channel/UCabcdefghijklmnopqrstuv\n  name: \"bad\\0name\"\n"
+        f"  config: {{api_key: {API_KEY}}}\n"
+    )
+    result = run("sources", "import", str(listing), env={"DATABASE_URL": db_url})
+    assert "Traceback" not in result.stderr and API_KEY not in result.stdout + result.stderr
+    assert result.returncode == 1 and "entry 2" in result.stderr, result.stderr
+    assert "name contains a control character" in result.stderr
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(schema.sources.c.url)).scalars().all() == []
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_a_database_error_prints_its_first_line_never_its_parameters(engine, db_url, monkeypatch):
+    # Whatever slips past the checks: the server's CONTEXT line, which quotes the bound
+    # value, is never printed. A trigger refuses the insert, quoting the value as
+    # PostgreSQL's own errors do.
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "RAISE EXCEPTION 'refused' USING DETAIL = 'value ' || NEW.name; END $$")
+        conn.exec_driver_sql(
+            "CREATE TRIGGER test_refuse BEFORE INSERT ON sources FOR EACH ROW EXECUTE FUNCTION test_refuse()")
+    result = run("sources", "add", "http://127.0.0.1/a", "--name", f"name-{API_KEY}", env={"DATABASE_URL": db_url})
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip() == "pipeline: database error: refused"
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("prowl://APIKEY0123456789/PROVIDERKEY", "prowl://…"),
+    ("pbul://TOKEN0123456789", "pbul://…"),
+    ("opsgenie://APIKEY0123456789", "opsgenie://…"),
+    ("slack://TokenA/TokenB/TokenC", "slack://…"),
+    ("unknown-scheme://SECRET0123/x", "unknown-scheme://…"),
+    ("json://127.0.0.1:8080/hook/TOKEN", "json://127.0.0.1/…"),
+    ("mailto://user:PASSWORD@mail.example.com", "mailto://mail.example.com/…"),
+    ("https://hooks.example.com/services/T0/B0/TOKEN0123", "https://hooks.example.com/…"),
+])
+def test_a_channel_url_is_shown_by_its_structure(url, shown):
+    # Once, prowl://APIKEY printed as it was: "scheme://host" kept the credential.
+    assert redact.channel_url(url) == shown
+
+
+def test_a_database_url_hides_its_password_and_query_values():
+    shown = db.display_url(f"postgresql://app:{DB_PASSWORD}@db.example.com/app?password={DB_PASSWORD}&sslmode=require")
+    assert DB_PASSWORD not in shown and shown.startswith("postgresql://app:***@db.example.com/app?password=***")
+
+
+def test_a_key_echoed_truncated_is_scrubbed_too():
+    echoed = f"API key {API_KEY[:12]}... not valid; the whole key was {API_KEY}"
+    scrubbed = redact.scrub(echoed, [API_KEY])
+    assert API_KEY[:redact.SECRET_PREFIX_CHARS] not in scrubbed and scrubbed.count(redact.MASK) == 2
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_planted_secrets_never_reach_command_output(engine, db_url):
+    env = {"DATABASE_URL": db_url}
+    prowl = "prowl://PROWLKEY0123456789abcdef0123456789abcdef"  # 40 characters, as Prowl's are
+    assert run("users", "add", "p", "--apprise", prowl, env=env).returncode == 0
+    assert run("users", "add", "w", "--webhook", f"https://127.0.0.1/hook/{WEBHOOK_TOKEN}", env=env).returncode == 0
+    outputs = {
+        "users list": run("users", "list", env=env).stdout,
+        "users list --json": run("users", "list", "--json", env=env).stdout,
+        "a refused webhook": run("users", "add", "x", "--webhook", f"ftp://h/{WEBHOOK_TOKEN}", env=env).stderr,
+        "db current, query password": run("db", "upgrade", env={
+            "DATABASE_URL": f"{db_url}{'&' if '?' in db_url else '?'}password={DB_PASSWORD}"}).stdout,
+    }
+    for where, text in outputs.items():
+        for secret in ("PROWLKEY0123", WEBHOOK_TOKEN, DB_PASSWORD):
+            assert secret not in text, f"{secret} appears in {where}: {text}"
+    assert "prowl://…" in outputs["users list"] and "password=***" in outputs["db current, query password"]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("command", [("db", "upgrade", "9999"), ("db", "downgrade", "nonsense")])
+def test_an_unknown_schema_revision_is_one_line(db_url, command):
+    assert_one_line_error(run(*command, env={"DATABASE_URL": db_url}), "no schema revision")

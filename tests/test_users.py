@@ -25,7 +25,7 @@ def test_users_and_filters_from_the_command_line(engine, db_url):
     assert secret == generated and keywords == ["python", "remote"]
     listed = run("users", "list", "--json", env=env).stdout
     assert "TokenA" not in listed and generated not in listed, "no secret is ever listed"
-    assert json.loads(listed)[1]["target"] == "slack://tokena/…"
+    assert json.loads(listed)[1]["target"] == "slack://…", "a Slack URL's host is its first token"
     assert "python remote category 'jobs'" in run("filters", "list", env=env).stdout
 
 
@@ -36,7 +36,6 @@ def test_users_and_filters_from_the_command_line(engine, db_url):
     [
         (["users", "add", "x"], "give exactly one channel"),
         (["users", "add", "x", "--webhook", "ftp://h/x"], "is not an http(s) URL"),
-        (["users", "add", "x", "--webhook", "https://h/x", "--secret", "short"], "at least 16 characters"),
         (["users", "add", "x", "--apprise", "nonsense://"], "is not a URL Apprise can send to"),
         (["filters", "add", "nobody", "--keywords", "python"], "no user named (or with id) 'nobody'"),
         (["notifications", "requeue"], "name notifications with --id"),
@@ -56,3 +55,24 @@ def test_bad_filters_name_what_is_wrong(engine, db_url):
                           "no source with id 99")
     with engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(schema.filters)).scalar() == 0
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_a_webhook_secret_comes_from_a_file_standard_input_or_the_environment(engine, db_url, tmp_path):
+    # Once it came on the command line only, where process listings and shell history
+    # show it.
+    env = {"DATABASE_URL": db_url}
+    secret_file = tmp_path / "secret"
+    secret_file.write_text("from-a-file-0123456789\n")
+    assert run("users", "add", "a", "--webhook", "https://h/a", "--secret-file", str(secret_file), env=env).returncode == 0
+    assert run("users", "add", "b", "--webhook", "https://h/b", "--secret-file", "-", env=env,
+               stdin="from-stdin-0123456789\n").returncode == 0
+    assert run("users", "add", "c", "--webhook", "https://h/c",
+               env={**env, "PIPELINE_WEBHOOK_SECRET": "from-the-env-0123456789"}).returncode == 0
+    with engine.connect() as conn:
+        stored = dict(conn.execute(sa.select(schema.users.c.name, schema.users.c.secret)).all())
+    assert stored == {"a": "from-a-file-0123456789", "b": "from-stdin-0123456789", "c": "from-the-env-0123456789"}
+    assert_one_line_error(run("users", "add", "d", "--webhook", "https://h/d", "--secret-file", "-", env=env,
+                              stdin="short"), "at least 16 characters")
+    refused = run("users", "add", "e", "--webhook", "https://h/e", "--secret", "on-the-command-line", env=env)
+    assert refused.returncode == 2 and "No such option '--secret'" in refused.stderr

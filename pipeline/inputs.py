@@ -1,0 +1,26 @@
+"""What an operator's input may hold, before the database sees it: one rule for the
+command line and for import files.
+
+PostgreSQL refuses a NUL in text, and its error quotes the bound value it refused (an
+API key, say) in a context line; a huge value can overflow an index. So text fields are
+checked here, with an error naming the field, and never reach the database otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+
+TEXT_CHARS = 1000  # a name, a category, a group, a filter's words
+URL_CHARS = 2048  # what browsers and servers commonly accept
+# C0 control characters except tab, line feed and carriage return, and DEL.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+MAX_ID = 2**63 - 1  # ids are 64-bit
+
+
+def text_problem(text: str, field: str, limit: int = TEXT_CHARS) -> str | None:
+    """What is wrong with ``text`` as the value of ``field``, or None."""
+    if len(text) > limit:
+        return f"{field} is {len(text):,} characters long; at most {limit:,}"
+    if _CONTROL.search(text):
+        return f"{field} contains a control character (such as NUL)"
+    return None

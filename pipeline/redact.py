@@ -1,0 +1,86 @@
+"""What may be printed of a value that carries a secret: one home for redaction.
+
+Redaction goes by a URL's structure, not by looking for known secrets in it:
+
+* a channel URL (webhook or Apprise) shows its scheme and host only, and only its scheme
+  when the scheme puts a credential where a host would be (``prowl://APIKEY``,
+  ``pbul://TOKEN``, ``slack://TokenA/...``: Apprise marks that token private);
+* a database URL hides its password and every query value (``?password=`` is a password
+  to libpq too), keeping the keys so the shape of the setting stays readable.
+
+Known secrets (an API key, say) are scrubbed from text an outside party wrote, such as
+an API's error message, whole or truncated: a service that echoes a key cut short
+(``AIzaSyA1b2...``) still gives away most of it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
+import sqlalchemy as sa
+from sqlalchemy.exc import ArgumentError
+
+MASK = "***"
+# A run of at least this many characters of a secret, in the secret's own order, is
+# taken for the secret (shorter runs are too likely to be ordinary text).
+SECRET_PREFIX_CHARS = 8
+_HOST_SCHEMES = ("http", "https")
+
+
+@functools.cache
+def _host_is_a_host(scheme: str) -> bool:
+    """Whether ``scheme``'s URLs hold a plain host where a host would be."""
+    if scheme in _HOST_SCHEMES:
+        return True
+    from apprise.manager_plugins import NotificationManager
+
+    try:
+        plugin = NotificationManager()[scheme]  # type: ignore[no-untyped-call]
+    except KeyError:
+        return False  # an unknown scheme: assume the worst
+    tokens: dict[str, dict[str, object]] = getattr(plugin, "template_tokens", {})
+    token = tokens.get("host")
+    return token is not None and not token.get("private")
+
+
+def channel_url(url: str) -> str:
+    """A webhook or Apprise URL fit for logs, errors and listings."""
+    try:
+        parts = urlsplit(url.strip())
+        host = parts.hostname or ""
+    except ValueError:
+        return "…"
+    scheme = parts.scheme.lower()
+    if not scheme:
+        return "…"
+    return f"{scheme}://{host}/…" if host and _host_is_a_host(scheme) else f"{scheme}://…"
+
+
+def database_url(url: sa.URL | str) -> str:
+    """A database URL with its password and every query value hidden."""
+    if isinstance(url, str):
+        try:
+            url = sa.make_url(url)
+        except ArgumentError:
+            return "<unparseable URL>"
+    shown = url.set(query={}).render_as_string(hide_password=True)
+    return shown + ("?" + "&".join(f"{key}={MASK}" for key in url.query) if url.query else "")
+
+
+def scrub(text: str, secrets: Iterable[str | None]) -> str:
+    """``text`` with each secret, and every run of ``SECRET_PREFIX_CHARS`` or more of its
+    leading characters (a truncated echo), replaced by ``MASK``."""
+    for secret in secrets:
+        if not secret or len(secret) < SECRET_PREFIX_CHARS:
+            if secret and secret in text:
+                text = text.replace(secret, MASK)
+            continue
+        # The longest prefix of the secret that appears, as long as it is long enough.
+        head = re.escape(secret[:SECRET_PREFIX_CHARS])
+        rest = "".join(f"(?:{re.escape(c)}" for c in secret[SECRET_PREFIX_CHARS:])
+        closing = ")?" * (len(secret) - SECRET_PREFIX_CHARS)
+        text = re.sub(head + rest + closing, MASK, text)
+    return text
