@@ -126,15 +126,21 @@ def _within_deadline(timeout: float | None, error: type[Exception]) -> float | N
 
 
 class _DeadlineStream(httpcore.NetworkStream):
-    """A connection whose every read and write is bounded by the exchange's deadline."""
+    """A connection whose every read and write is bounded by the exchange's deadline, and
+    which counts its reads since its last write."""
 
     def __init__(self, stream: httpcore.NetworkStream) -> None:
         self._stream = stream
+        # Reads since the last write: a response parsed with none was on the connection
+        # before its request was sent (see Fetcher._open).
+        self.reads_since_write = 0
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        self.reads_since_write += 1
         return self._stream.read(max_bytes, _within_deadline(timeout, httpcore.ReadTimeout))
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self.reads_since_write = 0
         self._stream.write(buffer, _within_deadline(timeout, httpcore.WriteTimeout))
 
     def close(self) -> None:
@@ -459,11 +465,27 @@ class Fetcher:
         answer comes, or when ``deadline`` has already passed."""
         if time.monotonic() >= deadline:
             raise FetchError(FailureReason.TIMEOUT, f"no answer within {self.timeout:g} s")
-        try:
-            request = self.client.build_request(method, url, headers=headers, content=content)
-            return self.client.send(request, stream=True)
-        except (BlockedAddress, httpx.HTTPError, httpx.InvalidURL) as exc:
-            raise _request_error(exc, url, self.timeout) from None
+        for attempt in (1, 2):
+            try:
+                request = self.client.build_request(method, url, headers=headers, content=content)
+                response = self.client.send(request, stream=True)
+            except (BlockedAddress, httpx.HTTPError, httpx.InvalidURL) as exc:
+                raise _request_error(exc, url, self.timeout) from None
+            stream = response.extensions.get("network_stream")
+            if not isinstance(stream, _DeadlineStream) or stream.reads_since_write:
+                return response
+            # The answer was on the connection before the request was sent: the previous
+            # response on it ran past its Content-Length, and what followed would pass
+            # for this one's. Closed unread, the connection leaves the pool; a GET is
+            # asked again on a fresh one, a POST (which the server may have read) is not.
+            response.close()
+            if method != "GET" or attempt == 2:
+                break
+        raise FetchError(
+            FailureReason.NETWORK_ERROR,
+            "the connection held an answer before the request was sent"
+            " (an earlier response ran past its length); it was closed",
+        )
 
     @staticmethod
     def _redirect_target(current: str, response: httpx.Response) -> str:

@@ -372,3 +372,29 @@ def test_a_hostile_retry_after_never_overflows_or_parks_past_the_caps():
     year_9999 = datetime(9999, 12, 31, tzinfo=UTC)
     assert delivery_retry_at(1, now, 0.5, year_9999) == now + RETRY_CAP
     assert clamp_retry_after(FailureReason.RATE_LIMITED, year_9999, now) == now + BackoffPolicy().transient_cap
+
+
+def test_a_response_past_its_length_never_passes_for_the_next_one(server, fetcher):
+    # Once, the bytes after a response's Content-Length stayed on the pooled connection
+    # and the next fetch of that origin read them as its own answer: one path's content
+    # forged another's.
+    forged = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nFORGED"
+
+    def overrun(h: Handler) -> None:
+        h.send_response(200)
+        h.send_header("Content-Length", "5")
+        h.end_headers()
+        h.wfile.write(b"hello" + forged)  # one write: the extra bytes arrive with the body
+
+    server.routes["/overrun"] = overrun
+    server.routes["/other"] = lambda h: h.reply(200, b"the real answer")
+    assert fetcher.fetch(server.url("/overrun")).body == b"hello"
+    assert fetcher.fetch(server.url("/other")).body == b"the real answer"
+    # The first ask went out on the spoiled connection (closed unread); the second on a
+    # fresh one.
+    assert [r["path"] for r in server.requests] == ["/overrun", "/other", "/other"]
+    # A webhook post is not sent twice (the server may have read it): it fails instead.
+    assert fetcher.fetch(server.url("/overrun")).body == b"hello"
+    with pytest.raises(FetchError) as caught:
+        fetcher.post(server.url("/other"), b"{}", {})
+    assert caught.value.reason is FailureReason.NETWORK_ERROR and "ran past its length" in caught.value.message
