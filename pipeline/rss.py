@@ -1,14 +1,17 @@
 """The ``rss`` adapter: RSS 0.9x/1.0/2.0 and Atom through feedparser.
 
 Entry identity: guid/id, else link, else a hash of the entry's content. Malformed XML is
-a ``parse_error``; a wrong declared encoding is tolerated; entities are never expanded: a
-document that declares any is refused before it is parsed (``parse_error``).
+read again leniently (feedparser's own fallback), and is a ``parse_error`` only when
+nothing readable is found; a wrong declared encoding is tolerated; entities are never
+expanded: a document that declares any is refused before it is parsed (``parse_error``).
 """
 
 from __future__ import annotations
 
 import calendar
+import codecs
 import hashlib
+import logging
 import re
 import xml.sax
 from collections.abc import Callable, Mapping
@@ -22,6 +25,8 @@ from feedparser.encodings import convert_to_utf8
 from pipeline.adapters import Item, Outcome, fetch_and_parse
 from pipeline.failures import FailureReason, FetchError
 from pipeline.http import Fetcher
+
+log = logging.getLogger("pipeline.rss")
 
 # feedparser's notes that do not make a feed unusable: a declared encoding that was
 # wrong (it re-decodes), or a Content-Type that is not XML.
@@ -57,6 +62,16 @@ def _declares_entities(body: bytes, headers: Mapping[str, str]) -> bool:
     return _ENTITY_DECLARATION.search(decoded) is not None
 
 
+def _without_leading_space(body: bytes) -> bytes:
+    """``body`` without white space before its first tag (after a UTF-8 byte-order mark,
+    which stays): an XML parser refuses a declaration that does not open the document,
+    and servers that print a blank line first are common."""
+    bom = codecs.BOM_UTF8 if body.startswith(codecs.BOM_UTF8) else b""
+    rest = body[len(bom):]
+    stripped = rest.lstrip(b" \t\r\n")
+    return bom + stripped if stripped[:1] == b"<" and len(stripped) != len(rest) else body
+
+
 def parse_feed(
     body: bytes,
     url: str,
@@ -71,6 +86,7 @@ def parse_feed(
     # feedparser's XML parser expands entities declared in an internal DTD subset (the
     # "billion laughs"); no real feed needs one, so such a document is refused unread.
     headers = {"content-type": content_type} if content_type else {}
+    body = _without_leading_space(body)
     if _declares_entities(body, headers):
         raise FetchError(
             FailureReason.PARSE_ERROR, "the document declares XML entities; they are never expanded"
@@ -78,9 +94,16 @@ def parse_feed(
     parsed = feedparser.parse(body, response_headers=headers, **FEEDPARSER_OPTIONS)
     problem = parsed.get("bozo_exception")
     if problem is not None and not isinstance(problem, _TOLERATED):
-        if isinstance(problem, xml.sax.SAXException):
+        # A document its XML parser refuses (a mismatched tag, an unbound prefix, a stray
+        # "&", an HTML entity such as &eacute; with no DTD) feedparser reads again with
+        # its lenient parser, as every forgiving reader does: what that finds is kept. The
+        # entity check above has run on the same text, so no entity is ever expanded.
+        if parsed.entries:
+            log.info("read %s leniently: %s", url, problem)
+        elif isinstance(problem, xml.sax.SAXException):
             raise FetchError(FailureReason.PARSE_ERROR, f"malformed XML: {problem}")
-        raise FetchError(FailureReason.PARSE_ERROR, f"unreadable feed: {problem}")
+        else:
+            raise FetchError(FailureReason.PARSE_ERROR, f"unreadable feed: {problem}")
     if not parsed.get("version") and not parsed.entries:
         raise FetchError(FailureReason.PARSE_ERROR, "not a feed (no RSS or Atom document found)")
     make = item or _item
@@ -92,6 +115,13 @@ def _first(entry: Mapping[str, Any], *keys: str) -> Any:
     maps a missing published to updated itself, with a DeprecationWarning each time."""
     fields: dict[str, Any] = entry if isinstance(entry, dict) else dict(entry)
     return next((value for key in keys if (value := dict.get(fields, key))), None)
+
+
+def _author(entry: Mapping[str, Any]) -> str | None:
+    """The person's name: RSS writes ``jane@example.org (Jane Doe)``, which feedparser
+    splits into ``author_detail``; the address alone when no name is given."""
+    detail = entry.get("author_detail") or {}
+    return detail.get("name") or entry.get("author") or None
 
 
 def _item(entry: Mapping[str, Any], feed_url: str) -> Item:
@@ -106,12 +136,17 @@ def _item(entry: Mapping[str, Any], feed_url: str) -> Item:
         "url": absolute,
         "summary": entry.get("summary") or "",
         "published_at": _iso(_first(entry, "published_parsed", "updated_parsed")),
-        "author": entry.get("author") or None,
+        "author": _author(entry),
         "categories": [t.get("term") for t in entry.get("tags") or [] if t.get("term")],
     }
     identity = entry.get("id") or link
     if not identity:
-        digest = hashlib.sha256(repr(sorted(raw.items())).encode()).hexdigest()
+        # No id and no link: the entry is what it says, in the language it says it in
+        # (two entries alike but for xml:lang are two entries, as feedparser counts them).
+        # (Without a language the text hashed is as it always was: identities keep.)
+        languages = [c.get("language") or "" for c in entry.get("content") or []]
+        text = repr(sorted(raw.items())) + (repr(languages) if any(languages) else "")
+        digest = hashlib.sha256(text.encode()).hexdigest()
         identity = f"sha256:{digest}"
     return Item(source_item_id=str(identity), url=absolute or feed_url, raw=raw)
 

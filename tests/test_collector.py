@@ -108,7 +108,7 @@ def test_success_schedules_the_next_fetch_one_interval_later_and_records_telemet
 def test_a_failing_source_backs_off_and_never_stops_the_others(engine, server):
     serve(server, "/good", rss([("a", "A")]))
     server.routes["/bad"] = lambda h: h.reply(503, b"down", {"Retry-After": "3600"})
-    serve(server, "/junk", b"<rss><channel><item><title>broken")
+    serve(server, "/junk", b"<rss version='2.0'><channel><title>t</title></item></channel></rss>")  # malformed, with nothing readable
     with engine.begin() as conn:
         good = add_source(conn, server.url("/good"))
         bad = add_source(conn, server.url("/bad"), consecutive_failures=2)
@@ -259,7 +259,8 @@ def test_atom_is_read_too():
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        (b"<rss version='2.0'><channel><item><title>a</item></channel>", "malformed XML"),
+        # Malformed XML with nothing a lenient reader finds either (one it can read is read).
+        (b"<rss version='2.0'><channel><title>t</title></item></channel></rss>", "malformed XML"),
         (b"<html><body><p>just a page</p></body></html>", "not a feed"),
         (
             (
@@ -308,6 +309,46 @@ def test_entity_declarations_are_refused_in_every_encoding(name, codec, content_
         items = parse_feed(body, "http://127.0.0.1/feed", content_type)
         pytest.fail(f"parsed, titles {[i.raw['title'][:20] for i in items]}")
     assert error.value.reason is FailureReason.PARSE_ERROR and "declares XML entities" in error.value.message
+
+
+@pytest.mark.parametrize(("body", "titles"), [
+    # White space, or a byte-order mark and a newline, before the XML declaration.
+    (b"\n  <?xml version='1.0'?><rss version='2.0'><channel><item><title>a</title></item></channel></rss>", ["a"]),
+    (b"\xef\xbb\xbf\r\n<?xml version='1.0'?><rss version='2.0'><channel><item><title>b</title></item></channel></rss>",
+     ["b"]),
+    # A mismatched tag, an unbound prefix, a stray "&", HTML entities with no DTD.
+    (b"<rss version='2.0'><channel><item><title>a</title></b></item><item><title>c</title></item></channel></rss>",
+     ["a", "c"]),
+    (b"<rss version='2.0'><channel><item><title>a</title><media:x>y</media:x></item></channel></rss>", ["a"]),
+    (b"<rss version='2.0'><channel><item><title>Fish & chips</title></item></channel></rss>", ["Fish & chips"]),
+    (b"<rss version='2.0'><channel><item><title>Caf&eacute;&nbsp;&mdash; open</title></item></channel></rss>",
+     ["Caf\u00e9\u00a0\u2014 open"]),
+])
+def test_what_a_forgiving_reader_reads_is_read(body, titles):
+    # Each was once a parse_error for the whole feed; feedparser alone reads them.
+    assert [item.raw["title"] for item in parse_feed(body, "http://127.0.0.1/feed")] == titles
+
+
+def test_the_author_is_the_persons_name():
+    # Once stored as "jane@example.org (Jane Doe)", as RSS writes it.
+    body = (b"<rss version='2.0'><channel><item><title>a</title><author>jane@example.org (Jane Doe)</author></item>"
+            b"<item><title>b</title><author>jane@example.org</author></item></channel></rss>")
+    assert [item.raw["author"] for item in parse_feed(body, "http://127.0.0.1/feed")] == ["Jane Doe", "jane@example.org"]
+
+
+def test_entries_without_id_or_link_differing_in_language_are_two():
+    body = (b"<feed xmlns='http://www.w3.org/2005/Atom' xml:lang='en'><title>t</title>"
+            b"<entry xml:lang=''><content type='text'>Same</content></entry>"
+            b"<entry><content type='text'>Same</content></entry></feed>")
+    assert len({item.source_item_id for item in parse_feed(body, "http://127.0.0.1/feed")}) == 2
+
+
+def test_a_lenient_reread_never_expands_an_entity():
+    # Malformed AND declaring an entity: refused before either parser sees it.
+    body = (b"\n<?xml version='1.0'?><!DOCTYPE rss [<!ENTITY a 'SPOOFED'>]><rss version='2.0'><channel>"
+            b"<item><title>&a;</title></b></item></channel></rss>")
+    with pytest.raises(FetchError, match="declares XML entities"):
+        parse_feed(body, "http://127.0.0.1/feed")
 
 
 def test_an_external_dtd_without_entity_declarations_still_parses():
@@ -520,7 +561,7 @@ def test_every_failure_code_through_the_collector(engine, server):
     server.routes["/429"] = lambda h: h.reply(429, b"slow down", {"Retry-After": "7200"})
     server.routes["/slow"] = slow
     server.routes["/huge"] = lambda h: h.reply(200, b"<rss>" + b"x" * 200_000)
-    serve(server, "/malformed", b"<rss version='2.0'><channel><item><title>a</item>")
+    serve(server, "/malformed", b"<rss version='2.0'><channel><title>t</title></item></channel></rss>")
     serve(server, "/page", b"<html><body><ul><li>a</li></ul></body></html>")
     expected = {
         f"http://127.0.0.1:{closed_port}/feed": ("rss", "network_error"),
