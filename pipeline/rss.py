@@ -1,4 +1,5 @@
-"""The ``rss`` adapter: RSS 0.9x/1.0/2.0 and Atom through feedparser.
+"""The ``rss`` adapter: RSS 0.9x/1.0/2.0 and Atom through feedparser, and JSON Feed
+(pipeline/jsonfeed.py), told apart by the document itself.
 
 Entry identity: guid/id, else link, else a hash of the entry's content. Malformed XML is
 read again leniently (feedparser's own fallback), and is a ``parse_error`` only when
@@ -25,6 +26,7 @@ from feedparser.encodings import convert_to_utf8
 from pipeline.adapters import Item, Outcome, fetch_and_parse
 from pipeline.failures import FailureReason, FetchError
 from pipeline.http import Fetcher
+from pipeline.jsonfeed import looks_like_json, parse_json_feed
 
 log = logging.getLogger("pipeline.rss")
 
@@ -79,10 +81,13 @@ def parse_feed(
     *,
     item: Callable[[Mapping[str, Any], str], Item] | None = None,
 ) -> list[Item]:
-    """Items of a feed document; FetchError(parse_error) when it is not a usable feed.
+    """Items of a feed document (RSS, Atom, or JSON Feed); FetchError(parse_error) when
+    it is not a usable feed.
 
     ``item`` turns one feedparser entry into an Item (default: a generic feed entry).
     """
+    if looks_like_json(body):  # JSON Feed: the same adapter, whatever the Content-Type says
+        return parse_json_feed(body, url)
     # feedparser's XML parser expands entities declared in an internal DTD subset (the
     # "billion laughs"); no real feed needs one, so such a document is refused unread.
     headers = {"content-type": content_type} if content_type else {}
