@@ -268,6 +268,8 @@ class FetchResult:
     last_modified: str | None
     moved_to: str | None  # the new URL when the chain began with permanent redirects
     elapsed_ms: int
+    # Content-Location, made absolute: the base for relative links in the body.
+    content_location: str | None = None
 
     @property
     def not_modified(self) -> bool:
@@ -395,6 +397,10 @@ class Fetcher:
                 status=response.status_code,
                 body=body,
                 content_type=response.headers.get("content-type"),
+                content_location=(
+                    urljoin(current, response.headers["content-location"])
+                    if response.headers.get("content-location") else None
+                ),
                 etag=response.headers.get("etag"),
                 last_modified=response.headers.get("last-modified"),
                 moved_to=moved_to,

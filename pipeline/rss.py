@@ -80,17 +80,25 @@ def parse_feed(
     content_type: str | None = None,
     *,
     item: Callable[[Mapping[str, Any], str], Item] | None = None,
+    content_location: str | None = None,
 ) -> list[Item]:
     """Items of a feed document (RSS, Atom, or JSON Feed); FetchError(parse_error) when
     it is not a usable feed.
 
     ``item`` turns one feedparser entry into an Item (default: a generic feed entry).
+    Relative links are resolved against ``xml:base``, else ``content_location`` (the
+    response's Content-Location), else ``url``.
     """
+    base = content_location or url
     if looks_like_json(body):  # JSON Feed: the same adapter, whatever the Content-Type says
-        return parse_json_feed(body, url)
+        return parse_json_feed(body, base)
     # feedparser's XML parser expands entities declared in an internal DTD subset (the
     # "billion laughs"); no real feed needs one, so such a document is refused unread.
     headers = {"content-type": content_type} if content_type else {}
+    if content_location:
+        # feedparser's base for relative links. (Only when the server named one: a link
+        # written relative keeps its identity as written, pipeline/rss.py ``_item``.)
+        headers["content-location"] = content_location
     body = _without_leading_space(body)
     if _declares_entities(body, headers):
         raise FetchError(
@@ -112,7 +120,7 @@ def parse_feed(
     if not parsed.get("version") and not parsed.entries:
         raise FetchError(FailureReason.PARSE_ERROR, "not a feed (no RSS or Atom document found)")
     make = item or _item
-    return [make(entry, url) for entry in parsed.entries]
+    return [make(entry, base) for entry in parsed.entries]
 
 
 def _first(entry: Mapping[str, Any], *keys: str) -> Any:
@@ -164,5 +172,7 @@ class RssAdapter:
 
     def fetch(self, source: Mapping[str, Any], fetcher: Fetcher) -> Outcome:
         return fetch_and_parse(
-            source, fetcher, lambda result: parse_feed(result.body, result.url, result.content_type)
+            source, fetcher,
+            lambda result: parse_feed(result.body, result.url, result.content_type,
+                                      content_location=result.content_location),
         )

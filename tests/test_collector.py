@@ -605,3 +605,18 @@ def test_concurrency_caps_fetches_in_flight(engine, server):
     # The suite's politeness limits are generous, so the run's own cap is the only limit in play.
     stats = collector(engine).run(concurrency=3)
     assert stats.succeeded == 12 and in_flight.peak == 3
+
+
+def test_relative_links_resolve_against_content_location(engine, server):
+    # Once resolved against the feed's own URL, ignoring the server's Content-Location.
+    body = b"<rss version='2.0'><channel><item><title>a</title><link>/relative/uri</link></item></channel></rss>"
+    server.routes["/moved"] = lambda h: h.reply(200, body, {
+        "Content-Type": "application/rss+xml", "Content-Location": "http://example.com/feeds/main.xml"})
+    server.routes["/plain"] = lambda h: h.reply(200, body, {"Content-Type": "application/rss+xml"})
+    with engine.begin() as conn:
+        moved = add_source(conn, server.url("/moved"))
+        plain = add_source(conn, server.url("/plain"))
+    collector(engine).run()
+    links = {r["source_id"]: (r["raw_json"]["url"], r["source_item_id"]) for r in rows(engine, schema.listings_raw)}
+    assert links[moved][0] == "http://example.com/relative/uri"
+    assert links[plain] == (server.url("/relative/uri"), "/relative/uri"), "identity as written, as before"
