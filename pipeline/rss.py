@@ -23,6 +23,7 @@ from urllib.parse import urljoin, urlsplit
 import feedparser
 from feedparser.encodings import convert_to_utf8
 
+from pipeline import charset
 from pipeline.adapters import Item, Outcome, fetch_and_parse
 from pipeline.failures import FailureReason, FetchError
 from pipeline.http import Fetcher
@@ -92,14 +93,15 @@ def parse_feed(
     base = content_location or url
     if looks_like_json(body):  # JSON Feed: the same adapter, whatever the Content-Type says
         return parse_json_feed(body, base)
-    # feedparser's XML parser expands entities declared in an internal DTD subset (the
-    # "billion laughs"); no real feed needs one, so such a document is refused unread.
+    body = _without_leading_space(body)
+    body, content_type = charset.as_read(body, content_type)  # its real encoding, if mislabelled
     headers = {"content-type": content_type} if content_type else {}
     if content_location:
         # feedparser's base for relative links. (Only when the server named one: a link
         # written relative keeps its identity as written, pipeline/rss.py ``_item``.)
         headers["content-location"] = content_location
-    body = _without_leading_space(body)
+    # feedparser's XML parser expands entities declared in an internal DTD subset (the
+    # "billion laughs"); no real feed needs one, so such a document is refused unread.
     if _declares_entities(body, headers):
         raise FetchError(
             FailureReason.PARSE_ERROR, "the document declares XML entities; they are never expanded"

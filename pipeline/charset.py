@@ -1,0 +1,70 @@
+"""Reading a feed in the encoding it is really in, when what it declares is missing or
+wrong.
+
+The declared encoding wins whenever it decodes the document (a byte-order mark, the
+HTTP charset, the XML declaration: feedparser's own RFC 3023 rules then apply). Only
+when nothing is declared and the bytes are not UTF-8, or the declaration fails to decode
+them, does a detector (charset-normalizer) name the encoding: an EUC-JP, KOI8-R,
+windows-1251 or GB2312 feed with no declaration is read as what it is, not as
+windows-1252 mojibake. One mislabelling is common enough to undo on sight: a UTF-8
+document labelled with a single-byte charset (``text/plain; charset=iso-8859-1`` from a
+misconfigured server). Those bytes decode as Latin-1 too, but as mojibake; a real
+Latin-1 document with accented letters is almost never valid UTF-8.
+
+A document re-read this way is handed on as UTF-8, its XML declaration and HTTP charset
+saying so.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+
+import charset_normalizer
+from feedparser.encodings import parse_content_type
+
+# Charsets that decode any bytes at all, so decoding without error proves nothing.
+_SINGLE_BYTE = {"iso-8859-1", "iso8859-1", "latin-1", "latin1", "l1", "windows-1252", "cp1252", "us-ascii", "ascii"}
+_BOMS = (codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)
+_XML_ENCODING = re.compile(rb"""^(\s*<\?xml[^>]*?encoding\s*=\s*["'])([A-Za-z0-9._:-]+)(["'])""", re.IGNORECASE)
+
+
+def _decodes(body: bytes, encoding: str) -> bool:
+    try:
+        body.decode(encoding)
+    except (LookupError, UnicodeDecodeError):
+        return False
+    return True
+
+
+def as_read(body: bytes, content_type: str | None) -> tuple[bytes, str | None]:
+    """``body`` and ``content_type``, re-encoded as UTF-8 when the declared encoding
+    (if any) is not the document's; unchanged otherwise."""
+    if body.startswith(_BOMS) or body[:2] in (b"\x00<", b"<\x00") or body.isascii():
+        return body, content_type  # a byte-order mark or UTF-16/32 says; ASCII is ASCII
+    mime, http_charset = parse_content_type(content_type or "")
+    match = _XML_ENCODING.match(body)
+    declared = [e.lower() for e in (http_charset, match.group(2).decode() if match else "") if e]
+    utf8 = _decodes(body, "utf-8")
+    if declared and all(_decodes(body, e) and e not in _SINGLE_BYTE for e in declared):
+        return body, content_type  # what it says works
+    if utf8:
+        if all(e in ("utf-8", "utf8") for e in declared):
+            return body, content_type
+        encoding = "utf-8"  # unlabelled, or UTF-8 labelled single-byte
+    else:
+        best = charset_normalizer.from_bytes(body).best()
+        if best is None:
+            return body, content_type  # feedparser's own fallbacks then apply
+        # A single-byte label on bytes that are not UTF-8 is believed, unless the
+        # detector rejects reading them so outright (KOI8-R served as iso-8859-1, say).
+        # A real Latin-1 text reads fine either way and keeps its label.
+        if (
+            declared and all(_decodes(body, e) for e in declared)
+            and charset_normalizer.from_bytes(body, cp_isolation=declared[:1]).best() is not None
+        ):
+            return body, content_type
+        encoding = best.encoding
+    text = body.decode(encoding, errors="replace").encode("utf-8")
+    text = _XML_ENCODING.sub(rb"\g<1>utf-8\g<3>", text, count=1)
+    return text, f"{mime or 'application/xml'}; charset=utf-8"

@@ -1,0 +1,61 @@
+"""Feeds read in the encoding they are really in when the declared one is missing or
+wrong (issue 11: once stored as windows-1252 mojibake)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.rss import parse_feed
+
+TITLE = {
+    "euc-jp": "東京のソフトウェアエンジニア募集",
+    "koi8-r": "Разработчик на Python в Москве",
+    "windows-1251": "Разработчик на Python в Москве",
+    "gb2312": "北京软件工程师招聘",
+    "iso-8859-1": "Café crème, déjà vu à Genève",
+    "utf-8": "Grüße aus Köln — ✓",
+}
+SUMMARY = {
+    "euc-jp": "経験者歓迎、リモート可能です。詳細は面接にて。",
+    "koi8-r": "Удалённая работа, полный день, опыт от трёх лет.",
+    "windows-1251": "Удалённая работа, полный день, опыт от трёх лет.",
+    "gb2312": "欢迎有经验者，可远程工作，待遇面议。",
+    "iso-8859-1": "Un poste à temps plein, près du lac, très agréable.",
+    "utf-8": "Straße, Übung, Größe: schön.",
+}
+
+
+def document(encoding: str, declaration: str = "") -> bytes:
+    head = f"<?xml version='1.0'{declaration}?>"
+    return (f"{head}<rss version='2.0'><channel><title>t</title><item><guid>1</guid><title>{TITLE[encoding]}</title>"
+            f"<description>{SUMMARY[encoding]}</description></item></channel></rss>").encode(encoding)
+
+
+@pytest.mark.parametrize("encoding", ["euc-jp", "koi8-r", "windows-1251", "gb2312"])
+@pytest.mark.parametrize("content_type", [None, "application/rss+xml", "text/xml"])
+def test_an_undeclared_encoding_is_detected(encoding, content_type):
+    [item] = parse_feed(document(encoding), "http://127.0.0.1/feed", content_type)
+    assert (item.raw["title"], item.raw["summary"]) == (TITLE[encoding], SUMMARY[encoding])
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "koi8-r", "euc-jp"])
+def test_a_wrong_single_byte_http_charset_is_seen_through(encoding):
+    # A misconfigured server labels everything Latin-1.
+    [item] = parse_feed(document(encoding), "http://127.0.0.1/feed", "text/plain; charset=iso-8859-1")
+    assert item.raw["title"] == TITLE[encoding]
+
+
+@pytest.mark.parametrize(("content_type", "declaration"), [
+    ("application/rss+xml; charset=iso-8859-1", ""),
+    (None, " encoding='iso-8859-1'"),
+    ("text/xml; charset=windows-1252", ""),
+])
+def test_a_true_declared_encoding_is_believed(content_type, declaration):
+    [item] = parse_feed(document("iso-8859-1", declaration), "http://127.0.0.1/feed", content_type)
+    assert item.raw["title"] == TITLE["iso-8859-1"]
+
+
+def test_a_declared_encoding_that_fails_is_replaced_by_what_the_bytes_are():
+    body = document("koi8-r", " encoding='utf-8'")  # says UTF-8, is KOI8-R
+    [item] = parse_feed(body, "http://127.0.0.1/feed", "application/rss+xml")
+    assert item.raw["title"] == TITLE["koi8-r"]
