@@ -92,19 +92,38 @@ def sources_group() -> None:
 @click.option("--group", "group", metavar="NAME",
               help="Politeness group (default: the URL's host, or its registrable domain with"
                    " PIPELINE_POLITENESS_GROUP_BY=domain; youtube for YouTube sources).")
+@click.option("--check", is_flag=True,
+              help="Fetch the source once first and say what it holds; nothing is stored if it"
+                   " fails. A page that advertises one feed is replaced by that feed.")
 def sources_add(
     url: str, source_type: str | None, name: str | None, interval: int, category: str | None,
-    config: str | None, group: str | None,
+    config: str | None, group: str | None, check: bool,
 ) -> None:
     """Add a source and print its id.
 
     URL is a feed, a page, or a YouTube channel URL, channel id (UC...), @handle or
     playlist URL.
     """
-    spec = sources.make_spec(
-        url, source_type=source_type, name=name, interval=interval, category=category,
-        config=config, politeness_group=group, group_by=Settings.from_env().politeness_group_by,
-    )
+    settings = Settings.from_env()
+
+    def spec_for(target: str) -> sources.SourceSpec:
+        return sources.make_spec(
+            target, source_type=source_type, name=name, interval=interval, category=category,
+            config=config, politeness_group=group, group_by=settings.politeness_group_by,
+        )
+
+    spec = spec_for(url)
+    if check:
+        from pipeline import discovery
+        from pipeline.http import Fetcher
+
+        with Fetcher(timeout=settings.http_timeout_seconds, max_bytes=settings.max_response_bytes,
+                     allow_networks=settings.allow_networks) as fetcher:
+            checked = discovery.check(spec, fetcher, spec_for)
+        spec = checked.spec
+        if checked.found_from:
+            click.echo(f"{checked.found_from} is a page; adding the feed it advertises: {spec.url}", err=True)
+        click.echo(f"checked: {checked.items} items at {spec.url}", err=True)
     with _engine().begin() as conn:
         click.echo(sources.add_source(conn, spec))
 

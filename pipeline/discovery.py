@@ -1,0 +1,91 @@
+"""``sources add --check``: fetch a new source once, before anything is stored, and say
+what was found; an HTML page given where a feed was meant is replaced by the feed it
+advertises (``<link rel="alternate" type="application/rss+xml" href=...>``).
+
+Every request goes through the run's Fetcher (the SSRF guard, the caps, the deadline).
+Nothing here writes to the database: the caller adds the spec it is given back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urljoin
+
+from bs4 import BeautifulSoup
+
+from pipeline.adapters import adapter_for
+from pipeline.failures import FetchError
+from pipeline.http import Fetcher
+from pipeline.jsonfeed import looks_like_json
+from pipeline.sources import SourceError, SourceSpec
+
+FEED_TYPES = (
+    "application/rss+xml", "application/atom+xml", "application/feed+json", "application/json",
+    "application/rdf+xml", "application/xml", "text/xml",
+)
+
+
+@dataclass(frozen=True)
+class Checked:
+    spec: SourceSpec  # the source to add (its URL the discovered feed's, if one was)
+    items: int
+    found_from: str | None = None  # the page the feed was found on
+
+
+def advertised_feeds(body: bytes, page_url: str) -> list[str]:
+    """The feeds an HTML page names in ``<link rel="alternate">``, absolute, in order,
+    without repeats."""
+    soup = BeautifulSoup(body, "html.parser")
+    found: list[str] = []
+    for link in soup.find_all("link", href=True):
+        rel: object = link.get("rel") or []
+        rels = {str(r).lower() for r in (rel if isinstance(rel, list) else str(rel).split())}
+        kind = str(link.get("type") or "").split(";")[0].strip().lower()
+        if "alternate" in rels and kind in FEED_TYPES:
+            url = urljoin(page_url, str(link["href"]).strip())
+            if url not in found:
+                found.append(url)
+    return found
+
+
+def _is_html(body: bytes, content_type: str | None) -> bool:
+    if looks_like_json(body):
+        return False
+    head = body[:512].lstrip().lower()
+    return (content_type or "").split(";")[0].strip().lower() == "text/html" or head.startswith(
+        (b"<!doctype html", b"<html")
+    )
+
+
+def check(spec: SourceSpec, fetcher: Fetcher, respec: Callable[[str], SourceSpec]) -> Checked:
+    """Fetch ``spec`` once; a feed's page is swapped for its feed (``respec`` makes the
+    spec of a discovered URL). SourceError, naming what was found, when it will not work."""
+    found_from = None
+    if spec.source_type == "rss":
+        try:
+            page = fetcher.fetch(spec.url)
+        except FetchError as exc:
+            raise SourceError(f"{spec.url}: the check failed: {exc}") from None
+        if _is_html(page.body, page.content_type):
+            feeds = advertised_feeds(page.body, page.url)
+            if not feeds:
+                raise SourceError(
+                    f"{spec.url} is an HTML page that names no feed: give the feed's URL, or"
+                    " --type http with CSS selectors to read the page itself"
+                )
+            if len(feeds) > 1:
+                raise SourceError(
+                    f"{spec.url} names {len(feeds)} feeds; add the one you mean: " + ", ".join(feeds)
+                )
+            found_from, spec = spec.url, respec(feeds[0])
+    row = {**spec.row(), "id": None, "etag": None, "last_modified": None}
+    try:
+        outcome = adapter_for(spec.source_type).fetch(row, fetcher)
+    except FetchError as exc:
+        raise SourceError(f"{spec.url}: the check failed: {exc}") from None
+    if outcome.config_updates:  # a YouTube @handle resolved once: kept
+        spec = dataclasses.replace(spec, config={**spec.config, **outcome.config_updates})
+    return Checked(spec=spec, items=len(outcome.items), found_from=found_from)
+

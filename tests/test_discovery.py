@@ -1,0 +1,82 @@
+"""`sources add --check` against pages and feeds served on 127.0.0.1: a page that
+advertises its feed adds the feed; a typo, a page with no feed or several, and a failing
+source are refused before anything is stored (issue 11: once all were added with exit 0
+and failed later, quietly)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+
+from pipeline import schema
+from tests.http_server import LocalServer
+from tests.test_cli import assert_one_line_error, run
+from tests.test_collector import rss
+
+pytestmark = pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+
+
+@pytest.fixture
+def site():
+    srv = LocalServer().start()
+    feed = rss([("a", "A job"), ("b", "B job")])
+    srv.routes["/feed.xml"] = lambda h: h.reply(200, feed, {"Content-Type": "application/rss+xml"})
+    srv.routes["/other.xml"] = lambda h: h.reply(200, feed, {"Content-Type": "application/rss+xml"})
+    page = (b"<!DOCTYPE html><html><head><title>Jobs</title>"
+            b"<link rel='alternate' type='application/rss+xml' href='/feed.xml'></head><body>hi</body></html>")
+    srv.routes["/jobs"] = lambda h: h.reply(200, page, {"Content-Type": "text/html"})
+    two = page.replace(b"</head>", b"<link rel='alternate' type='application/atom+xml' href='/other.xml'></head>")
+    srv.routes["/two"] = lambda h: h.reply(200, two, {"Content-Type": "text/html; charset=utf-8"})
+    srv.routes["/none"] = lambda h: h.reply(200, b"<html><body>no feed here</body></html>", {"Content-Type": "text/html"})
+    yield srv
+    srv.stop()
+
+
+def stored(engine: sa.Engine) -> list[str]:
+    with engine.connect() as conn:
+        return conn.execute(sa.select(schema.sources.c.url)).scalars().all()
+
+
+def env(db_url: str) -> dict[str, str]:
+    return {"DATABASE_URL": db_url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32"}
+
+
+def test_a_page_that_advertises_its_feed_adds_the_feed(engine, db_url, site):
+    result = run("sources", "add", site.url("/jobs"), "--check", env=env(db_url))
+    assert result.returncode == 0, result.stderr
+    assert f"adding the feed it advertises: {site.url('/feed.xml')}" in result.stderr
+    assert "checked: 2 items" in result.stderr
+    assert stored(engine) == [site.url("/feed.xml")]
+
+
+def test_a_feed_is_checked_and_added(engine, db_url, site):
+    result = run("sources", "add", site.url("/feed.xml"), "--check", env=env(db_url))
+    assert result.returncode == 0 and "checked: 2 items" in result.stderr, result.stderr
+    assert stored(engine) == [site.url("/feed.xml")]
+
+
+@pytest.mark.parametrize(("path", "fragment"), [
+    ("/two", "names 2 feeds; add the one you mean"),
+    ("/none", "is an HTML page that names no feed"),
+    ("/typo", "the check failed: http_4xx"),
+])
+def test_what_will_not_work_is_refused_before_anything_is_stored(engine, db_url, site, path, fragment):
+    assert_one_line_error(run("sources", "add", site.url(path), "--check", env=env(db_url)), fragment)
+    assert stored(engine) == []
+
+
+def test_without_check_nothing_changes_for_scripts(engine, db_url, site):
+    result = run("sources", "add", site.url("/typo"), env=env(db_url))
+    assert result.returncode == 0 and result.stderr == ""
+    assert stored(engine) == [site.url("/typo")]
+
+
+def test_a_youtube_handle_that_does_not_resolve_is_refused_when_checked(engine, db_url, site):
+    site.routes["/api/channels"] = lambda h: h.reply(200, b'{"items": []}', {"Content-Type": "application/json"})
+    config = json.dumps({"api_key": "KEY-0123456789", "api_base": site.url("/api")})
+    result = run("sources", "add", "@nobody-here", "--config", config, "--check", env=env(db_url))
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "the check failed" in result.stderr and "KEY-0123456789" not in result.stderr
+    assert stored(engine) == []
