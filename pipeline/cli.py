@@ -130,12 +130,28 @@ def sources_add(
 
 @sources_group.command("import")
 @click.argument("file", type=click.Path(path_type=Path))
-def sources_import(file: Path) -> None:
+@click.option("--check", is_flag=True,
+              help="Fetch every entry once first (as `sources add --check`); one that fails"
+                   " rejects the file. Entries are fetched one after another: for small files.")
+def sources_import(file: Path, check: bool) -> None:
     """Add every source of an OPML, YAML or CSV FILE whose URL is new.
 
     All entries are checked first: one bad entry rejects the whole file.
     """
-    specs = sources.read_source_file(file, group_by=Settings.from_env().politeness_group_by)
+    settings = Settings.from_env()
+    specs = sources.read_source_file(file, group_by=settings.politeness_group_by)
+    if check:
+        from pipeline import discovery
+        from pipeline.http import Fetcher
+
+        with Fetcher(timeout=settings.http_timeout_seconds, max_bytes=settings.max_response_bytes,
+                     allow_networks=settings.allow_networks) as fetcher:
+            checked = discovery.check_all(specs, fetcher, settings.politeness_group_by, str(file))
+        for c in checked:
+            if c.found_from:
+                click.echo(f"{c.found_from} is a page; importing the feed it advertises: {c.spec.url}", err=True)
+        specs = [c.spec for c in checked]
+        click.echo(f"checked: {sum(c.items for c in checked)} items in {len(checked)} sources", err=True)
     with _engine().begin() as conn, _progress(len(specs), f"importing {len(specs):,} sources") as bar:
         result = sources.import_sources(conn, specs, progress=bar.update)
     click.echo(f"{result.added} added, {result.present} already present")

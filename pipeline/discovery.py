@@ -9,6 +9,7 @@ Nothing here writes to the database: the caller adds the spec it is given back.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urljoin
@@ -19,7 +20,8 @@ from pipeline.adapters import adapter_for
 from pipeline.failures import FetchError
 from pipeline.http import Fetcher
 from pipeline.jsonfeed import looks_like_json
-from pipeline.sources import SourceError, SourceSpec
+from pipeline.politeness import group_for
+from pipeline.sources import SourceError, SourceSpec, make_spec
 
 FEED_TYPES = (
     "application/rss+xml", "application/atom+xml", "application/feed+json", "application/json",
@@ -89,3 +91,33 @@ def check(spec: SourceSpec, fetcher: Fetcher, respec: Callable[[str], SourceSpec
         spec = dataclasses.replace(spec, config={**spec.config, **outcome.config_updates})
     return Checked(spec=spec, items=len(outcome.items), found_from=found_from)
 
+
+
+def respec(spec: SourceSpec, url: str, group_by: str) -> SourceSpec:
+    """``spec`` for another URL (the feed a page advertises), its options kept: a name
+    or a politeness group that was given stays; one that came from the old URL follows."""
+    named = spec.politeness_group != group_for(spec.url, spec.source_type, by=group_by)
+    return make_spec(
+        url, source_type=spec.source_type, name=None if spec.name == spec.url else spec.name,
+        interval=spec.interval_minutes, category=spec.category, config=spec.config,
+        politeness_group=spec.politeness_group if named else None, group_by=group_by,
+    )
+
+
+def _respec_to(spec: SourceSpec, group_by: str, url: str) -> SourceSpec:
+    return respec(spec, url, group_by)
+
+
+def check_all(specs: list[SourceSpec], fetcher: Fetcher, group_by: str, file: str) -> list[Checked]:
+    """``check`` every entry of an import file; SourceError naming every entry that will
+    not work (the file is then imported not at all, as for any bad entry)."""
+    checked, problems = [], []
+    for number, spec in enumerate(specs, 1):
+        try:
+            checked.append(check(spec, fetcher, functools.partial(_respec_to, spec, group_by)))
+        except SourceError as exc:
+            problems.append(f"entry {number}: {exc}")
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise SourceError(f"{file}: nothing imported: " + "; ".join(problems[:5]) + more)
+    return checked

@@ -80,3 +80,24 @@ def test_a_youtube_handle_that_does_not_resolve_is_refused_when_checked(engine, 
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert "the check failed" in result.stderr and "KEY-0123456789" not in result.stderr
     assert stored(engine) == []
+
+
+def test_import_check_adds_advertised_feeds_and_refuses_a_file_with_a_failing_entry(engine, db_url, site, tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text(f"- url: {site.url('/jobs')}\n  name: Jobs board\n  group: boards\n- url: {site.url('/other.xml')}\n")
+    result = run("sources", "import", str(good), "--check", env=env(db_url))
+    assert result.returncode == 0, result.stderr
+    assert f"importing the feed it advertises: {site.url('/feed.xml')}" in result.stderr
+    assert "checked: 4 items in 2 sources" in result.stderr
+    with engine.connect() as conn:
+        rows = {r.url: r for r in conn.execute(sa.select(schema.sources))}
+    assert sorted(rows) == sorted([site.url("/feed.xml"), site.url("/other.xml")])
+    feed = rows[site.url("/feed.xml")]
+    assert (feed.name, feed.politeness_group) == ("Jobs board", "boards"), "the entry's options follow the feed"
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"- url: {site.url('/feed.xml')}\n- url: {site.url('/typo')}\n- url: {site.url('/none')}\n")
+    result = run("sources", "import", str(bad), "--check", env=env(db_url))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "nothing imported" in result.stderr and "entry 2" in result.stderr and "entry 3" in result.stderr
+    assert len(stored(engine)) == 2, "nothing more was stored"
