@@ -329,6 +329,20 @@ def test_what_a_forgiving_reader_reads_is_read(body, titles):
     assert [item.raw["title"] for item in parse_feed(body, "http://127.0.0.1/feed")] == titles
 
 
+@pytest.mark.parametrize("content", [
+    "<content type='html'>&lt;p&gt;Remote &lt;b&gt;role&lt;/b&gt;&lt;/p&gt;</content>",
+    "<content type='xhtml'><div xmlns='http://www.w3.org/1999/xhtml'><p>Remote <b>role</b></p></div></content>",
+    "<content type='text'>Remote role</content>",
+    "<content type='text/html' mode='base64'>PHA+UmVtb3RlIDxiPnJvbGU8L2I+PC9wPg==</content>",
+    "<content type='text/html' mode='escaped'>&lt;p&gt;Remote role&lt;/p&gt;</content>",
+])
+def test_atom_content_in_every_encoding_is_kept(content):
+    body = (f"<feed xmlns='http://www.w3.org/2005/Atom'><title>t</title><entry><id>urn:x:1</id>"
+            f"<title>a</title>{content}</entry></feed>").encode()
+    [item] = parse_feed(body, "http://127.0.0.1/feed")
+    assert "Remote" in item.raw["summary"] and "role" in item.raw["summary"], item.raw
+
+
 def test_the_author_is_the_persons_name():
     # Once stored as "jane@example.org (Jane Doe)", as RSS writes it.
     body = (b"<rss version='2.0'><channel><item><title>a</title><author>jane@example.org (Jane Doe)</author></item>"
