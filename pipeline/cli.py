@@ -105,21 +105,16 @@ def sources_add(
     playlist URL.
     """
     settings = Settings.from_env()
-
-    def spec_for(target: str) -> sources.SourceSpec:
-        return sources.make_spec(
-            target, source_type=source_type, name=name, interval=interval, category=category,
-            config=config, politeness_group=group, group_by=settings.politeness_group_by,
-        )
-
-    spec = spec_for(url)
+    spec = sources.make_spec(
+        url, source_type=source_type, name=name, interval=interval, category=category,
+        config=config, politeness_group=group, group_by=settings.politeness_group_by,
+    )
     if check:
         from pipeline import discovery
         from pipeline.http import Fetcher
 
-        with Fetcher(timeout=settings.http_timeout_seconds, max_bytes=settings.max_response_bytes,
-                     allow_networks=settings.allow_networks) as fetcher:
-            checked = discovery.check(spec, fetcher, spec_for)
+        with Fetcher.from_settings(settings) as fetcher:
+            checked = discovery.check(spec, fetcher, settings.politeness_group_by)
         spec = checked.spec
         if checked.found_from:
             click.echo(f"{checked.found_from} is a page; adding the feed it advertises: {spec.url}", err=True)
@@ -144,8 +139,7 @@ def sources_import(file: Path, check: bool) -> None:
         from pipeline import discovery
         from pipeline.http import Fetcher
 
-        with Fetcher(timeout=settings.http_timeout_seconds, max_bytes=settings.max_response_bytes,
-                     allow_networks=settings.allow_networks) as fetcher:
+        with Fetcher.from_settings(settings) as fetcher:
             checked = discovery.check_all(specs, fetcher, settings.politeness_group_by, str(file))
         for c in checked:
             if c.found_from:

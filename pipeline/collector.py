@@ -130,12 +130,7 @@ class Collector:
         # between claims, is not what its host sees.
         adapter_for("rss")
         threads = concurrency or self.settings.concurrency
-        with Fetcher(
-            timeout=self.settings.http_timeout_seconds,
-            max_bytes=self.settings.max_response_bytes,
-            allow_networks=self.settings.allow_networks,
-            max_connections=max(threads * 2, 8),
-        ) as fetcher:
+        with Fetcher.from_settings(self.settings, threads=threads) as fetcher:
             stats.claimed = work_claimed(
                 queue, self.worker, threads=threads, max_rows=max_sources,
                 batch_size=self.batch_size, write_window=self.write_window,

@@ -9,8 +9,6 @@ Nothing here writes to the database: the caller adds the spec it is given back.
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urljoin
 
@@ -61,9 +59,9 @@ def _is_html(body: bytes, content_type: str | None) -> bool:
     )
 
 
-def check(spec: SourceSpec, fetcher: Fetcher, respec: Callable[[str], SourceSpec]) -> Checked:
-    """Fetch ``spec`` once; a feed's page is swapped for its feed (``respec`` makes the
-    spec of a discovered URL). SourceError, naming what was found, when it will not work."""
+def check(spec: SourceSpec, fetcher: Fetcher, group_by: str) -> Checked:
+    """Fetch ``spec`` once; a feed's page is swapped for its feed (``respec``, its
+    options kept). SourceError, naming what was found, when it will not work."""
     found_from = None
     if spec.source_type == "rss":
         try:
@@ -81,7 +79,7 @@ def check(spec: SourceSpec, fetcher: Fetcher, respec: Callable[[str], SourceSpec
                 raise SourceError(
                     f"{spec.url} names {len(feeds)} feeds; add the one you mean: " + ", ".join(feeds)
                 )
-            found_from, spec = spec.url, respec(feeds[0])
+            found_from, spec = spec.url, respec(spec, feeds[0], group_by)
     row = {**spec.row(), "id": None, "etag": None, "last_modified": None}
     try:
         outcome = adapter_for(spec.source_type).fetch(row, fetcher)
@@ -104,17 +102,13 @@ def respec(spec: SourceSpec, url: str, group_by: str) -> SourceSpec:
     )
 
 
-def _respec_to(spec: SourceSpec, group_by: str, url: str) -> SourceSpec:
-    return respec(spec, url, group_by)
-
-
 def check_all(specs: list[SourceSpec], fetcher: Fetcher, group_by: str, file: str) -> list[Checked]:
     """``check`` every entry of an import file; SourceError naming every entry that will
     not work (the file is then imported not at all, as for any bad entry)."""
     checked, problems = [], []
     for number, spec in enumerate(specs, 1):
         try:
-            checked.append(check(spec, fetcher, functools.partial(_respec_to, spec, group_by)))
+            checked.append(check(spec, fetcher, group_by))
         except SourceError as exc:
             problems.append(f"entry {number}: {exc}")
     if problems:

@@ -25,6 +25,7 @@ import httpcore
 import httpx
 
 from pipeline.failures import FailureReason, FetchError
+from pipeline.settings import Settings
 
 # httpx logs every request's full URL at INFO ("HTTP Request: POST https://..."). URLs can
 # be credentials (a chat service's webhook carries its token in the path), and the
@@ -328,6 +329,17 @@ class Fetcher:
             trust_env=False,  # an environment proxy would bypass the address guard
         )
 
+    @classmethod
+    def from_settings(cls, settings: Settings, *, threads: int = 16) -> Fetcher:
+        """The run's Fetcher as the settings configure it, pooling enough connections
+        for ``threads`` workers."""
+        return cls(
+            timeout=settings.http_timeout_seconds,
+            max_bytes=settings.max_response_bytes,
+            allow_networks=settings.allow_networks,
+            max_connections=max(threads * 2, 8),
+        )
+
     def close(self) -> None:
         self.client.close()
 
@@ -541,11 +553,9 @@ class Fetcher:
                             http_status=response.status_code,
                         )
                     chunks.append(chunk)
-                if time.monotonic() > deadline:  # a server that drips bytes forever
-                    raise FetchError(
-                        FailureReason.TIMEOUT, f"body not complete within {self.timeout:g} s"
-                    )
         except httpx.TimeoutException:
+            # Also a server that drips bytes past the deadline: every read is bounded by it
+            # (_DeadlineStream).
             raise FetchError(FailureReason.TIMEOUT, f"body not complete within {self.timeout:g} s") from None
         except zlib.error as exc:
             raise FetchError(FailureReason.PARSE_ERROR, f"undecodable body: {exc}") from None

@@ -165,12 +165,7 @@ class Notifier:
     def deliver(self, stats: NotifyStats, *, max_notifications: int | None = None) -> None:
         queue = WorkQueue(self.engine, schema.NOTIFICATIONS_DUE, lease_seconds=self.settings.lease_seconds)
         threads = self.settings.concurrency
-        with Fetcher(
-            timeout=self.settings.http_timeout_seconds,
-            max_bytes=self.settings.max_response_bytes,
-            allow_networks=self.settings.allow_networks,
-            max_connections=max(threads * 2, 8),
-        ) as fetcher:
+        with Fetcher.from_settings(self.settings, threads=threads) as fetcher:
             channels = self.channels or {"webhook": WebhookChannel(fetcher), "apprise": AppriseChannel(fetcher.guard)}
             stats.claimed += work_claimed(
                 queue, self.worker, threads=threads, max_rows=max_notifications,
