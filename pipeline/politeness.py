@@ -142,6 +142,13 @@ def set_limits(
         conn.execute(sa.update(_groups).where(_groups.c.name == name).values(values))
 
 
+def fetching(sources: sa.FromClause, now: sa.ColumnElement[datetime]) -> sa.ColumnElement[bool]:
+    """A source being fetched: claimed, its lease running. ``claimed_by`` is named, not
+    only the lease, because it is the predicate of ix_sources_politeness_leased, which
+    serves every count of a group's fetches (migration 0007)."""
+    return sources.c.claimed_by.is_not(None) & (sources.c.locked_until > now)
+
+
 def list_groups(conn: Connection) -> list[dict[str, Any]]:
     """Every group with its effective limits, its sources and its fetches in flight."""
     g, d, s = _groups, _groups.alias("d"), _sources
@@ -150,7 +157,7 @@ def list_groups(conn: Connection) -> list[dict[str, Any]]:
         sa.select(
             s.c.politeness_group.label("name"),
             sa.func.count().label("sources"),
-            sa.func.count().filter(s.c.locked_until > now).label("in_flight"),
+            sa.func.count().filter(fetching(s, now)).label("in_flight"),
         )
         .group_by(s.c.politeness_group)
         .subquery()
@@ -198,12 +205,12 @@ class PoliteQueue(WorkQueue):
     # -- shared SQL ---------------------------------------------------------------------
 
     def _in_flight(self, group: sa.ColumnElement[str]) -> sa.ScalarSelect[int]:
-        """The group's fetches in flight: its sources whose lease is running (served by
-        ix_sources_politeness_leased)."""
+        """The group's fetches in flight: its claimed sources whose lease is running
+        (served by ix_sources_politeness_leased, whose predicate is the holder's)."""
         leased = _sources.alias("leased")
         return (
             sa.select(sa.func.count())
-            .where(leased.c.politeness_group == group, leased.c.locked_until > self.now())
+            .where(leased.c.politeness_group == group, fetching(leased, self.now()))
             .scalar_subquery()
         )
 
@@ -393,7 +400,7 @@ class PoliteQueue(WorkQueue):
             in_flight: dict[str, int] = dict(conn.execute(
                 sa.select(s.c.politeness_group, sa.func.count())
                 .where(s.c.politeness_group.in_([grp["name"] for grp in groups]),
-                       s.c.locked_until > self.now())
+                       fetching(s, self.now()))
                 .group_by(s.c.politeness_group),
                 params,
             ).all())

@@ -167,11 +167,13 @@ sources = sa.Table(
     ),
     *_claim_columns(),
     sa.UniqueConstraint("url"),
-    # Fetches in flight per group: the leased sources of the group (the claim counts them).
+    # Fetches in flight per group: the claimed sources of the group (the polite claim
+    # counts them). The predicate names ``claimed_by``, which no other query does, so
+    # the plain claim's expired-lease branch keeps to its own index (migration 0007).
     sa.Index(
         "ix_sources_politeness_leased", "politeness_group", "locked_until",
-        postgresql_where=sa.text("locked_until IS NOT NULL"),
-        sqlite_where=sa.text("locked_until IS NOT NULL"),
+        postgresql_where=sa.text("claimed_by IS NOT NULL"),
+        sqlite_where=sa.text("claimed_by IS NOT NULL"),
     ),
     sa.CheckConstraint(
         "source_type IN ('rss', 'http', 'youtube')", name="source_type"
