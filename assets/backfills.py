@@ -12,17 +12,17 @@ Partitions start at PIPELINE_BACKFILL_START (an ISO date, default 2025-01-01).
 """
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
-import os
 
 import dagster as dg
 
-from pipeline.collector import refetch_sources
-from pipeline.notifier import Notifier
-from pipeline.processor import Processor, reopen_window
+from assets.policies import STAGE_TAG
+from pipeline.catalogue.sources import refetch_sources
+from pipeline.core.settings import Settings
+from pipeline.listings.processor import Processor, reopen_window
+from pipeline.notify.notifier import Notifier
 from resources import PipelineDatabase
-from sensors.runs import STAGE_TAG
 
-DAYS = dg.DailyPartitionsDefinition(start_date=os.environ.get("PIPELINE_BACKFILL_START", "2025-01-01"))
+DAYS = dg.DailyPartitionsDefinition(start_date=Settings.from_env().backfill_start.isoformat())
 TAGS = {STAGE_TAG: "backfill"}
 
 

@@ -1,23 +1,18 @@
 """Asset checks: is work being taken, is the raw backlog fresh, are sources failing, are
-notifications dying. Each reads pipeline/health.py, one cheap query per question.
+notifications dying. Each reads pipeline/storage/health.py, one cheap query per question.
 
 Thresholds are environment variables (minutes): PIPELINE_STALE_LEASE_MINUTES (10),
 PIPELINE_RAW_BACKLOG_MAX_MINUTES (60).
 """
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
-import os
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
-from pipeline import health, schema
-from pipeline.claim import QueueSpec
+from pipeline.queue.claim import QueueSpec
+from pipeline.storage import health, schema
 from resources import PipelineDatabase
-
-
-def _minutes(name: str, default: int) -> int:
-    return max(1, int(os.environ.get(name, str(default))))
 
 
 def _stale_lease_check(asset: str, queues: tuple[QueueSpec, ...], stage: str) -> dg.AssetChecksDefinition:
@@ -27,7 +22,7 @@ def _stale_lease_check(asset: str, queues: tuple[QueueSpec, ...], stage: str) ->
         "(PIPELINE_STALE_LEASE_MINUTES): such work means no worker of the stage is running.",
     )
     def check(database: PipelineDatabase) -> dg.AssetCheckResult:
-        minutes = _minutes("PIPELINE_STALE_LEASE_MINUTES", 10)
+        minutes = database.settings().stale_lease_minutes
         with database.engine.connect() as conn:
             counts = health.stale_leases(conn, queues, timedelta(minutes=minutes))
         stale = sum(counts.values())
@@ -48,7 +43,7 @@ def _raw_backlog() -> dg.AssetChecksDefinition:
         "PIPELINE_RAW_BACKLOG_MAX_MINUTES; raw rows the processor gave up on are counted.",
     )
     def raw_backlog_age(database: PipelineDatabase) -> dg.AssetCheckResult:
-        limit = _minutes("PIPELINE_RAW_BACKLOG_MAX_MINUTES", 60)
+        limit = database.settings().raw_backlog_max_minutes
         with database.engine.connect() as conn:
             backlog = health.raw_backlog(conn)
         age = backlog.age_minutes(datetime.now(UTC))

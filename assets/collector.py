@@ -1,12 +1,12 @@
-"""The ``listings_raw`` asset: one collector pass (pipeline/collector.py) per run."""
+"""The ``listings_raw`` asset: one collector pass (pipeline/fetching/collector.py) per run."""
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
 
 import dagster as dg
 
 from assets.policies import STEP_RETRY
-from pipeline.collector import Collector
-from pipeline.status import recorded
+from pipeline.fetching.collector import Collector
+from pipeline.storage.status import recorded
 from resources import PipelineDatabase
 
 

@@ -1,4 +1,4 @@
-"""The ``notifications`` asset: one notifier pass (pipeline/notifier.py) per run."""
+"""The ``notifications`` asset: one notifier pass (pipeline/notify/notifier.py) per run."""
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
 import re
@@ -7,8 +7,8 @@ import dagster as dg
 
 from assets.policies import STEP_RETRY
 from assets.processor import listings
-from pipeline.notifier import Notifier
-from pipeline.status import recorded
+from pipeline.notify.notifier import Notifier
+from pipeline.storage.status import recorded
 from resources import PipelineDatabase
 
 

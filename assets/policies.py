@@ -1,4 +1,5 @@
-"""What every stage's asset shares: the step retry policy."""
+"""What every stage's runs share: the step retry policy, and the tag that names a run's stage
+(the sensors count a stage's active runs by it)."""
 
 import dagster as dg
 
@@ -8,3 +9,5 @@ import dagster as dg
 STEP_RETRY = dg.RetryPolicy(
     max_retries=3, delay=15, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS
 )
+
+STAGE_TAG = "pipeline/stage"

@@ -1,12 +1,12 @@
-"""The ``listings`` asset: one processor pass (pipeline/processor.py) per run."""
+"""The ``listings`` asset: one processor pass (pipeline/listings/processor.py) per run."""
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
 import dagster as dg
 
 from assets.collector import listings_raw
 from assets.policies import STEP_RETRY
-from pipeline.processor import Processor
-from pipeline.status import recorded
+from pipeline.listings.processor import Processor
+from pipeline.storage.status import recorded
 from resources import PipelineDatabase
 
 

@@ -1,4 +1,4 @@
-"""Claim-and-complete throughput of pipeline/claim.py on PostgreSQL, beside two baselines.
+"""Claim-and-complete throughput of pipeline/queue/claim.py on PostgreSQL, beside two baselines.
 
 For 1, 4 and 8 worker processes and batch sizes 1, 10 and 100, each system drains the
 same number of queued rows; the figure is rows (or jobs) per second of wall time, the
@@ -36,14 +36,14 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline import db, schema
-from pipeline.claim import WorkQueue
+from pipeline.queue.claim import WorkQueue
+from pipeline.storage import db, migrate, schema
 
 DB_NAME = "bench_claim"
 ROWS_FOR_BATCH = {1: 4_000, 10: 20_000, 100: 100_000}
 LEASE = "300 seconds"
 
-# The ceiling: what pipeline/claim.py sends, written by hand.
+# The ceiling: what pipeline/queue/claim.py sends, written by hand.
 RAW_CLAIM = """
 WITH expired AS MATERIALIZED (
     SELECT id FROM listings_raw
@@ -215,7 +215,7 @@ def main() -> int:
     sa_url = url.render_as_string(hide_password=False)
     driver_url = url.set(drivername="postgresql").render_as_string(hide_password=False)
     engine = db.create_engine(sa_url)
-    db.upgrade(engine)
+    migrate.upgrade(engine)
     with engine.begin() as conn:
         source_id = conn.execute(
             sa.insert(schema.sources)

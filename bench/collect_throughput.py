@@ -41,9 +41,10 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline import db, politeness, schema
-from pipeline.collector import Collector
-from pipeline.settings import Settings
+from pipeline.core.settings import Settings
+from pipeline.fetching import politeness
+from pipeline.fetching.collector import Collector
+from pipeline.storage import db, migrate, schema
 
 DB_NAME = "bench_collect"
 ITEMS = 25
@@ -131,7 +132,7 @@ def run_collectors(url: str, processes: int, concurrency: int) -> tuple[int, int
 def parse_one(body: bytes) -> int:
     import feedparser
 
-    from pipeline.rss import FEEDPARSER_OPTIONS
+    from pipeline.fetching.rss import FEEDPARSER_OPTIONS
 
     return len(feedparser.parse(body, **FEEDPARSER_OPTIONS).entries)
 
@@ -160,7 +161,7 @@ def main() -> int:
             conn.exec_driver_sql(f"CREATE DATABASE {DB_NAME}")
         url = db.parse_url(args.database_url).set(database=DB_NAME).render_as_string(hide_password=False)
         engine = db.create_engine(url)
-        db.upgrade(engine)
+        migrate.upgrade(engine)
         with engine.begin() as conn:
             # Every feed is on 127.0.0.1, the peers do not limit per host: the group's
             # limits are lifted so both sides fetch as fast as they can.

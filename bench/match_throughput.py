@@ -5,7 +5,7 @@ Measured in the same run, on the same generated listings and filters:
 * naive    -- the reference semantics as a per-filter Python loop: for every filter,
               every listing, with each listing's words computed once beforehand (so the
               loop is only the pairs: a generous baseline).
-* index    -- ``FilterIndex.matches`` (pipeline/matching.py) on the same in-memory data,
+* index    -- ``FilterIndex.matches`` (pipeline/notify/matching.py) on the same in-memory data,
               words included.
 * pass     -- the notifier's whole matching pass on a real database
               (``Notifier.match``: claim unmatched listings, load filters, match, mark
@@ -36,10 +36,10 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline import db, schema
-from pipeline.matching import Filter, FilterIndex, ListingText, words
-from pipeline.notifier import Notifier, NotifyStats
-from pipeline.settings import Settings
+from pipeline.core.settings import Settings
+from pipeline.notify.matching import Filter, FilterIndex, ListingText, words
+from pipeline.notify.notifier import Notifier, NotifyStats
+from pipeline.storage import db, migrate, schema
 
 DB_NAME = "bench_match"
 SOURCES = 50
@@ -124,7 +124,7 @@ def index_pass(filters: list[Filter], listings: list[ListingText]) -> set[tuple[
 
 def load(engine: sa.Engine, corpus: Corpus) -> None:
     """The corpus as rows: sources, users with a webhook, filters, unmatched listings."""
-    db.upgrade(engine)
+    migrate.upgrade(engine)
     created = min(f.created_at for f in corpus.filters if f.created_at)
     with engine.begin() as conn:
         conn.execute(sa.insert(schema.sources), [

@@ -32,8 +32,8 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline import db, schema
-from pipeline.claim import WorkQueue
+from pipeline.queue.claim import WorkQueue
+from pipeline.storage import db, migrate, schema
 
 TEMPLATE = "bench_process_template"
 RUN_DB = "bench_process_run"
@@ -82,7 +82,7 @@ def build_template(base: str, rows: int) -> None:
             conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         conn.exec_driver_sql(f"CREATE DATABASE {TEMPLATE}")
     engine = db.create_engine(database_url(base, TEMPLATE))
-    db.upgrade(engine)
+    migrate.upgrade(engine)
     start = datetime(2026, 11, 1, tzinfo=UTC)
     with engine.begin() as conn:
         sources = [
@@ -121,8 +121,8 @@ def fresh_copy(base: str) -> str:
 
 
 def project_worker(url: str, batch: int, start_at: float) -> tuple[int, float]:
-    from pipeline.processor import Processor
-    from pipeline.settings import Settings
+    from pipeline.core.settings import Settings
+    from pipeline.listings.processor import Processor
 
     engine = db.create_engine(url)
     processor = Processor(engine, Settings(database_url=url), worker=f"bench-{os.getpid()}", batch_size=batch)

@@ -45,9 +45,9 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pipeline import db, schema
-from pipeline.claim import WorkQueue
-from pipeline.politeness import PoliteQueue
+from pipeline.fetching.politeness import PoliteQueue
+from pipeline.queue.claim import WorkQueue
+from pipeline.storage import db, migrate, schema
 
 DUE = 500
 UNPROCESSED = 5_000
@@ -78,7 +78,7 @@ def build(base: str, name: str, sources: int, raw: int) -> sa.Engine:
         conn.exec_driver_sql(f"CREATE DATABASE {name}")
     admin.dispose()
     engine = db.create_engine(db.parse_url(base).set(database=name).render_as_string(hide_password=False))
-    db.upgrade(engine)
+    migrate.upgrade(engine)
     started = time.monotonic()
     with engine.begin() as conn:
         # DUE sources due now; the rest due over an hour that starts a day from now, so that

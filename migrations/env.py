@@ -1,11 +1,11 @@
-"""Alembic environment: migrates the engine pipeline/db.py hands over, or DATABASE_URL."""
+"""Alembic environment: migrates the engine pipeline/storage/migrate.py hands over, or DATABASE_URL."""
 
 from __future__ import annotations
 
 from alembic import context
 
-from pipeline import db, schema
-from pipeline.settings import Settings
+from pipeline.core.settings import Settings
+from pipeline.storage import db, schema
 
 config = context.config
 target_metadata = schema.metadata

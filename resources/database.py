@@ -8,9 +8,9 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 from sqlalchemy.engine import Engine
 
-from pipeline import db
-from pipeline.claim import QueueSpec, WorkQueue
-from pipeline.settings import Settings
+from pipeline.core.settings import Settings
+from pipeline.queue.claim import QueueSpec, WorkQueue
+from pipeline.storage import db, migrate
 
 
 class PipelineDatabase(dg.ConfigurableResource):  # type: ignore[type-arg]
@@ -44,7 +44,7 @@ class PipelineDatabase(dg.ConfigurableResource):  # type: ignore[type-arg]
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         engine = db.create_engine(self.settings().database_url)
         # Fail the step (and let its RetryPolicy act) before any work is claimed.
-        db.check_schema(engine)
+        migrate.check_schema(engine)
         self._engine = engine
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:

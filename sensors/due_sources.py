@@ -4,9 +4,10 @@
 import dagster as dg
 
 from assets.collector import listings_raw
-from pipeline import schema
+from assets.policies import STAGE_TAG
+from pipeline.storage import schema
 from resources import PipelineDatabase
-from sensors.runs import COUNT_CAP, STAGE_TAG, max_runs, request_if_work, sensor_interval
+from sensors.runs import COUNT_CAP, max_runs, request_if_work, sensor_interval
 
 __all__ = ["STAGE_TAG", "due_sources_sensor", "max_collector_runs"]
 

@@ -6,7 +6,7 @@ import dagster as dg
 
 from assets.notifier import notifications
 from assets.processor import listings
-from pipeline import schema
+from pipeline.storage import schema
 from resources import PipelineDatabase
 from sensors.runs import COUNT_CAP, request_if_work, sensor_interval
 

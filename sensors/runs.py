@@ -7,12 +7,13 @@ the cursor counts the ticks that asked, and the run_key makes a retried tick a n
 """
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
-import os
 from collections.abc import Callable
 
 import dagster as dg
 
-STAGE_TAG = "pipeline/stage"
+from assets.policies import STAGE_TAG
+from pipeline.core.settings import Settings
+
 ACTIVE = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -23,14 +24,14 @@ COUNT_CAP = 1000
 
 
 def sensor_interval() -> int:
-    """Seconds between a stage sensor's looks: PIPELINE_SENSOR_INTERVAL_SECONDS, default 30.
+    """Seconds between a stage sensor's looks (Settings: PIPELINE_SENSOR_INTERVAL_SECONDS).
     Read when the definitions load; each look is one capped, indexed count."""
-    return max(5, int(os.environ.get("PIPELINE_SENSOR_INTERVAL_SECONDS", "30")))
+    return Settings.from_env().sensor_interval_seconds
 
 
 def max_runs(stage: str) -> int:
-    """Runs of ``stage`` in flight at once: PIPELINE_<STAGE>_MAX_RUNS, default 2."""
-    return max(1, int(os.environ.get(f"PIPELINE_{stage.upper()}_MAX_RUNS", "2")))
+    """Runs of ``stage`` in flight at once (Settings: PIPELINE_<STAGE>_MAX_RUNS)."""
+    return Settings.from_env().max_runs(stage)
 
 
 def request_if_work(

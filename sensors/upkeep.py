@@ -1,12 +1,12 @@
-"""``upkeep_schedule``: retention, daily (pipeline/upkeep.py)."""
+"""``upkeep_schedule``: retention, daily (pipeline/storage/upkeep.py)."""
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
 import dagster as dg
 
-from pipeline.status import recorded
-from pipeline.upkeep import purge
+from assets.policies import STAGE_TAG
+from pipeline.storage.status import recorded
+from pipeline.storage.upkeep import purge
 from resources import PipelineDatabase
-from sensors.runs import STAGE_TAG
 
 
 @dg.op(description="Delete processed raw rows older than PIPELINE_RAW_RETENTION_DAYS (30) and "

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from pipeline import db
-from pipeline.collector import Collector
-from pipeline.errors import PipelineError
-from pipeline.notifier import Notifier
-from pipeline.processor import Processor
-from pipeline.settings import Settings
+from pipeline.core.errors import PipelineError
+from pipeline.core.settings import Settings
+from pipeline.fetching.collector import Collector
+from pipeline.listings.processor import Processor
+from pipeline.notify.notifier import Notifier
+from pipeline.storage import db
 
 log = logging.getLogger("chaos_worker")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 import time
 
-from pipeline import db, schema
-from pipeline.claim import Strategy, WorkQueue
+from pipeline.queue.claim import Strategy, WorkQueue
+from pipeline.storage import db, schema
 from tests.helpers import now
 
 

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from pipeline import db, politeness
+from pipeline.fetching import politeness
+from pipeline.storage import db
+from pipeline.storage.migrate import upgrade
 from tests.http_server import LocalServer
 
 BACKENDS = ("postgresql", "sqlite")
@@ -30,7 +32,7 @@ TEST_MAX_IN_FLIGHT = 64
 
 def migrate(engine: sa.Engine) -> None:
     """Bring a test database to the head revision, with the suite's politeness defaults."""
-    db.upgrade(engine)
+    upgrade(engine)
     with engine.begin() as conn:
         politeness.set_limits(conn, politeness.DEFAULT, max_in_flight=TEST_MAX_IN_FLIGHT,
                               min_interval_seconds=0)

@@ -1,4 +1,4 @@
-"""Rows for tests: small builders over pipeline.schema, shared by tests and worker processes."""
+"""Rows for tests: small builders over pipeline.storage.schema, shared by tests and worker processes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline import politeness, schema
+from pipeline.fetching import politeness
+from pipeline.storage import schema
 
 
 def now() -> datetime:

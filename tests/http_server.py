@@ -77,7 +77,8 @@ class LocalServer(ThreadingHTTPServer):
     def record(self, handler: Handler) -> None:
         with self._lock:
             self.requests.append({"path": handler.path, "headers": dict(handler.headers),
-                                  "method": handler.command, "body": handler.body})
+                                  "method": handler.command, "body": handler.body,
+                                  "port": handler.client_address[1]})
             self.connections.add(handler.client_address[1])
 
     def start(self) -> LocalServer:

@@ -16,7 +16,7 @@ from typing import Any
 
 def main(stage: str, marker: str) -> int:
     if stage == "process":
-        from pipeline import processor
+        from pipeline.listings import processor
 
         normalise = processor.normalise
 
@@ -27,7 +27,7 @@ def main(stage: str, marker: str) -> int:
 
         processor.normalise = dying_normalise  # type: ignore[assignment]
     elif stage == "notify":
-        from pipeline import delivery
+        from pipeline.notify import delivery
 
         send = delivery.WebhookChannel.send
 
@@ -38,7 +38,7 @@ def main(stage: str, marker: str) -> int:
 
         delivery.WebhookChannel.send = dying_send  # type: ignore[method-assign]
     elif stage == "collect":
-        from pipeline import rss
+        from pipeline.fetching import rss
 
         fetch = rss.RssAdapter.fetch
 

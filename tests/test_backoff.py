@@ -1,4 +1,4 @@
-"""The cadence and backoff formula of pipeline/backoff.py: pure, so checked exactly."""
+"""The cadence and backoff formula of pipeline/core/backoff.py: pure, so checked exactly."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.backoff import (
+from pipeline.core.backoff import (
     BackoffPolicy,
     next_fetch_after_success,
     next_quota_reset,
     retry_after_failure,
 )
-from pipeline.failures import PERMANENT, FailureReason, FetchError
+from pipeline.core.errors import FetchError
+from pipeline.core.failures import PERMANENT, FailureReason
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 MIDDLE = 0.5  # u = 0.5 means no jitter: 1 + 0.2 * (2 * 0.5 - 1) = 1

@@ -32,7 +32,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from pipeline import db, schema, users
+from pipeline.catalogue import users
+from pipeline.storage import db, schema
 from tests.conftest import migrate
 from tests.helpers import add_source, wait_until
 from tests.http_server import Handler, LocalServer

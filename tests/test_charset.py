@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.rss import parse_feed
+from pipeline.fetching.rss import parse_feed
 
 TITLE = {
     "euc-jp": "東京のソフトウェアエンジニア募集",

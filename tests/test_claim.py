@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from pipeline import schema
-from pipeline.claim import RowCompletion, Strategy, WorkQueue, strategy_for
+from pipeline.queue.claim import RowCompletion, Strategy, WorkQueue, strategy_for
+from pipeline.storage import schema
 from tests.helpers import add_raw_rows, add_source, now, raw_states
 
 # Every test runs on both databases, with the database's own strategy and with the
@@ -131,7 +131,7 @@ def test_expired_lease_is_claimed_again_and_late_completion_is_fenced(
     fresh = queue.claim("other-worker", 3)
     assert fresh.ids == ids, "expired leases are claimable again"
 
-    with caplog.at_level(logging.WARNING, logger="pipeline.claim"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.queue.claim"):
         late = queue.complete(stale, {"processed_at": now()})
         extended = queue.extend(stale)
         released = queue.release(stale)
@@ -224,7 +224,7 @@ def test_complete_each_writes_each_rows_own_values_and_fences_row_by_row(
         RowCompletion(rest, ids[4], {"consecutive_failures": 3, "last_failure_reason": "timeout",
                                      "next_fetch_at": later}),
     ]
-    with caplog.at_level(logging.WARNING, logger="pipeline.claim"), engine.begin() as conn:
+    with caplog.at_level(logging.WARNING, logger="pipeline.queue.claim"), engine.begin() as conn:
         fenced = queue.complete_each(completions, conn=conn)
     assert fenced.done == ids[1:] and fenced.lost == [ids[0]]
     assert "completion of 1 due row(s) changed nothing" in caplog.text

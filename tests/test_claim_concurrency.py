@@ -10,7 +10,7 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 import sqlalchemy as sa
 
-from pipeline import schema
+from pipeline.storage import schema
 from tests.claim_workers import drain
 from tests.helpers import add_raw_rows, add_source
 

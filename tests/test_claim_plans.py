@@ -17,9 +17,10 @@ import psycopg.sql
 import pytest
 import sqlalchemy as sa
 
-from pipeline import db, politeness, schema
-from pipeline.claim import QueueSpec, WorkQueue
-from pipeline.politeness import PoliteQueue
+from pipeline.fetching import politeness
+from pipeline.fetching.politeness import PoliteQueue
+from pipeline.queue.claim import QueueSpec, WorkQueue
+from pipeline.storage import bulk, db, schema
 from tests.conftest import BACKENDS, PostgresDatabases
 from tests.helpers import now
 
@@ -42,7 +43,7 @@ def _state(i: int) -> dict:
 def _insert(conn: sa.Connection, table: sa.Table, rows: list[dict]) -> None:
     # PostgreSQL: a JSON recordset per 25,000 rows, several times faster than executemany.
     for start in range(0, len(rows), 25_000):
-        db.insert_rows(conn, table, rows[start : start + 25_000])
+        bulk.insert_rows(conn, table, rows[start : start + 25_000])
 
 
 def _waiting(i: int) -> bool:
@@ -199,7 +200,7 @@ def test_claim_uses_the_partial_indexes(big_engine: sa.Engine, spec: QueueSpec) 
 
 
 def test_the_polite_claim_of_due_sources_is_index_scans_too(big_engine: sa.Engine) -> None:
-    """The due-source claim with its politeness conditions (pipeline/politeness.py):
+    """The due-source claim with its politeness conditions (pipeline/fetching/politeness.py):
     every statement it sends reads sources through indexes, including the count of a
     group's fetches in flight (ix_sources_politeness_leased)."""
     with big_engine.begin() as conn:

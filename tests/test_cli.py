@@ -11,7 +11,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from pipeline import db, schema
+from pipeline.storage import migrate, schema
 from tests.helpers import add_raw_rows, add_source, now
 
 
@@ -42,7 +42,7 @@ def test_embedded_default_creates_a_sqlite_file_in_the_state_folder(tmp_path: Pa
     result = run("db", "upgrade", env={"PIPELINE_STATE_DIR": str(state)})
     assert result.returncode == 0, result.stderr
     assert (state / "pipeline.db").exists()
-    assert f"is at schema revision {db.head_revision()}" in result.stdout
+    assert f"is at schema revision {migrate.head_revision()}" in result.stdout
     status = run("status", "--json", env={"PIPELINE_STATE_DIR": str(state)})
     assert status.returncode == 0, status.stderr
     assert set(json.loads(status.stdout)["totals"]) == set(schema.metadata.tables)
@@ -117,7 +117,7 @@ def test_backfills_from_the_command_line_touch_their_window_only(engine, db_url)
 
     from datetime import UTC, datetime
 
-    from pipeline import users
+    from pipeline.catalogue import users
 
     with engine.begin() as conn:
         source = add_source(conn, "http://127.0.0.1:9/x")

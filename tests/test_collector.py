@@ -10,11 +10,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import sqlalchemy as sa
 
-from pipeline import schema
-from pipeline.collector import Collector
-from pipeline.failures import FailureReason, FetchError
-from pipeline.rss import parse_feed
-from pipeline.settings import Settings
+from pipeline.core.errors import FetchError
+from pipeline.core.failures import FailureReason
+from pipeline.core.settings import Settings
+from pipeline.fetching.collector import Collector
+from pipeline.fetching.rss import parse_feed
+from pipeline.storage import schema
 from tests.helpers import add_source, now
 from tests.http_server import Handler, InFlight, LocalServer
 from tests.test_cli import run
@@ -514,7 +515,7 @@ def test_a_slow_source_delays_no_other_source(engine, server):
 
 
 def test_a_source_whose_write_the_database_refuses_fails_alone(engine, server, monkeypatch):
-    from pipeline import collector as collector_module
+    from pipeline.fetching import collector as collector_module
 
     serve(server, "/feed", rss([("a", "A"), ("b", "B")]))
     with engine.begin() as conn:
@@ -551,7 +552,7 @@ def test_items_are_made_storable_whatever_the_feed_holds(engine, server):
 
 
 def test_item_strings_lose_nul_and_lone_surrogates():
-    from pipeline.adapters import Item
+    from pipeline.fetching.base import Item
 
     item = Item("id\x00", "http://127.0.0.1/\x00", {"title": "a\x00b", "categories": ["x\ud800y"]})
     assert (item.source_item_id, item.url) == ("id", "http://127.0.0.1/")

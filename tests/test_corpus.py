@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from pipeline import schema
-from pipeline.collector import Collector
-from pipeline.normalize import SUMMARY_CHARS, TITLE_CHARS
-from pipeline.processor import Processor
-from pipeline.settings import Settings
+from pipeline.core.settings import Settings
+from pipeline.fetching.collector import Collector
+from pipeline.listings.normalize import SUMMARY_CHARS, TITLE_CHARS
+from pipeline.listings.processor import Processor
+from pipeline.storage import schema
 from tests.helpers import add_source
 from tests.http_server import LocalServer
 

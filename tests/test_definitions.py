@@ -10,9 +10,9 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from pipeline import schema
+from pipeline.core.errors import SchemaMismatch
 from pipeline.definitions import defs
-from pipeline.errors import SchemaMismatch
+from pipeline.storage import schema
 from resources import PipelineDatabase
 from tests.helpers import add_raw_rows, add_source, now
 

@@ -13,16 +13,18 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from pipeline import demo, schema
-from pipeline.collector import Collector
-from pipeline.notifier import Notifier
-from pipeline.processor import Processor
-from pipeline.settings import Settings
+from pipeline.core.settings import Settings
+from pipeline.demo import content
+from pipeline.demo.site import DemoSite, parse_site
+from pipeline.fetching.collector import Collector
+from pipeline.listings.processor import Processor
+from pipeline.notify.notifier import Notifier
+from pipeline.storage import schema
 
 
 @pytest.fixture
-def site(tmp_path: Path) -> Iterator[demo.DemoSite]:
-    server = demo.DemoSite(0, tmp_path / "deliveries.jsonl")
+def site(tmp_path: Path) -> Iterator[DemoSite]:
+    server = DemoSite(0, tmp_path / "deliveries.jsonl")
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
     thread.start()
     yield server
@@ -30,15 +32,15 @@ def site(tmp_path: Path) -> Iterator[demo.DemoSite]:
     server.server_close()
 
 
-def received(site: demo.DemoSite) -> dict:
+def received(site: DemoSite) -> dict:
     with urllib.request.urlopen(f"{site.url}/deliveries.json", timeout=5) as response:
         return json.loads(response.read())
 
 
 def test_every_demo_source_feeds_the_pipeline_and_the_receiver_gets_signed_deliveries(engine, site):
     with engine.begin() as conn:
-        assert demo.seed(conn, site.url) == {"sources_added": 4, "filters_added": len(demo.DEMO_FILTERS)}
-        assert demo.seed(conn, site.url) == {"sources_added": 0, "filters_added": 0}, "safe on every start"
+        assert content.seed(conn, site.url) == {"sources_added": 4, "filters_added": len(content.DEMO_FILTERS)}
+        assert content.seed(conn, site.url) == {"sources_added": 0, "filters_added": 0}, "safe on every start"
     settings = Settings(database_url=str(engine.url), allow_networks=("127.0.0.1/32",))
     collected = Collector(engine, settings, "demo-test").run()
     assert (collected.succeeded, sum(collected.failed.values())) == (4, 0)
@@ -79,11 +81,11 @@ def test_the_receiver_refuses_a_bad_signature_and_drops_a_repeat(site):
         except urllib.error.HTTPError as exc:
             return exc.code
 
-    from pipeline.delivery import sign
+    from pipeline.notify.delivery import sign
 
     assert post("sha256=" + "0" * 64) == 401
-    assert post(sign(demo.DEMO_SECRET, body)) == 204
-    assert post(sign(demo.DEMO_SECRET, body)) == 204
+    assert post(sign(content.DEMO_SECRET, body)) == 204
+    assert post(sign(content.DEMO_SECRET, body)) == 204
     got = received(site)
     assert (got["total"], got["repeats_dropped"]) == (1, 1)
 
@@ -91,4 +93,4 @@ def test_the_receiver_refuses_a_bad_signature_and_drops_a_repeat(site):
 @pytest.mark.parametrize("url", ["http://10.0.0.1:8780", "https://127.0.0.1:8780", "http://127.0.0.1:8780/feeds"])
 def test_the_demo_site_must_be_a_loopback_root(url):
     with pytest.raises(ValueError, match="demo site"):
-        demo.parse_site(url)
+        parse_site(url)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from pipeline import db, schema
+from pipeline.storage import db, schema
 from tests.helpers import add_source, wait_until
 from tests.http_server import Handler, LocalServer
 

@@ -10,7 +10,7 @@ import json
 import pytest
 import sqlalchemy as sa
 
-from pipeline import schema
+from pipeline.storage import schema
 from tests.http_server import LocalServer
 from tests.test_cli import assert_one_line_error, run
 from tests.test_collector import rss

@@ -8,8 +8,11 @@ import json
 import pytest
 import sqlalchemy as sa
 
-from pipeline import politeness, schema, sources, users
-from pipeline.urls import canonical_url, item_key
+from pipeline.catalogue import sources, users
+from pipeline.core.errors import SourceError
+from pipeline.core.urls import canonical_url, item_key
+from pipeline.fetching import politeness
+from pipeline.storage import schema
 from tests.helpers import add_source
 from tests.http_server import LocalServer
 from tests.test_collector import collector, rss, serve
@@ -65,7 +68,7 @@ def test_a_second_spelling_of_a_source_is_refused_with_the_existing_id(engine):
         first = sources.add_source(conn, sources.make_spec("http://feeds.example.com/jobs"))
     for spelling in ("HTTP://FEEDS.example.com/jobs", "http://feeds.example.com:80/jobs",
                      "http://feeds.example.com/jobs#new"):
-        with engine.begin() as conn, pytest.raises(sources.SourceError, match=rf"\(id {first}\)"):
+        with engine.begin() as conn, pytest.raises(SourceError, match=rf"\(id {first}\)"):
             sources.add_source(conn, sources.make_spec(spelling))
     with engine.begin() as conn:
         result = sources.import_sources(conn, [sources.make_spec("HTTP://feeds.example.com/jobs#x"),

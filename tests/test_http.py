@@ -1,4 +1,4 @@
-"""pipeline/http.py against a real server on 127.0.0.1: every failure code it can produce,
+"""pipeline/net/http.py against a real server on 127.0.0.1: every failure code it can produce,
 conditional GET, redirects, the size cap, the deadline, the per-host limit, the guard.
 
 The SSRF guard is exercised only with loopback addresses outside the allow-list
@@ -19,10 +19,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.backoff import BackoffPolicy, clamp_retry_after
-from pipeline.delivery import RETRY_CAP, delivery_retry_at
-from pipeline.failures import FailureReason, FetchError
-from pipeline.http import USER_AGENT, AddressGuard, Fetcher, parse_retry_after
+from pipeline.core.backoff import BackoffPolicy, clamp_retry_after
+from pipeline.core.errors import FetchError
+from pipeline.core.failures import FailureReason
+from pipeline.net.http import USER_AGENT, AddressGuard, Fetcher, parse_retry_after
+from pipeline.notify.delivery import RETRY_CAP, delivery_retry_at
 from tests.http_server import Handler, InFlight, LocalServer
 
 FEED = b"<rss version='2.0'><channel><title>t</title></channel></rss>"
@@ -398,9 +399,12 @@ def test_a_response_past_its_length_never_passes_for_the_next_one(server, patien
     server.routes["/other"] = lambda h: h.reply(200, b"the real answer")
     assert patient.fetch(server.url("/overrun")).body == b"hello"
     assert patient.fetch(server.url("/other")).body == b"the real answer"
-    # The first ask went out on the spoiled connection (closed unread); the second on a
-    # fresh one.
-    assert [r["path"] for r in server.requests] == ["/overrun", "/other", "/other"]
+    # The answer came on a fresh connection: the spoiled one was closed unread. (Whether
+    # the server ever reads the ask sent on the spoiled one is a race it may lose: that
+    # connection is closed with an answer unread, and its reset can drop the request.)
+    spoiled = server.requests[0]["port"]
+    assert server.requests[0]["path"] == "/overrun"
+    assert any(r["path"] == "/other" and r["port"] != spoiled for r in server.requests), server.requests
     # A webhook post is not sent twice (the server may have read it): it fails instead.
     assert patient.fetch(server.url("/overrun")).body == b"hello"
     with pytest.raises(FetchError) as caught:

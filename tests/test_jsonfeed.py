@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from pipeline import schema
-from pipeline.failures import FailureReason, FetchError
-from pipeline.rss import parse_feed
+from pipeline.core.errors import FetchError
+from pipeline.core.failures import FailureReason
+from pipeline.fetching.rss import parse_feed
+from pipeline.storage import schema
 from tests.helpers import add_source
 from tests.test_collector import collector, rows, server  # noqa: F401 (fixture)
 from tests.test_processor import processor

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.matching import Filter, FilterIndex, ListingText, Match, parse_keywords, words
+from pipeline.notify.matching import Filter, FilterIndex, ListingText, Match, parse_keywords, words
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 

@@ -9,8 +9,8 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from pipeline import db, schema
-from pipeline.errors import SchemaMismatch
+from pipeline.core.errors import SchemaMismatch
+from pipeline.storage import db, migrate, schema
 
 TABLES = {t.name for t in schema.metadata.sorted_tables}
 
@@ -21,15 +21,15 @@ def table_names(engine: sa.Engine) -> set[str]:
 
 def test_upgrade_downgrade_upgrade(empty_db_url):
     engine = db.create_engine(empty_db_url)
-    db.upgrade(engine)
+    migrate.upgrade(engine)
     assert table_names(engine) == TABLES
-    assert db.current_revision(engine) == db.head_revision()
-    db.downgrade(engine, "base")
+    assert migrate.current_revision(engine) == migrate.head_revision()
+    migrate.downgrade(engine, "base")
     assert table_names(engine) == set()
-    assert db.current_revision(engine) is None
-    db.upgrade(engine)
+    assert migrate.current_revision(engine) is None
+    migrate.upgrade(engine)
     assert table_names(engine) == TABLES
-    db.check_schema(engine)
+    migrate.check_schema(engine)
     engine.dispose()
 
 
@@ -37,7 +37,7 @@ def test_migrations_match_the_table_definitions(engine):
     with engine.connect() as conn:
         context = MigrationContext.configure(conn, opts={"compare_type": True})
         diff = compare_metadata(context, schema.metadata)
-    assert diff == [], f"pipeline/schema.py and migrations/ disagree: {diff}"
+    assert diff == [], f"pipeline/storage/schema.py and migrations/ disagree: {diff}"
 
 
 def _schema_objects(engine: sa.Engine) -> dict[str, str]:
@@ -106,15 +106,15 @@ def test_a_database_newer_than_the_code_is_refused(engine):
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999_from_the_future'"))
     with pytest.raises(SchemaMismatch, match="9999_from_the_future, which is newer than this code"):
-        db.check_schema(engine)
+        migrate.check_schema(engine)
     with pytest.raises(SchemaMismatch, match="newer than this code"):
-        db.upgrade(engine)
+        migrate.upgrade(engine)
 
 
 def test_an_unmigrated_database_asks_for_an_upgrade(empty_db_url):
     engine = db.create_engine(empty_db_url)
     with pytest.raises(SchemaMismatch, match="has no pipeline schema.*run `pipeline db upgrade`"):
-        db.check_schema(engine)
+        migrate.check_schema(engine)
     engine.dispose()
 
 

@@ -6,7 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.normalize import SUMMARY_CHARS, NormaliseError, html_to_text, normalise
+from pipeline.core.errors import NormaliseError
+from pipeline.listings.normalize import SUMMARY_CHARS, html_to_text, normalise
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 

@@ -14,10 +14,12 @@ from datetime import datetime, timedelta
 import pytest
 import sqlalchemy as sa
 
-from pipeline import schema, users
-from pipeline.delivery import SIGNATURE_HEADER, verify
-from pipeline.notifier import Notifier, NotifyStats
-from pipeline.settings import Settings
+from pipeline.catalogue import users
+from pipeline.catalogue.notifications import requeue_notifications
+from pipeline.core.settings import Settings
+from pipeline.notify.delivery import SIGNATURE_HEADER, verify
+from pipeline.notify.notifier import Notifier, NotifyStats
+from pipeline.storage import schema
 from tests.helpers import add_source, now
 from tests.http_server import Handler, LocalServer
 
@@ -172,7 +174,7 @@ def test_a_failing_receiver_is_retried_with_backoff_then_dead(engine, receiver, 
     assert row["attempts"] == 3 and "HTTP 503" in row["last_error"]
     assert len(posts(receiver)) == 3
     with engine.begin() as conn:  # recovery: the operator requeues dead notifications
-        assert users.requeue_notifications(conn, dead=True) == 1
+        assert requeue_notifications(conn, dead=True) == 1
     receiver.routes["/down"] = lambda h: h.reply(200)
     assert n.run().sent == 1
 

@@ -7,9 +7,10 @@ import tracemalloc
 import pytest
 import sqlalchemy as sa
 
-from pipeline import schema
-from pipeline.failures import FailureReason, FetchError
-from pipeline.page import MAX_ELEMENTS, parse_page
+from pipeline.core.errors import FetchError
+from pipeline.core.failures import FailureReason
+from pipeline.fetching.page import MAX_ELEMENTS, parse_page
+from pipeline.storage import schema
 from tests.helpers import add_source
 from tests.http_server import LocalServer
 from tests.test_collector import collector, rows

@@ -14,11 +14,12 @@ from assets import ASSET_CHECKS
 from assets.backfills import refetch_sources_job, rematch_window_job, reprocess_window_job
 from assets.collector import listings_raw
 from assets.notifier import notifications
+from assets.policies import STAGE_TAG
 from assets.processor import listings
-from pipeline import schema, users
+from pipeline.catalogue import users
+from pipeline.storage import schema
 from resources import PipelineDatabase
 from sensors.pipeline_work import pending_notifications_sensor, unprocessed_listings_sensor
-from sensors.runs import STAGE_TAG
 from sensors.upkeep import upkeep_job
 from tests.helpers import add_source, now
 from tests.http_server import LocalServer

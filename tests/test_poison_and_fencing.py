@@ -12,12 +12,13 @@ import threading
 import pytest
 import sqlalchemy as sa
 
-from pipeline import schema, sources, users
-from pipeline.claim import WorkQueue
-from pipeline.matching import FilterIndex
-from pipeline.notifier import NotifyStats
-from pipeline.processor import Processor
-from pipeline.settings import Settings
+from pipeline.catalogue import notifications, sources, users
+from pipeline.core.settings import Settings
+from pipeline.listings.processor import Processor
+from pipeline.notify.matching import FilterIndex
+from pipeline.notify.notifier import NotifyStats
+from pipeline.queue.claim import WorkQueue
+from pipeline.storage import schema
 from tests.helpers import add_source, now, wait_until
 from tests.http_server import Handler
 from tests.test_collector import collector, rows, rss, serve
@@ -112,7 +113,7 @@ def test_a_source_whose_fetch_kills_its_collector_fails_and_backs_off(engine, db
 
 
 def test_any_error_while_processing_one_row_fails_that_row_only(engine, monkeypatch):
-    import pipeline.processor as processor_module
+    import pipeline.listings.processor as processor_module
 
     real = processor_module.normalise
 
@@ -208,7 +209,7 @@ def test_a_requeue_fences_out_the_send_in_flight(engine, receiver):
     queue = WorkQueue(engine, schema.NOTIFICATIONS_DUE)
     in_flight = queue.claim("slow-sender", 1)
     with engine.begin() as conn:
-        assert users.requeue_notifications(conn, ids=in_flight.ids) == 1
+        assert notifications.requeue_notifications(conn, ids=in_flight.ids) == 1
     late = queue.complete(in_flight, {"status": "dead", "last_error": "an old outcome"})
     assert late.lost == in_flight.ids
     [row] = rows(engine, schema.notifications)
@@ -262,7 +263,7 @@ def test_stale_leases_are_judged_by_the_database_clock(pg_engine):
     connection (a now() of its own, first on the search path)."""
     from datetime import timedelta
 
-    from pipeline import health
+    from pipeline.storage import health
 
     with pg_engine.begin() as conn:
         source_id = add_source(conn)

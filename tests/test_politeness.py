@@ -17,8 +17,9 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from pipeline import politeness, schema
-from pipeline.politeness import PoliteQueue
+from pipeline.fetching import politeness
+from pipeline.fetching.politeness import PoliteQueue
+from pipeline.storage import schema
 from tests.helpers import add_source, now
 from tests.http_server import Handler, LocalServer
 from tests.test_collector import collector, rows, rss
@@ -221,7 +222,7 @@ def test_a_spaced_group_hands_out_one_source_per_interval(engine):
 
 
 def test_sources_get_their_group_and_youtube_is_one_provider(engine):
-    from pipeline import sources
+    from pipeline.catalogue import sources
 
     with engine.begin() as conn:
         plain = sources.add_source(conn, sources.make_spec("https://Feeds.Example.com:8443/a.xml"))
@@ -276,9 +277,9 @@ def test_workers_claiming_at_once_never_exceed_a_groups_room(engine):
 
 
 def test_groups_by_registrable_domain_when_asked(engine, tmp_path, monkeypatch):
-    from pipeline import sources
-    from pipeline.errors import ConfigError
-    from pipeline.settings import Settings
+    from pipeline.catalogue import sources
+    from pipeline.core.errors import ConfigError
+    from pipeline.core.settings import Settings
 
     feeds = tmp_path / "feeds.yaml"
     feeds.write_text("- https://a.blog.example.co.uk/feed\n- https://b.blog.example.co.uk/feed\n"

@@ -11,10 +11,10 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from pipeline import schema
-from pipeline.claim import WorkQueue
-from pipeline.processor import Processor, ProcessStats, _upsert_statement
-from pipeline.settings import Settings
+from pipeline.core.settings import Settings
+from pipeline.listings.processor import Processor, ProcessStats, _upsert_statement
+from pipeline.queue.claim import WorkQueue
+from pipeline.storage import schema
 from tests.helpers import add_source, now
 
 _item_hashes = iter(range(10**9))

@@ -11,21 +11,22 @@ from urllib.parse import urlsplit
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from pipeline import schema
-from pipeline.backoff import PACIFIC, BackoffPolicy, next_quota_reset, retry_after_failure
-from pipeline.failures import PERMANENT, FailureReason
-from pipeline.matching import Filter, FilterIndex, ListingText, words
-from pipeline.normalize import (
+from pipeline.catalogue.sources import make_spec
+from pipeline.core.backoff import PACIFIC, BackoffPolicy, next_quota_reset, retry_after_failure
+from pipeline.core.errors import NormaliseError, SourceError
+from pipeline.core.failures import PERMANENT, FailureReason
+from pipeline.core.kinds import SourceType
+from pipeline.core.urls import canonical_host, web_url
+from pipeline.listings.normalize import (
     CATEGORY_CHARS,
     MAX_CATEGORIES,
     SUMMARY_CHARS,
     TITLE_CHARS,
-    NormaliseError,
     html_to_text,
     normalise,
 )
-from pipeline.sources import SourceError, make_spec
-from pipeline.urls import canonical_host, web_url
+from pipeline.notify.matching import Filter, FilterIndex, ListingText, words
+from pipeline.storage import schema
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 # What a browser would start a tag or comment at: "<" then a letter, "/letter", "!" or "?".
@@ -175,7 +176,7 @@ def test_source_validation_accepts_a_good_entry_or_names_what_is_wrong(url, sour
         assert str(exc).startswith("entry 1")  # the entry is named; nothing else is raised
         return
     assert spec.url.startswith(("http://", "https://")) and not any(c.isspace() for c in spec.url)
-    assert spec.source_type in schema.SOURCE_TYPES
+    assert spec.source_type in list(SourceType)
     assert schema.MIN_FETCH_INTERVAL_MINUTES <= spec.interval_minutes <= schema.MAX_FETCH_INTERVAL_MINUTES
 
 
@@ -195,10 +196,14 @@ URL_TEXT = st.text(alphabet=st.sampled_from(list("ab1:/?#@[]%'\"<>` {}|\\^.-_~!$
     st.one_of(st.sampled_from(["example.com", "127.1", "[::1]", "b\u00fccher.example", "a_b.c:8080"]), URL_TEXT),
     URL_TEXT,
 )
-@settings(max_examples=500)
+# No deadline (a busy machine is slow, not wrong); a refused URL (None) is an answer, not
+# an input to discard: discarding them tripped Hypothesis's filter health check on
+# some seeds, since most random hosts are refused.
+@settings(max_examples=500, deadline=None)
 def test_a_web_url_is_never_markup_and_keeps_its_host(scheme, host, rest):
     url = web_url(scheme + host + rest)
-    assume(url is not None)
+    if url is None:
+        return
     assert not set(url) & set("\"'<>` {}|\\^\x00\n"), url
     parts = urlsplit(url)
     assert parts.scheme in ("http", "https") and canonical_host(parts.hostname) is not None

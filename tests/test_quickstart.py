@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from pipeline import db, schema
+from pipeline.storage import db, schema
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow

@@ -20,9 +20,12 @@ from assets import ASSET_CHECKS
 from assets.collector import listings_raw
 from assets.notifier import notifications
 from assets.processor import listings
-from pipeline import db, redact, schema, users
-from pipeline.failures import FailureReason, FetchError
-from pipeline.http import Fetcher
+from pipeline.catalogue import users
+from pipeline.core import redact
+from pipeline.core.errors import FetchError
+from pipeline.core.failures import FailureReason
+from pipeline.net.http import Fetcher
+from pipeline.storage import db, schema
 from resources import PipelineDatabase
 from tests.helpers import add_source
 from tests.http_server import LocalServer

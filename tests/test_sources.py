@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from pipeline import schema
-from pipeline.sources import SourceError, make_spec, read_source_file
+from pipeline.catalogue.sources import make_spec, read_source_file
+from pipeline.core.errors import SourceError
+from pipeline.storage import schema
 from tests.helpers import now
 from tests.test_cli import assert_one_line_error, run
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import sqlalchemy as sa
 
-from pipeline import schema
+from pipeline.storage import schema
 from tests.test_cli import assert_one_line_error, run
 
 

@@ -14,9 +14,9 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import sqlalchemy as sa
 
-from pipeline import schema
-from pipeline.backoff import PACIFIC, next_quota_reset
-from pipeline.youtube import PUBLIC_ORIGIN, Target, parse_target
+from pipeline.core.backoff import PACIFIC, next_quota_reset
+from pipeline.fetching.youtube import PUBLIC_ORIGIN, Target, parse_target
+from pipeline.storage import schema
 from tests.helpers import add_source, now
 from tests.http_server import Handler, LocalServer
 from tests.test_collector import collector, completed_events, rows

@@ -18,8 +18,8 @@ branch_labels = None
 depends_on = None
 
 # A migration is a snapshot: it spells out its types and predicates instead of
-# importing pipeline.schema, which will move on. tests/test_migrations.py checks that
-# the head revision and pipeline.schema describe the same database.
+# importing pipeline.storage.schema, which will move on. tests/test_migrations.py checks that
+# the head revision and pipeline.storage.schema describe the same database.
 ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 TS = sa.DateTime(timezone=True)
@@ -41,7 +41,7 @@ def _partial_index(name: str, table: str, columns: list[str], where: str) -> Non
 
 
 def _queue_indexes(table: str, queue: str, columns: list[str], pending_pg: str, pending_lite: str) -> None:
-    """The free and leased partial indexes of one claim queue (pipeline/claim.py)."""
+    """The free and leased partial indexes of one claim queue (pipeline/queue/claim.py)."""
     for dialect_where, dialect in ((pending_pg, "postgresql"), (pending_lite, "sqlite")):
         if op.get_bind().dialect.name != dialect:
             continue

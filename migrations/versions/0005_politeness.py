@@ -2,7 +2,7 @@
 hands out a source only when its group has room (fetches in flight, spacing, deferral).
 
 Existing sources are put in their host's group, computed here from their URL and type
-by the rule of pipeline/politeness.py as it stood at this revision.
+by the rule of pipeline/fetching/politeness.py as it stood at this revision.
 
 Revision ID: 0005
 Revises: 0004

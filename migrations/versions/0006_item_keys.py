@@ -1,5 +1,5 @@
 """Exactly once per user per item across sources: listings and notifications carry the
-item's key (pipeline/urls.py ``item_key``), and a user has at most one notification per
+item's key (pipeline/core/urls.py ``item_key``), and a user has at most one notification per
 key. Rows written before this revision keep a NULL key (NULLs never clash), so they
 follow the old rule (once per listing) and are never re-notified.
 

@@ -1,0 +1,433 @@
+"""The source catalogue: validating, adding, importing and steering sources.
+
+Every entry is validated before anything is written: a rejected entry names itself and
+what is wrong with it, and a file with any rejected entry writes nothing. Imports are
+idempotent by URL.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import sqlalchemy as sa
+import yaml
+from sqlalchemy.engine import Engine
+
+from pipeline.core.errors import SourceError
+from pipeline.core.inputs import URL_CHARS, text_problem
+from pipeline.core.kinds import SourceType
+from pipeline.core.settings import Settings
+from pipeline.core.urls import canonical_host, canonical_url
+from pipeline.fetching import politeness, youtube
+from pipeline.fetching.collector import Collector, CollectStats
+from pipeline.fetching.registry import adapter_for
+from pipeline.queue.claim import UNCLAIMED
+from pipeline.storage import schema
+from pipeline.storage.bulk import insert_ignoring_conflicts
+
+# Bounds on an entry's adapter options (the other fields: pipeline/core/inputs.py).
+CONFIG_CHARS = 64 * 1024
+CONFIG_DEPTH = 16
+# Config keys whose values are secrets: shown as "***" by `sources list`.
+SECRET_KEYS = ("api_key", "secret", "token", "password")
+IMPORT_CHUNK = 5_000  # sources per INSERT of an import
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One source as a user describes it, validated and normalised."""
+
+    url: str
+    source_type: str
+    name: str
+    interval_minutes: int = schema.DEFAULT_FETCH_INTERVAL_MINUTES
+    category: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    politeness_group: str = politeness.DEFAULT  # make_spec names it (politeness.group_for)
+
+    def row(self) -> dict[str, Any]:
+        config = dict(self.config)
+        if self.category:
+            config["category"] = self.category
+        return {
+            "url": self.url,
+            "source_type": self.source_type,
+            "name": self.name,
+            "fetch_interval_minutes": self.interval_minutes,
+            "config": config,
+            "politeness_group": self.politeness_group,
+        }
+
+
+def make_spec(
+    url: str,
+    *,
+    source_type: str | None = None,
+    name: str | None = None,
+    interval: int | str | None = None,
+    category: str | None = None,
+    config: dict[str, Any] | str | None = None,
+    politeness_group: str | None = None,
+    group_by: str = "host",
+    entry: str = "",
+) -> SourceSpec:
+    """Validate one entry; ``entry`` names it in errors (e.g. "line 4 of feeds.csv").
+    Its politeness group is ``politeness_group``, or named by ``group_by`` (host, domain)."""
+    where = f"{entry}: " if entry else ""
+    value = (url or "").strip()
+    if not value:
+        raise SourceError(f"{where}the URL is missing")
+    if len(value) > URL_CHARS:
+        raise SourceError(f"{where}the URL is {len(value):,} characters long; at most {URL_CHARS:,}")
+    kind = (source_type or "").strip().lower() or None
+    if kind is not None and kind not in list(SourceType):
+        raise SourceError(
+            f"{where}unknown source type {source_type!r}: use one of {', '.join(SourceType)}"
+        )
+    channel = youtube.youtube_url(value)
+    if channel is not None and kind in (None, SourceType.YOUTUBE):
+        value, kind = channel, SourceType.YOUTUBE
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:  # a port out of range, a malformed IPv6 literal
+        raise SourceError(f"{where}{value!r} is not a usable URL: {exc}") from None
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise SourceError(f"{where}{value!r} is not an http(s) URL")
+    if any(c.isspace() or not c.isprintable() for c in value):
+        raise SourceError(f"{where}{value!r} contains white space or control characters")
+    if canonical_host(parts.hostname) is None:
+        raise SourceError(f"{where}{value!r}: {parts.hostname!r} is not a host name or an IP address")
+    if port == 0:
+        raise SourceError(f"{where}{value!r}: port 0 is not a port")
+    # One feed, one source: HTTP://Host:80/feed#top is http://host/feed (pipeline/core/urls.py).
+    value = canonical_url(value)
+    parts = urlsplit(value)
+    if kind is None:
+        kind = SourceType.YOUTUBE if parts.hostname in youtube.YOUTUBE_HOSTS else SourceType.RSS
+    if kind == SourceType.YOUTUBE:
+        try:
+            youtube.parse_target(value)
+        except ValueError as exc:
+            raise SourceError(f"{where}{exc}") from None
+    minutes = _interval(interval, where)
+    spec = SourceSpec(
+        url=value,
+        source_type=kind,
+        name=_text(name, "name", where) or value,
+        interval_minutes=minutes,
+        category=_text(category, "category", where) or None,
+        config=_config(config, where),
+        politeness_group=politeness.group_for(
+            value, kind, _text(politeness_group, "group", where) or None, by=group_by
+        ),
+    )
+    try:
+        adapter_for(kind).check_config(spec.row()["config"])
+    except ValueError as exc:
+        raise SourceError(f"{where}{exc}") from None
+    return spec
+
+
+def _text(value: object, field: str, where: str) -> str:
+    """A short text field of an entry, stripped; SourceError naming the field when
+    pipeline/core/inputs.py does not accept it."""
+    if value is None:
+        return ""
+    text = str(value).strip()
+    problem = text_problem(text, field)
+    if problem:
+        raise SourceError(f"{where}{problem}")
+    return text
+
+
+def _config(config: dict[str, Any] | str | None, where: str) -> dict[str, Any]:
+    """The adapter options of an entry: a mapping, or JSON text of one, flat enough and
+    clean enough to store (no control characters in its text, at most CONFIG_DEPTH deep)."""
+    if config is None or (isinstance(config, str) and not config.strip()):
+        return {}
+    if isinstance(config, str):
+        if len(config) > CONFIG_CHARS:
+            raise SourceError(f"{where}config is {len(config):,} characters long; at most {CONFIG_CHARS:,}")
+        try:
+            config = json.loads(config)
+        except RecursionError:
+            raise SourceError(f"{where}config is nested too deeply (at most {CONFIG_DEPTH} levels)") from None
+        except ValueError as exc:
+            raise SourceError(f"{where}config is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise SourceError(f"{where}config must be a JSON object (a mapping of options)")
+    _check_config_values(config, where)
+    return dict(config)
+
+
+def _check_config_values(config: dict[str, Any], where: str) -> None:
+    """Walk ``config`` (without recursion, so no depth can overflow the stack)."""
+    stack: list[tuple[Any, int]] = [(config, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > CONFIG_DEPTH:
+            raise SourceError(f"{where}config is nested too deeply (at most {CONFIG_DEPTH} levels)")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                stack.extend([(key, depth), (item, depth + 1)])
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
+        elif isinstance(value, str) and (problem := text_problem(value, "config", CONFIG_CHARS)):
+            raise SourceError(f"{where}{problem}")
+
+
+def public_config(config: dict[str, Any] | None) -> dict[str, Any]:
+    """``config`` with secret values (API keys and the like) hidden, for display."""
+    return {
+        key: "***" if any(word in key.lower() for word in SECRET_KEYS) else value
+        for key, value in (config or {}).items()
+    }
+
+
+def _interval(interval: int | str | None, where: str) -> int:
+    if interval is None or (isinstance(interval, str) and not interval.strip()):
+        return schema.DEFAULT_FETCH_INTERVAL_MINUTES
+    try:
+        minutes = int(interval)
+    except (TypeError, ValueError):
+        raise SourceError(f"{where}interval {interval!r} is not a whole number of minutes") from None
+    low, high = schema.MIN_FETCH_INTERVAL_MINUTES, schema.MAX_FETCH_INTERVAL_MINUTES
+    if not low <= minutes <= high:
+        raise SourceError(
+            f"{where}interval {minutes} is out of bounds: it must be {low} to {high} minutes"
+        )
+    return minutes
+
+
+# -- files --------------------------------------------------------------------------------
+
+
+def read_source_file(path: Path, *, group_by: str = "host") -> list[SourceSpec]:
+    """Every entry of an OPML, YAML or CSV file, validated; SourceError names bad ones.
+    An entry's ``group`` names its politeness group; else ``group_by`` does."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise SourceError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SourceError(f"{path}: cannot be read: {exc}") from None
+    suffix = path.suffix.lower()
+    if suffix in (".opml", ".xml"):
+        return _from_opml(text, path.name, group_by)
+    if suffix in (".yaml", ".yml"):
+        return _from_yaml(text, path.name, group_by)
+    if suffix == ".csv":
+        return _from_csv(text, path.name, group_by)
+    raise SourceError(f"{path}: unknown file type {suffix!r}: use .opml, .yaml or .csv")
+
+
+def _collect(entries: Iterable[tuple[str, dict[str, Any]]], file: str, group_by: str) -> list[SourceSpec]:
+    """Validate every entry, reporting all the bad ones at once."""
+    specs, problems = [], []
+    for entry, fields in entries:
+        try:
+            specs.append(
+                make_spec(
+                    fields.get("url") or "",
+                    source_type=fields.get("type"),
+                    name=fields.get("name"),
+                    interval=fields.get("interval"),
+                    category=fields.get("category"),
+                    config=fields.get("config"),
+                    politeness_group=fields.get("group"),
+                    group_by=group_by,
+                    entry=entry,
+                )
+            )
+        except SourceError as exc:
+            problems.append(str(exc))
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise SourceError(f"{file}: nothing imported: " + "; ".join(problems[:5]) + more)
+    if not specs:
+        raise SourceError(f"{file}: no sources found")
+    return specs
+
+
+def _from_opml(text: str, file: str, group_by: str) -> list[SourceSpec]:
+    # No DTDs at all: an OPML file never needs one, and refusing them rules out entity
+    # expansion (the "billion laughs") whatever the XML parser would allow.
+    if re.search(r"<!(DOCTYPE|ENTITY)", text, re.IGNORECASE):
+        raise SourceError(f"{file}: OPML with a DOCTYPE or ENTITY declaration is not accepted")
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as exc:
+        raise SourceError(f"{file}: not valid OPML: {exc}") from None
+    body = root.find("body")
+    if root.tag != "opml" or body is None:
+        raise SourceError(f"{file}: not OPML (no <opml><body>)")
+    entries: list[tuple[str, dict[str, Any]]] = []
+
+    def walk(outline: ET.Element, category: str | None) -> None:
+        for child in outline.findall("outline"):
+            label = child.get("title") or child.get("text")
+            url = child.get("xmlUrl") or child.get("xmlurl")
+            if url is None and child.get("url"):
+                url = child.get("url")
+            if url is None:
+                walk(child, label or category)  # a folder: its title is the category
+                continue
+            kind = (child.get("type") or "").lower()
+            entries.append(
+                (
+                    f"{file}, outline {label or url!r}",
+                    {
+                        "url": url,
+                        "type": kind if kind in list(SourceType) else None,
+                        "name": label,
+                        "category": child.get("category") or category,
+                    },
+                )
+            )
+
+    walk(body, None)
+    return _collect(entries, file, group_by)
+
+
+def _from_yaml(text: str, file: str, group_by: str) -> list[SourceSpec]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SourceError(f"{file}: not valid YAML: {exc}".splitlines()[0]) from None
+    if isinstance(data, dict) and "sources" in data:
+        data = data["sources"]
+    if not isinstance(data, list):
+        raise SourceError(f"{file}: expected a list of sources (or a 'sources:' key)")
+    entries = []
+    for number, item in enumerate(data, start=1):
+        entry = f"{file}, entry {number}"
+        if isinstance(item, str):
+            item = {"url": item}
+        if not isinstance(item, dict):
+            raise SourceError(f"{entry}: expected a URL or a mapping, got {type(item).__name__}")
+        entries.append((entry, item))
+    return _collect(entries, file, group_by)
+
+
+def _from_csv(text: str, file: str, group_by: str) -> list[SourceSpec]:
+    reader = csv.DictReader(io.StringIO(text))
+    fields = [f.strip().lower() for f in reader.fieldnames or []]
+    if "url" not in fields:
+        raise SourceError(
+            f"{file}: the header must name a 'url' column"
+            " (and optionally type, name, interval, category, config)"
+        )
+    reader.fieldnames = fields
+    entries = [
+        (f"{file}, line {reader.line_num}", {k: (v or "").strip() for k, v in row.items() if k})
+        for row in reader
+    ]
+    return _collect(entries, file, group_by)
+
+
+# -- the catalogue --------------------------------------------------------------------------
+
+
+def add_source(conn: sa.Connection, spec: SourceSpec) -> int:
+    t = schema.sources
+    existing = conn.execute(sa.select(t.c.id).where(t.c.url == spec.url)).scalar()
+    if existing is not None:
+        raise SourceError(f"a source with URL {spec.url} exists already (id {existing})")
+    row = spec.row()
+    politeness.ensure_groups(conn, [row["politeness_group"]])
+    return int(conn.execute(sa.insert(t).values(row).returning(t.c.id)).scalar_one())
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    added: int
+    present: int
+
+
+def import_sources(
+    conn: sa.Connection, specs: Sequence[SourceSpec], *, progress: Callable[[int], None] | None = None
+) -> ImportResult:
+    """Insert the sources whose URL is new; the rest are left as they are. Rows go in
+    chunks (all in ``conn``'s transaction); ``progress`` is told each chunk's size."""
+    unique = list({spec.url: spec for spec in reversed(specs)}.values())[::-1]
+    added = 0
+    for start in range(0, len(unique), IMPORT_CHUNK):
+        rows = [spec.row() for spec in unique[start : start + IMPORT_CHUNK]]
+        politeness.ensure_groups(conn, [row["politeness_group"] for row in rows])
+        added += insert_ignoring_conflicts(conn, schema.sources, rows, ["url"])
+        if progress is not None:
+            progress(len(rows))
+    return ImportResult(added=added, present=len(unique) - added)
+
+
+def list_sources(conn: sa.Connection) -> list[dict[str, Any]]:
+    t = schema.sources
+    columns = [
+        t.c.id, t.c.name, t.c.url, t.c.source_type, t.c.enabled, t.c.fetch_interval_minutes,
+        t.c.next_fetch_at, t.c.last_success_at, t.c.consecutive_failures,
+        t.c.last_failure_reason, t.c.disabled_reason, t.c.priority, t.c.politeness_group, t.c.config,
+    ]
+    rows = [dict(r) for r in conn.execute(sa.select(*columns).order_by(t.c.id)).mappings()]
+    for row in rows:
+        row["config"] = public_config(row["config"])
+    return rows
+
+
+def _update_source(conn: sa.Connection, source_id: int, **values: Any) -> None:
+    t = schema.sources
+    if conn.execute(sa.update(t).where(t.c.id == source_id).values(**values)).rowcount == 0:
+        raise SourceError(f"no source with id {source_id}")
+
+
+def enable_source(conn: sa.Connection, source_id: int) -> None:
+    """Enable, forget the failure streak, and make it due now (a fetch in flight is
+    fenced out: see ``refresh_source``)."""
+    _update_source(
+        conn, source_id, enabled=True, disabled_reason=None, consecutive_failures=0,
+        next_fetch_at=None, attempts=0, **UNCLAIMED,
+    )
+
+
+def disable_source(conn: sa.Connection, source_id: int, reason: str = "disabled by an operator") -> None:
+    _update_source(conn, source_id, enabled=False, disabled_reason=reason)
+
+
+def refresh_source(conn: sa.Connection, source_id: int) -> None:
+    """Make the source due now (NULL next_fetch_at sorts first among due sources).
+
+    A fetch in flight is fenced out (its claim is cleared, ``claim.UNCLAIMED``): its
+    result is discarded and the source is fetched afresh, so a refresh is never
+    overwritten by the schedule of a fetch that started before it."""
+    _update_source(conn, source_id, next_fetch_at=None, attempts=0, **UNCLAIMED)
+
+
+def refresh_sources(conn: sa.Connection, source_ids: Sequence[int]) -> list[int]:
+    """Make the enabled sources among ``source_ids`` due now, as ``refresh_source``
+    does; the ids made due."""
+    t = schema.sources
+    result = conn.execute(
+        sa.update(t).where(t.c.id.in_(list(source_ids)), t.c.enabled)
+        .values(next_fetch_at=None, attempts=0, **UNCLAIMED).returning(t.c.id)
+    )
+    return sorted(result.scalars())
+
+
+def refetch_sources(
+    engine: Engine, settings: Settings, source_ids: Sequence[int], *, worker: str, run_id: str | None = None
+) -> tuple[list[int], CollectStats]:
+    """The re-fetch backfill (the `refetch_sources` job, `pipeline backfill refetch`): make
+    the enabled sources among ``source_ids`` due now, then run a collector pass. Returns
+    the ids made due (the others do not exist or are disabled) and the pass's totals."""
+    with engine.begin() as conn:
+        due = refresh_sources(conn, source_ids)
+    return due, Collector(engine, settings, worker=worker, run_id=run_id).run()

@@ -1,0 +1,69 @@
+"""The `pipeline` command line; it calls the same core functions as the Dagster assets.
+
+Errors the user can act on (a bad DATABASE_URL, an unreachable or outdated database) are
+one line on stderr and exit status 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+import sqlalchemy as sa
+
+from pipeline.cli import common, database, demo, sources, stages, users
+from pipeline.core.errors import PipelineError
+from pipeline.storage.status import collect_status, status_as_json, status_as_text
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Fetch sources on their own cadence, normalise what they yield, notify users.
+
+    The database is DATABASE_URL (default: a SQLite file in the project's .state/).
+    """
+
+
+for _command in (
+    database.db_group, sources.sources_group, sources.politeness_group, stages.collect,
+    stages.process, stages.notify, stages.run_once, stages.backfill_group, users.users_group,
+    users.filters_group, users.notifications_group, demo.demo_group,
+):
+    cli.add_command(_command)
+
+
+@cli.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(as_json: bool) -> None:
+    """Sources due and failing, each queue's backlog and its age, claims in flight,
+    expired leases, notifications by status, each stage's last run."""
+    current = collect_status(common.engine())
+    if as_json:
+        click.echo(json.dumps(status_as_json(current), indent=2))
+    else:
+        click.echo(status_as_text(current))
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cli.main(args=argv, prog_name="pipeline", standalone_mode=False)
+    except PipelineError as exc:
+        click.echo(f"pipeline: {exc}", err=True)
+        return 1
+    except sa.exc.DBAPIError as exc:
+        # The server's own message, its first line only: later lines (PostgreSQL's
+        # CONTEXT) can quote a bound value, and the statement's parameters never show.
+        diag = getattr(exc.orig, "diag", None)
+        reason = getattr(diag, "message_primary", None) or str(exc.orig or exc).strip().splitlines()[0]
+        click.echo(f"pipeline: database error: {reason}", err=True)
+        return 1
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 1
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    return 0
+

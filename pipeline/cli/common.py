@@ -1,0 +1,44 @@
+"""What every command shares: the engine (schema checked), the id type, a worker name,
+and how totals are printed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+import sqlalchemy as sa
+
+from pipeline.core.inputs import MAX_ID
+from pipeline.core.settings import Settings
+from pipeline.storage import db, migrate
+
+# Every id a command takes: a positive 64-bit integer, refused by click (in one line)
+# before the database sees it.
+ID = click.IntRange(1, MAX_ID)
+
+
+def engine(*, check: bool = True) -> sa.Engine:
+    engine = db.create_engine(Settings.from_env().database_url)
+    if check:
+        migrate.check_schema(engine)
+    return engine
+
+
+
+def worker(stage: str) -> str:
+    import os
+    import socket
+
+    return f"cli-{stage}:{socket.gethostname()}:{os.getpid()}"
+
+
+def report(totals: dict[str, Any], as_json: bool, say: Callable[[dict[str, Any]], str]) -> None:
+    click.echo(json.dumps(totals) if as_json else say(totals))
+
+
+def progress(length: int, label: str) -> Any:
+    """A progress bar on stderr (drawn only on a terminal), so --json output stays clean."""
+    return click.progressbar(length=length, label=label, file=sys.stderr, show_pos=True)

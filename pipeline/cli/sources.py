@@ -1,0 +1,183 @@
+"""`pipeline sources` and `pipeline politeness`: the catalogue of sources and the limits per host."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from pipeline.catalogue import sources
+from pipeline.cli import common
+from pipeline.core.kinds import SourceType
+from pipeline.core.settings import Settings
+from pipeline.fetching import politeness
+from pipeline.storage import schema
+
+
+@click.group("sources")
+def sources_group() -> None:
+    """Add, import, list and steer the sources."""
+
+
+@sources_group.command("add")
+@click.argument("url")
+@click.option("--type", "source_type", type=click.Choice([kind.value for kind in SourceType]),
+              help="Adapter; default: youtube for YouTube URLs, channel ids and @handles, else rss.")
+@click.option("--name", help="Display name; default: the URL.")
+@click.option("--interval", type=int, default=schema.DEFAULT_FETCH_INTERVAL_MINUTES,
+              show_default=True, help="Minutes between fetches (1 to 10080).")
+@click.option("--category", help="A category recorded with the source.")
+@click.option("--config", "config", metavar="JSON",
+              help='Adapter options as a JSON object, e.g. \'{"item": "li.job"}\' for an http '
+                   'page or \'{"api_key": "..."}\' for youtube.')
+@click.option("--group", "group", metavar="NAME",
+              help="Politeness group (default: the URL's host, or its registrable domain with"
+                   " PIPELINE_POLITENESS_GROUP_BY=domain; youtube for YouTube sources).")
+@click.option("--check", is_flag=True,
+              help="Fetch the source once first and say what it holds; nothing is stored if it"
+                   " fails. A page that advertises one feed is replaced by that feed.")
+def sources_add(
+    url: str, source_type: str | None, name: str | None, interval: int, category: str | None,
+    config: str | None, group: str | None, check: bool,
+) -> None:
+    """Add a source and print its id.
+
+    URL is a feed, a page, or a YouTube channel URL, channel id (UC...), @handle or
+    playlist URL.
+    """
+    settings = Settings.from_env()
+    spec = sources.make_spec(
+        url, source_type=source_type, name=name, interval=interval, category=category,
+        config=config, politeness_group=group, group_by=settings.politeness_group_by,
+    )
+    if check:
+        from pipeline.catalogue import discovery
+        from pipeline.net.http import Fetcher
+
+        with Fetcher.from_settings(settings) as fetcher:
+            checked = discovery.check(spec, fetcher, settings.politeness_group_by)
+        spec = checked.spec
+        if checked.found_from:
+            click.echo(f"{checked.found_from} is a page; adding the feed it advertises: {spec.url}", err=True)
+        click.echo(f"checked: {checked.items} items at {spec.url}", err=True)
+    with common.engine().begin() as conn:
+        click.echo(sources.add_source(conn, spec))
+
+
+@sources_group.command("import")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--check", is_flag=True,
+              help="Fetch every entry once first (as `sources add --check`); one that fails"
+                   " rejects the file. Entries are fetched one after another: for small files.")
+def sources_import(file: Path, check: bool) -> None:
+    """Add every source of an OPML, YAML or CSV FILE whose URL is new.
+
+    All entries are checked first: one bad entry rejects the whole file.
+    """
+    settings = Settings.from_env()
+    specs = sources.read_source_file(file, group_by=settings.politeness_group_by)
+    if check:
+        from pipeline.catalogue import discovery
+        from pipeline.net.http import Fetcher
+
+        with Fetcher.from_settings(settings) as fetcher:
+            checked = discovery.check_all(specs, fetcher, settings.politeness_group_by, str(file))
+        for c in checked:
+            if c.found_from:
+                click.echo(f"{c.found_from} is a page; importing the feed it advertises: {c.spec.url}", err=True)
+        specs = [c.spec for c in checked]
+        click.echo(f"checked: {sum(c.items for c in checked)} items in {len(checked)} sources", err=True)
+    with common.engine().begin() as conn, common.progress(len(specs), f"importing {len(specs):,} sources") as bar:
+        result = sources.import_sources(conn, specs, progress=bar.update)
+    click.echo(f"{result.added} added, {result.present} already present")
+
+
+@sources_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def sources_list(as_json: bool) -> None:
+    """Every source with its schedule and health."""
+    with common.engine().connect() as conn:
+        rows = sources.list_sources(conn)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    for row in rows:
+        state = "enabled" if row["enabled"] else f"disabled ({row['disabled_reason']})"
+        failing = (
+            f", {row['consecutive_failures']} failures ({row['last_failure_reason']})"
+            if row["consecutive_failures"]
+            else ""
+        )
+        due = row["next_fetch_at"].isoformat() if row["next_fetch_at"] else "now"
+        click.echo(
+            f"{row['id']:>6}  {row['source_type']:<7} every {row['fetch_interval_minutes']} min,"
+            f" next {due}, {state}{failing}  {row['url']}"
+        )
+
+
+@sources_group.command("enable")
+@click.argument("source_id", type=common.ID)
+def sources_enable(source_id: int) -> None:
+    """Enable a source, clear its failure streak and make it due now."""
+    with common.engine().begin() as conn:
+        sources.enable_source(conn, source_id)
+
+
+@sources_group.command("disable")
+@click.argument("source_id", type=common.ID)
+@click.option("--reason", default="disabled by an operator", show_default=True)
+def sources_disable(source_id: int, reason: str) -> None:
+    """Stop fetching a source."""
+    with common.engine().begin() as conn:
+        sources.disable_source(conn, source_id, reason)
+
+
+@sources_group.command("refresh")
+@click.argument("source_id", type=common.ID)
+def sources_refresh(source_id: int) -> None:
+    """Make a source due now."""
+    with common.engine().begin() as conn:
+        sources.refresh_source(conn, source_id)
+
+
+@click.group("politeness")
+def politeness_group() -> None:
+    """Per-group limits on fetches: how many at once, how far apart (across all workers)."""
+
+
+@politeness_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def politeness_list(as_json: bool) -> None:
+    """Every politeness group: its limits, sources, fetches in flight and deferral."""
+    with common.engine().connect() as conn:
+        rows = politeness.list_groups(conn)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    for row in rows:
+        limits = "defaults" if row["defaults"] and row["name"] != politeness.DEFAULT else "own limits"
+        deferred = (
+            f", deferred until {row['next_request_at']:%Y-%m-%d %H:%M:%S} ({row['deferred_reason']})"
+            if row["deferred_reason"] else ""
+        )
+        click.echo(
+            f"{row['name']:<32} {row['in_flight']}/{row['max_in_flight']} in flight,"
+            f" {row['min_interval_ms'] / 1000:g} s apart ({limits}), {row['sources']} sources{deferred}"
+        )
+
+
+@politeness_group.command("set")
+@click.argument("name")
+@click.option("--max-in-flight", type=click.IntRange(1, 2**31 - 1), help="Fetches of the group at once, across all workers.")
+@click.option("--interval", "interval", type=float, metavar="SECONDS",
+              help="Least time between the starts of two fetches of the group.")
+@click.option("--reset", is_flag=True, help="Return the group to the defaults (the limits of '*').")
+def politeness_set(name: str, max_in_flight: int | None, interval: float | None, reset: bool) -> None:
+    """Set the limits of group NAME ('*': the defaults of every group without its own)."""
+    try:
+        with common.engine().begin() as conn:
+            politeness.set_limits(conn, name, max_in_flight=max_in_flight,
+                                  min_interval_seconds=interval, reset=reset)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None

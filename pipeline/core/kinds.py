@@ -1,0 +1,35 @@
+"""The closed vocabularies stored in the database: source types, notification statuses
+and delivery channels, one ``StrEnum`` each; the tables' check constraints are built from them."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class SourceType(StrEnum):
+    """How a source is read (``sources.source_type``): the adapter that reads it."""
+
+    RSS = "rss"  # RSS, Atom, RDF or JSON Feed
+    PAGE = "http"  # an HTML page read with CSS selectors
+    YOUTUBE = "youtube"  # a channel, handle or playlist
+
+
+class NotificationStatus(StrEnum):
+    """Where a notification stands (``notifications.status``)."""
+
+    PENDING = "pending"  # not tried yet
+    SENT = "sent"
+    FAILED = "failed"  # tried, to be retried at next_attempt_at
+    DEAD = "dead"  # attempts used up, or a permanent failure: an operator may requeue it
+
+
+class ChannelKind(StrEnum):
+    """How a user is notified (``users.channel``, ``notifications.channel``)."""
+
+    WEBHOOK = "webhook"  # a signed HTTP POST
+    APPRISE = "apprise"  # any Apprise URL: e-mail, Slack, ...
+
+
+def sql_in(column: str, vocabulary: type[StrEnum]) -> str:
+    """``column IN ('a', 'b')`` over every value of ``vocabulary``: a check constraint."""
+    return f"{column} IN ({', '.join(repr(str(v)) for v in vocabulary)})"

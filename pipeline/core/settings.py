@@ -1,0 +1,178 @@
+"""Settings from the environment, with the defaults of ../shared/DESIGN.md ("Settings").
+
+Every setting is an environment variable; the Dagster resources expose the same names as
+fields and fall back to these values when a field is left unset.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+
+from pipeline.core.errors import ConfigError
+
+DEFAULT_LEASE_SECONDS = 300
+DEFAULT_HTTP_TIMEOUT_SECONDS = 20.0
+DEFAULT_MAX_RESPONSE_BYTES = 15 * 1024 * 1024
+DEFAULT_CONCURRENCY = 16
+DEFAULT_RAW_MAX_ATTEMPTS = 3
+DEFAULT_SOURCE_MAX_ATTEMPTS = 3
+# New or changed items stored from one fetch; the rest wait for the next fetch (15 MB of
+# tiny items would otherwise be half a million raw rows at once).
+DEFAULT_MAX_ITEMS_PER_FETCH = 5000
+DEFAULT_DELIVERY_MAX_ATTEMPTS = 8
+DEFAULT_RAW_RETENTION_DAYS = 30
+DEFAULT_EVENT_RETENTION_DAYS = 90
+DEFAULT_DEMO_PORT = 8780
+# The Dagster layer's: how often a stage sensor looks, runs of a stage at once, the asset
+# checks' thresholds, and the first day of the backfill jobs' partitions.
+DEFAULT_SENSOR_INTERVAL_SECONDS = 30
+MIN_SENSOR_INTERVAL_SECONDS = 5
+DEFAULT_MAX_RUNS = 2
+STAGES = ("collector", "processor", "notifier")
+DEFAULT_STALE_LEASE_MINUTES = 10
+DEFAULT_RAW_BACKLOG_MAX_MINUTES = 60
+DEFAULT_BACKFILL_START = date(2025, 1, 1)
+
+
+def project_root() -> Path:
+    """The checkout this package runs from, or the working directory for a plain install.
+
+    An editable install (the README's commands) imports ``pipeline`` from the checkout,
+    so the state folder lands beside ``pyproject.toml`` wherever the command is run from.
+    """
+    here = Path(__file__).resolve().parents[2]
+    if (here / "pyproject.toml").exists():
+        return here
+    return Path.cwd()
+
+
+def state_dir() -> Path:
+    """The project-local, git-ignored folder for the embedded database and DAGSTER_HOME."""
+    configured = os.environ.get("PIPELINE_STATE_DIR")
+    return Path(configured) if configured else project_root() / ".state"
+
+
+def demo_port() -> int:
+    """The offline demo site's port on 127.0.0.1 (PIPELINE_DEMO_PORT, default 8780)."""
+    return _int_env("PIPELINE_DEMO_PORT", DEFAULT_DEMO_PORT)
+
+
+def default_database_url() -> str:
+    return f"sqlite:///{state_dir() / 'pipeline.db'}"
+
+
+def _int_env(name: str, default: int, minimum: int = 1) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={value} must be at least {minimum}")
+    return value
+
+
+def _choice_env(name: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` (the first when unset)."""
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return choices[0]
+    if raw not in choices:
+        raise ConfigError(f"{name}={raw!r}: use one of {', '.join(choices)}")
+    return raw
+
+
+def _date_env(name: str, default: date) -> date:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return date.fromisoformat(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a date (YYYY-MM-DD)") from None
+
+
+def _float_env(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if value <= 0:
+        raise ConfigError(f"{name}={value} must be positive")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str
+    lease_seconds: int = DEFAULT_LEASE_SECONDS
+    http_timeout_seconds: float = DEFAULT_HTTP_TIMEOUT_SECONDS
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    max_items_per_fetch: int = DEFAULT_MAX_ITEMS_PER_FETCH
+    concurrency: int = DEFAULT_CONCURRENCY
+    allow_networks: tuple[str, ...] = ()
+    raw_max_attempts: int = DEFAULT_RAW_MAX_ATTEMPTS  # a raw row that fails this often is given up
+    # a source claimed this often without a fetch finishing (each holder died) fails
+    source_max_attempts: int = DEFAULT_SOURCE_MAX_ATTEMPTS
+    delivery_max_attempts: int = DEFAULT_DELIVERY_MAX_ATTEMPTS  # then a notification is dead
+    # how a source's politeness group is named when none is given: "host" or "domain"
+    politeness_group_by: str = "host"
+    raw_retention_days: int = DEFAULT_RAW_RETENTION_DAYS  # processed raw rows kept this long
+    event_retention_days: int = DEFAULT_EVENT_RETENTION_DAYS  # ingestion_events kept this long
+    sensor_interval_seconds: int = DEFAULT_SENSOR_INTERVAL_SECONDS
+    # runs of each stage its sensor lets be active at once, in the order of STAGES
+    stage_max_runs: tuple[int, ...] = (DEFAULT_MAX_RUNS,) * len(STAGES)
+    stale_lease_minutes: int = DEFAULT_STALE_LEASE_MINUTES
+    raw_backlog_max_minutes: int = DEFAULT_RAW_BACKLOG_MAX_MINUTES
+    backfill_start: date = DEFAULT_BACKFILL_START
+
+    def max_runs(self, stage: str) -> int:
+        """Runs of ``stage`` (one of STAGES) in flight at once: PIPELINE_<STAGE>_MAX_RUNS."""
+        return self.stage_max_runs[STAGES.index(stage)]
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        networks = os.environ.get("PIPELINE_ALLOW_NETWORKS", "")
+        return cls(
+            database_url=os.environ.get("DATABASE_URL", "").strip() or default_database_url(),
+            lease_seconds=_int_env("PIPELINE_LEASE_SECONDS", DEFAULT_LEASE_SECONDS),
+            http_timeout_seconds=_float_env(
+                "PIPELINE_HTTP_TIMEOUT_SECONDS", DEFAULT_HTTP_TIMEOUT_SECONDS
+            ),
+            max_response_bytes=_int_env("PIPELINE_MAX_RESPONSE_BYTES", DEFAULT_MAX_RESPONSE_BYTES),
+            max_items_per_fetch=_int_env("PIPELINE_MAX_ITEMS_PER_FETCH", DEFAULT_MAX_ITEMS_PER_FETCH),
+            concurrency=_int_env("PIPELINE_CONCURRENCY", DEFAULT_CONCURRENCY),
+            allow_networks=tuple(n.strip() for n in networks.split(",") if n.strip()),
+            raw_max_attempts=_int_env("PIPELINE_RAW_MAX_ATTEMPTS", DEFAULT_RAW_MAX_ATTEMPTS),
+            source_max_attempts=_int_env(
+                "PIPELINE_SOURCE_MAX_ATTEMPTS", DEFAULT_SOURCE_MAX_ATTEMPTS
+            ),
+            delivery_max_attempts=_int_env(
+                "PIPELINE_DELIVERY_MAX_ATTEMPTS", DEFAULT_DELIVERY_MAX_ATTEMPTS
+            ),
+            politeness_group_by=_choice_env("PIPELINE_POLITENESS_GROUP_BY", ("host", "domain")),
+            raw_retention_days=_int_env("PIPELINE_RAW_RETENTION_DAYS", DEFAULT_RAW_RETENTION_DAYS),
+            event_retention_days=_int_env(
+                "PIPELINE_EVENT_RETENTION_DAYS", DEFAULT_EVENT_RETENTION_DAYS
+            ),
+            sensor_interval_seconds=_int_env(
+                "PIPELINE_SENSOR_INTERVAL_SECONDS", DEFAULT_SENSOR_INTERVAL_SECONDS,
+                minimum=MIN_SENSOR_INTERVAL_SECONDS,
+            ),
+            stage_max_runs=tuple(
+                _int_env(f"PIPELINE_{stage.upper()}_MAX_RUNS", DEFAULT_MAX_RUNS) for stage in STAGES
+            ),
+            stale_lease_minutes=_int_env("PIPELINE_STALE_LEASE_MINUTES", DEFAULT_STALE_LEASE_MINUTES),
+            raw_backlog_max_minutes=_int_env(
+                "PIPELINE_RAW_BACKLOG_MAX_MINUTES", DEFAULT_RAW_BACKLOG_MAX_MINUTES
+            ),
+            backfill_start=_date_env("PIPELINE_BACKFILL_START", DEFAULT_BACKFILL_START),
+        )

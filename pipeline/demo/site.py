@@ -1,0 +1,165 @@
+"""The demo site: its feeds over HTTP on 127.0.0.1, and a webhook receiver whose home page
+lists the signed deliveries it received."""
+
+
+from __future__ import annotations
+
+import html
+import json
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from pipeline.core.settings import DEFAULT_DEMO_PORT
+from pipeline.demo.content import CHANNEL_ID, DEMO_SECRET, DEMO_USER, FEEDS, Feed
+from pipeline.notify.delivery import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, verify
+
+
+class Deliveries:
+    """What the webhook receiver got: kept in memory and appended to a JSON-lines file, so
+    the page shows them again after a restart. A repeated Idempotency-Key is counted and
+    dropped, as a receiver should."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lock = threading.Lock()
+        self.received: list[dict[str, Any]] = []
+        self.repeats = 0
+        if path.exists():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    self.received.append(json.loads(line))
+
+    def add(self, record: dict[str, Any]) -> bool:
+        """Store ``record``; False when its key was seen before."""
+        with self.lock:
+            if any(r["key"] == record["key"] for r in self.received):
+                self.repeats += 1
+                return False
+            self.received.append(record)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(record) + "\n")
+            return True
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: DemoSite
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        parts = urlsplit(self.path)
+        site = self.server.url
+        if parts.path in FEEDS:
+            self._feed(FEEDS[parts.path], site)
+        elif parts.path == f"/channel/{CHANNEL_ID}":
+            self._reply(200, f'<html><head><link rel="canonical" href="{site}/channel/{CHANNEL_ID}">'
+                        "</head><body>Demo channel</body></html>".encode(), "text/html")
+        elif parts.path == "/deliveries.json":
+            with self.server.deliveries.lock:
+                body = {"received": self.server.deliveries.received[-200:],
+                        "total": len(self.server.deliveries.received),
+                        "repeats_dropped": self.server.deliveries.repeats}
+            self._reply(200, json.dumps(body).encode(), "application/json")
+        elif parts.path == "/":
+            self._reply(200, self._home(), "text/html; charset=utf-8")
+        else:
+            self._reply(404, b"not found", "text/plain")
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if urlsplit(self.path).path != "/hook":
+            self._reply(404, b"not found", "text/plain")
+            return
+        if not verify(DEMO_SECRET, body, self.headers.get(SIGNATURE_HEADER, "")):
+            self._reply(401, b"bad signature", "text/plain")
+            return
+        payload = json.loads(body)
+        self.server.deliveries.add({
+            "received_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "key": self.headers.get(IDEMPOTENCY_HEADER), "notification_id": payload["notification_id"],
+            "user": payload["user"]["name"], "keywords": payload["filter"]["keywords"],
+            "title": payload["listing"]["title"], "url": payload["listing"]["url"],
+        })
+        self._reply(204, b"", "text/plain")
+
+    def _feed(self, feed: Feed, site: str) -> None:
+        latest = feed.latest(datetime.now(UTC))
+        etag = f'"{feed.path}-{latest}"'
+        if self.headers.get("If-None-Match") == etag:
+            self._reply(304, b"", feed.content_type, {"ETag": etag})
+            return
+        ks = list(range(latest, max(latest - feed.shown, -1), -1))
+        self._reply(200, feed.render(site, ks), feed.content_type, {"ETag": etag})
+
+    def _home(self) -> bytes:
+        with self.server.deliveries.lock:
+            recent = list(reversed(self.server.deliveries.received[-50:]))
+            total, repeats = len(self.server.deliveries.received), self.server.deliveries.repeats
+        rows = "".join(
+            f"<tr><td>{html.escape(r['received_at'])}</td><td>{r['notification_id']}</td>"
+            f"<td>{html.escape(' '.join(r['keywords']))}</td>"
+            f"<td><a href=\"{html.escape(r['url'])}\">{html.escape(r['title'])}</a></td></tr>"
+            for r in recent
+        )
+        feeds = "".join(f'<li><a href="{p}">{p}</a></li>' for p in FEEDS)
+        return (
+            "<!doctype html><html><head><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"5\">"
+            "<title>Pipeline demo: deliveries</title><style>body{font-family:sans-serif;margin:2em}"
+            "td,th{padding:.2em .8em;text-align:left}tr:nth-child(even){background:#f3f3f3}</style></head><body>"
+            f"<h1>Webhook deliveries to user {DEMO_USER!r}</h1>"
+            f"<p>{total} received, signatures verified; {repeats} repeats dropped by Idempotency-Key."
+            " This page refreshes every 5 seconds.</p>"
+            "<table><tr><th>received (UTC)</th><th>notification</th><th>filter</th><th>listing</th></tr>"
+            f"{rows}</table><h2>Feeds served</h2><ul>{feeds}</ul></body></html>"
+        ).encode()
+
+    def _reply(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        if status != 304:
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # the pipeline's own telemetry says what was fetched
+
+
+class DemoSite(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, port: int, deliveries_file: Path) -> None:
+        super().__init__(("127.0.0.1", port), _Handler)
+        self.deliveries = Deliveries(deliveries_file)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+def serve(port: int, deliveries_file: Path, *, ready: Callable[[str], None] | None = None) -> None:
+    """Serve until interrupted."""
+    with DemoSite(port, deliveries_file) as site:
+        if ready is not None:
+            ready(site.url)
+        try:
+            site.serve_forever(poll_interval=0.5)
+        except KeyboardInterrupt:
+            pass
+
+
+def parse_site(url: str) -> str:
+    """``url`` without a trailing slash; only loopback http URLs are accepted."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.hostname not in ("127.0.0.1", "localhost"):
+        raise ValueError(f"the demo site must be an http URL on 127.0.0.1, not {url!r}")
+    if parse_qs(parts.query) or parts.path not in ("", "/"):
+        raise ValueError(f"give the demo site's root, e.g. http://127.0.0.1:{DEFAULT_DEMO_PORT}, not {url!r}")
+    return url.rstrip("/")

@@ -1,0 +1,122 @@
+"""The adapter protocol: one per ``source_type``, each turning a source into items.
+
+An adapter fetches through the run's ``Fetcher`` (so every request gets the guard, the
+cap and the timeouts) and raises ``FetchError`` with a code of the taxonomy when it
+cannot. The collector chooses the adapter by ``source_type`` (pipeline/fetching/registry.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pipeline.net.http import Fetcher, FetchResult
+
+# Longer item ids are stored as their hash: PostgreSQL cannot index a key of more than
+# about 2.7 KB, and no real guid or link comes near this.
+MAX_ITEM_ID_CHARS = 1000
+
+
+def _storable(value: Any) -> Any:
+    """``value`` with every string made storable: NUL characters dropped (no database text
+    type, nor PostgreSQL's jsonb, stores one) and lone surrogates, which have no UTF-8
+    form, replaced."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            value = value.replace("\x00", "")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            value = value.encode("utf-8", "replace").decode("utf-8")
+        return value
+    if isinstance(value, dict):
+        return {_storable(k): _storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_storable(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Item:
+    """One thing a source yielded; ``raw`` is what lands in ``listings_raw.raw_json``:
+    at least title, url, summary, published_at (ISO 8601 or None), author, categories."""
+
+    source_item_id: str
+    url: str
+    raw: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        for name in ("source_item_id", "url", "raw"):
+            object.__setattr__(self, name, _storable(getattr(self, name)))
+        if len(self.source_item_id) > MAX_ITEM_ID_CHARS:
+            digest = hashlib.sha256(self.source_item_id.encode()).hexdigest()
+            object.__setattr__(self, "source_item_id", f"sha256:{digest}")
+
+    @functools.cached_property
+    def raw_text(self) -> str:
+        """``raw`` as JSON text, keys sorted: what is stored, and what is hashed."""
+        return json.dumps(self.raw, sort_keys=True, ensure_ascii=False)
+
+    @functools.cached_property
+    def content_hash(self) -> str:
+        return hashlib.sha256(self.raw_text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one fetch produced, besides its items."""
+
+    items: list[Item] = field(default_factory=list)
+    http_status: int | None = None
+    etag: str | None = None
+    last_modified: str | None = None
+    moved_to: str | None = None  # a permanent redirect: the source's new URL
+    not_modified: bool = False
+    # Keys to merge into the source's config, e.g. a YouTube @handle's channel id once
+    # resolved, so it is looked up once.
+    config_updates: dict[str, Any] | None = None
+
+
+class Adapter(Protocol):
+    def check_config(self, config: Mapping[str, Any]) -> None:
+        """ValueError saying what is wrong with a source's ``config`` for this adapter."""
+        ...
+
+    def fetch(self, source: Mapping[str, Any], fetcher: Fetcher) -> Outcome:
+        """Fetch ``source`` (a ``sources`` row) and return its current items."""
+        ...
+
+
+def fetch_and_parse(
+    source: Mapping[str, Any],
+    fetcher: Fetcher,
+    parse: Callable[[FetchResult], list[Item]],
+    *,
+    url: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> Outcome:
+    """A conditional GET of ``url`` (default: the source's URL); ``parse`` turns a fresh
+    body into items."""
+    result = fetcher.fetch(
+        url or source["url"], etag=source.get("etag"), last_modified=source.get("last_modified"),
+        headers=headers,
+    )
+    if result.not_modified:  # keep the validators we sent unless the server sent new ones
+        return Outcome(
+            http_status=304,
+            etag=result.etag or source.get("etag"),
+            last_modified=result.last_modified or source.get("last_modified"),
+            moved_to=result.moved_to,
+            not_modified=True,
+        )
+    return Outcome(
+        items=parse(result),
+        http_status=result.status,
+        etag=result.etag,
+        last_modified=result.last_modified,
+        moved_to=result.moved_to,
+    )

@@ -1,0 +1,450 @@
+"""One collector pass: claim due sources, fetch them, store what is new, reschedule them.
+
+Fetches run on a thread pool with no transaction and no row lock open; the pool is kept
+full (pipeline/queue/workpool.py: sources are claimed as threads come free), so one slow
+source delays no other.
+Each source gets an ``ingestion.started`` event when it is claimed. Fetches that finish
+together are written in ONE transaction holding, for each of them, the fenced completion
+(next_fetch_at, validators, failure streak), the raw rows of new or changed items and the
+``ingestion.completed`` event: after a crash, all of a source's writes exist or none.
+If the database refuses that transaction, each source is written alone, so one source's
+bad data fails only that source. A failing source is rescheduled by pipeline/core/backoff.py
+and never fails the pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import random
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine, RowMapping
+
+from pipeline.core.backoff import (
+    BackoffPolicy,
+    clamp_retry_after,
+)
+from pipeline.core.errors import FetchError
+from pipeline.core.failures import FailureReason
+from pipeline.core.kinds import SourceType
+from pipeline.core.settings import Settings
+from pipeline.fetching.base import Item, Outcome
+from pipeline.fetching.decide import after_failure, after_success
+from pipeline.fetching.politeness import PoliteQueue, defer, ensure_groups
+from pipeline.fetching.registry import adapter_for
+from pipeline.net.http import Fetcher
+from pipeline.queue.claim import Claim, RowCompletion, WorkQueue
+from pipeline.queue.workpool import work_claimed
+from pipeline.storage import schema
+from pipeline.storage.bulk import insert_rows, on_conflict_insert
+
+log = logging.getLogger("pipeline.ingestion")
+
+_INSERT_RAW = sa.insert(schema.listings_raw)
+
+
+@dataclass
+class CollectStats:
+    claimed: int = 0
+    succeeded: int = 0
+    not_modified: int = 0
+    failed: Counter[str] = field(default_factory=Counter)
+    fenced_out: int = 0  # finished after another worker took the source over
+    items_seen: int = 0
+    items_new: int = 0
+    latencies_ms: list[int] = field(default_factory=list)
+
+    def percentile(self, q: float) -> int | None:
+        if not self.latencies_ms:
+            return None
+        if len(self.latencies_ms) == 1:
+            return self.latencies_ms[0]
+        return int(statistics.quantiles(self.latencies_ms, n=100, method="inclusive")[int(q) - 1])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "claimed": self.claimed,
+            "fetched": self.succeeded,
+            "not_modified": self.not_modified,
+            "failed": sum(self.failed.values()),
+            "failed_by_reason": dict(self.failed),
+            "fenced_out": self.fenced_out,
+            "items_seen": self.items_seen,
+            "items_new": self.items_new,
+            "fetch_latency_p50_ms": self.percentile(50),
+            "fetch_latency_p95_ms": self.percentile(95),
+        }
+
+    def tally(self, event: Mapping[str, Any]) -> None:
+        self.latencies_ms.append(event["duration_ms"])
+        if event["success"]:
+            self.succeeded += 1
+            self.not_modified += event["http_status"] == 304
+            self.items_seen += event["items_seen"]
+            self.items_new += event["items_new"]
+        else:
+            self.failed[event["failure_reason"]] += 1
+
+
+@dataclass
+class Fetched:
+    """One source after its fetch: an outcome or an error, and how long it took."""
+
+    claim: Claim
+    source: Mapping[str, Any]
+    outcome: Outcome | None
+    error: FetchError | None
+    finished: datetime
+    duration_ms: int
+    items_seen: int | None = None  # set when the items were capped: how many the fetch had
+    items_left: int = 0  # new or changed items left for the next fetch by the cap
+
+
+@dataclass
+class Collector:
+    engine: Engine
+    settings: Settings
+    worker: str
+    run_id: str | None = None
+    policy: BackoffPolicy = field(default_factory=BackoffPolicy)
+    batch_size: int = 32
+    # Results that finish within this many seconds of each other are written in one
+    # transaction: per-transaction work is then shared (bench/RESULTS.md).
+    write_window: float = 0.1
+    random_unit: Callable[[], float] = random.random
+
+    def run(self, *, max_sources: int | None = None, concurrency: int | None = None) -> CollectStats:
+        """Claim due sources until none is due or ``max_sources`` were claimed."""
+        stats = CollectStats()
+        # Politeness is in the claim: a source is handed out only when its group has room.
+        queue = PoliteQueue(self.engine, lease_seconds=self.settings.lease_seconds)
+        # Load the adapters (and the parsers they import) before the first claim: a
+        # claimed source's request must leave at once, or the group's spacing, kept
+        # between claims, is not what its host sees.
+        adapter_for(SourceType.RSS)
+        threads = concurrency or self.settings.concurrency
+        with Fetcher.from_settings(self.settings, threads=threads) as fetcher:
+            stats.claimed = work_claimed(
+                queue, self.worker, threads=threads, max_rows=max_sources,
+                batch_size=self.batch_size, write_window=self.write_window,
+                start=lambda claim: self._start(queue, claim, stats),
+                held=lambda job: (job[0], job[1]["id"]),
+                work=lambda job: self._fetch(*job, fetcher),
+                write=lambda batch: self._store(queue, batch, stats),
+                # A fetch is bounded by its deadline; an adapter may make a few requests.
+                max_work_seconds=4 * self.settings.http_timeout_seconds + 60,
+                next_start_in=queue.next_start_in,
+            )
+        return stats
+
+    def _start(self, queue: WorkQueue, claim: Claim, stats: CollectStats) -> list[tuple[Claim, RowMapping]]:
+        """Record the claimed sources as started (before any request leaves: a fetch
+        that reached its host always has its started event); the ones whose earlier
+        holders all died before finishing (claimed too often) end here as a failure,
+        unfetched."""
+        self._record_started(claim.rows)
+        limit = self.settings.source_max_attempts
+        abandoned = [row for row in claim.rows if queue.spec.exhausted(row, limit)]
+        if abandoned:
+            now = datetime.now(UTC)
+            error = FetchError(
+                FailureReason.TIMEOUT,
+                f"claimed {limit + 1} times without a fetch finishing: every worker that took"
+                " it stopped (killed, cut off, or out of lease) while fetching",
+            )
+            self._store(queue, [Fetched(claim, dict(row), None, error, now, 0) for row in abandoned], stats)
+        gone = {row["id"] for row in abandoned}
+        return [(claim, row) for row in claim.rows if row["id"] not in gone]
+
+    # -- fetching (on the pool's threads) ------------------------------------------------
+
+    def _fetch(self, claim: Claim, row: RowMapping, fetcher: Fetcher) -> Fetched:
+        source: Mapping[str, Any] = dict(row)
+        started = time.monotonic()
+        outcome: Outcome | None = None
+        error: FetchError | None = None
+        try:
+            outcome = adapter_for(source["source_type"]).fetch(source, fetcher)
+        except FetchError as exc:
+            error = exc
+        except Exception as exc:  # an adapter bug must not stop the other sources
+            log.exception("adapter crashed on source %s", source["id"])
+            error = FetchError(FailureReason.PARSE_ERROR, f"unexpected {type(exc).__name__}: {exc}")
+        duration_ms = int((time.monotonic() - started) * 1000)
+        return Fetched(claim, source, outcome, error, datetime.now(UTC), duration_ms)
+
+    # -- storing (on the collector's own thread) ----------------------------------------
+
+    def _store(self, queue: WorkQueue, batch: list[Fetched], stats: CollectStats) -> None:
+        """Write a batch in one transaction; if the database refuses it, source by source."""
+        try:
+            events = self._write(queue, batch)
+        except sa.exc.StatementError as exc:
+            if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+                raise  # the database is gone, not this batch's data: fail the step
+            if len(batch) > 1:
+                for one in batch:
+                    self._store(queue, [one], stats)
+                return
+            # This source's own data was refused (a value the database cannot store):
+            # it fails like a broken document, so it backs off instead of failing again.
+            [fetched] = batch
+            reason = str(exc.orig or exc).strip().splitlines()[0]
+            log.warning("the database refused the items of source %s: %s", fetched.source["id"], reason)
+            fetched.outcome = None
+            fetched.error = FetchError(
+                FailureReason.PARSE_ERROR, f"the database refused this source's items: {reason}"
+            )
+            events = self._write(queue, batch)
+        stats.fenced_out += len(batch) - len(events)
+        for event in events:
+            stats.tally(event)
+            _log(event)  # after the commit: the log never shows an event the database lacks
+
+    def _write(self, queue: WorkQueue, batch: list[Fetched]) -> list[dict[str, Any]]:
+        """Complete, store items and record events for ``batch``; the events written."""
+        with self.engine.begin() as conn:
+            completions = {}
+            for fetched in batch:
+                self._cap_items(conn, fetched)
+                completions[fetched.source["id"]] = self._decide(conn, fetched)
+            fenced = queue.complete_each(
+                [RowCompletion(f.claim, f.source["id"], completions[f.source["id"]]) for f in batch],
+                conn=conn,
+            )
+            done = set(fenced.done)
+            kept = [f for f in batch if f.source["id"] in done]
+            for f in kept:
+                self._defer_group(conn, f)
+            new = store_items(
+                conn,
+                [(f.source["id"], f.outcome.items) for f in kept if f.outcome and f.outcome.items],
+            )
+            events = [self._completed_event(f, completions[f.source["id"]], new) for f in kept]
+            insert_rows(conn, schema.ingestion_events, events)
+        return events
+
+    def _cap_items(self, conn: sa.Connection, fetched: Fetched) -> None:
+        """Keep at most ``max_items_per_fetch`` new or changed items; the rest are left for
+        the next fetch, which the validators dropped here make a full one."""
+        cap, outcome = self.settings.max_items_per_fetch, fetched.outcome
+        if outcome is None or len(outcome.items) <= cap:
+            return
+        items = list({item.source_item_id: item for item in outcome.items}.values())
+        known = _known_hashes(conn, fetched.source["id"], [item.source_item_id for item in items])
+        fresh = [item for item in items if known.get(item.source_item_id) != item.content_hash]
+        if len(fresh) <= cap:
+            return
+        fetched.items_seen, fetched.items_left = len(outcome.items), len(fresh) - cap
+        fetched.outcome = dataclasses.replace(outcome, items=fresh[:cap], etag=None, last_modified=None)
+
+    def _defer_group(self, conn: sa.Connection, fetched: Fetched) -> None:
+        """A 429, or a 503 with Retry-After, speaks for the whole host: no fetch of the
+        source's politeness group starts before the time it asked for (clamped to the
+        backoff's cap for that failure)."""
+        error = fetched.error
+        if error is None or error.retry_after is None:
+            return
+        if not (error.reason is FailureReason.RATE_LIMITED or error.http_status == 503):
+            return
+        until = clamp_retry_after(error.reason, error.retry_after, fetched.finished, self.policy)
+        if until > fetched.finished:
+            group = fetched.source["politeness_group"]
+            defer(conn, group, until, f"HTTP {error.http_status} from source {fetched.source['id']}")
+
+    def _decide(self, conn: sa.Connection, fetched: Fetched) -> dict[str, Any]:
+        """The source's new state (pipeline/fetching/decide.py) as the completion's values."""
+        source, outcome = fetched.source, fetched.outcome
+        if outcome is None:
+            assert fetched.error is not None
+            return after_failure(
+                source, fetched.error, finished=fetched.finished, u=self.random_unit(), policy=self.policy
+            ).values()
+        moved = outcome.moved_to
+        decision = after_success(
+            source, outcome, finished=fetched.finished, group_by=self.settings.politeness_group_by,
+            moved_url_taken=bool(moved and moved != source["url"] and _url_taken(conn, moved)),
+        )
+        if decision.new_group is not None:
+            ensure_groups(conn, [decision.new_group])
+        return decision.values()
+
+    # -- telemetry ----------------------------------------------------------------------
+
+    def _record_started(self, sources: Sequence[RowMapping]) -> None:
+        if not sources:
+            return
+        rows = [
+            {
+                "event": "ingestion.started",
+                "source_id": source["id"],
+                "source_type": source["source_type"],
+                "run_id": self.run_id,
+                "scheduled_at": source["next_fetch_at"],
+            }
+            for source in sources
+        ]
+        with self.engine.begin() as conn:
+            insert_rows(conn, schema.ingestion_events, rows)
+        for row in rows:
+            _log(row)
+
+    def _completed_event(
+        self, fetched: Fetched, values: Mapping[str, Any], new: Mapping[int, int]
+    ) -> dict[str, Any]:
+        source, outcome, error = fetched.source, fetched.outcome, fetched.error
+        details: dict[str, Any] = {}
+        if error is not None:
+            details["error"] = error.message
+            if values.get("enabled") is False:
+                details["disabled"] = True
+        elif outcome is not None and outcome.not_modified:
+            details["not_modified"] = True
+        if fetched.items_left:
+            details["items_left"] = fetched.items_left  # for the next fetch (the item cap)
+        return {
+            "event": "ingestion.completed",
+            "source_id": source["id"],
+            "source_type": source["source_type"],
+            "run_id": self.run_id,
+            "scheduled_at": source["next_fetch_at"],
+            "duration_ms": fetched.duration_ms,
+            "success": error is None,
+            "failure_reason": error.reason.value if error else None,
+            "retry_in_minutes": (
+                round((values["next_fetch_at"] - fetched.finished).total_seconds() / 60, 3)
+                if error else None
+            ),
+            "http_status": error.http_status if error else outcome.http_status if outcome else None,
+            "items_seen": fetched.items_seen or (len(outcome.items) if outcome else 0),
+            "items_new": new.get(source["id"], 0),
+            "details": details or None,
+        }
+
+
+def _log(event_row: Mapping[str, Any]) -> None:
+    """The event as one structured (JSON) log line, as DESIGN.md "Telemetry" asks."""
+    log.info(json.dumps(dict(event_row), default=lambda v: v.isoformat() if isinstance(v, datetime) else str(v)))
+
+
+def _url_taken(conn: sa.Connection, url: str) -> bool:
+    t = schema.sources
+    return conn.execute(sa.select(t.c.id).where(t.c.url == url)).first() is not None
+
+
+# -- items ----------------------------------------------------------------------------------
+
+# PostgreSQL: the items of every source in a batch in ONE statement. ``source_items``
+# keeps each item's newest content hash; the upsert returns only the items that are new
+# or whose hash changed, and exactly those get a raw row. The items are bound as one JSON
+# array of [source_id, source_item_id, content_hash, url, raw_json as text] (one C-speed
+# json.dumps; binding five arrays cost psycopg more CPU than the rest of the write), so
+# the statement text is the same whatever the batch size. The SQL is a file of its own,
+# to be reviewed as SQL.
+_STORE_ITEMS_PG = (Path(__file__).parent / "store_items.postgresql.sql").read_text(encoding="utf-8")
+
+
+def store_items(conn: sa.Connection, batch: Sequence[tuple[int, Sequence[Item]]]) -> dict[int, int]:
+    """Insert raw rows for the items that are new or changed; how many, per source id."""
+    per_source = [
+        (source_id, list({item.source_item_id: item for item in items}.values()))
+        for source_id, items in batch
+    ]
+    per_source = [(source_id, items) for source_id, items in per_source if items]
+    if not per_source:
+        return {}
+    if conn.dialect.name == "postgresql":
+        packed = [
+            [source_id, item.source_item_id, item.content_hash, item.url, item.raw_text]
+            for source_id, items in per_source
+            for item in items
+        ]
+        result = conn.exec_driver_sql(_STORE_ITEMS_PG, {"items": json.dumps(packed, ensure_ascii=False)})
+        return dict(Counter(result.scalars()))
+    new: dict[int, int] = {}
+    for source_id, items in per_source:
+        changed = _changed_item_ids(conn, source_id, items)
+        rows = [
+            {
+                "source_id": source_id,
+                "source_item_id": item.source_item_id,
+                "url": item.url,
+                "raw_json": item.raw,
+                "content_hash": item.content_hash,
+            }
+            for item in items
+            if item.source_item_id in changed
+        ]
+        if rows:
+            conn.execute(_INSERT_RAW, rows)
+            new[source_id] = len(rows)
+    return new
+
+
+def _known_hashes(conn: sa.Connection, source_id: int, item_ids: Sequence[str]) -> dict[str, str]:
+    """The stored content hash of each of ``item_ids`` that the source has had."""
+    t = schema.source_items
+    known: dict[str, str] = {}
+    for start in range(0, len(item_ids), 1000):  # well under SQLite's bound-variable limit
+        rows = conn.execute(
+            sa.select(t.c.source_item_id, t.c.content_hash).where(
+                t.c.source_id == source_id, t.c.source_item_id.in_(item_ids[start:start + 1000])
+            )
+        )
+        known.update({row.source_item_id: row.content_hash for row in rows})
+    return known
+
+
+def _changed_item_ids(conn: sa.Connection, source_id: int, items: Sequence[Item]) -> set[str]:
+    """Record each item's newest hash in source_items; return the ids that are new or changed.
+
+    One upsert: a row whose hash is unchanged is neither updated nor returned.
+    """
+    t = schema.source_items
+    rows: list[dict[str, Any]] = [
+        {"source_id": source_id, "source_item_id": i.source_item_id, "content_hash": i.content_hash}
+        for i in items
+    ]
+    base = on_conflict_insert(conn, t)
+    if base is not None:
+        changed: set[str] = set()
+        for start in range(0, len(rows), 1000):  # well under SQLite's bound-variable limit
+            insert = base.values(rows[start : start + 1000])  # a new statement each chunk
+            stmt = insert.on_conflict_do_update(
+                index_elements=[t.c.source_id, t.c.source_item_id],
+                set_={
+                    "content_hash": insert.excluded.content_hash,
+                    "changed_at": sa.func.current_timestamp(),
+                },
+                where=t.c.content_hash != insert.excluded.content_hash,
+            ).returning(t.c.source_item_id)
+            changed.update(conn.execute(stmt).scalars())
+        return changed
+    known = dict(
+        conn.execute(
+            sa.select(t.c.source_item_id, t.c.content_hash).where(t.c.source_id == source_id)
+        ).tuples()
+    )
+    # Any other dialect: compare, then write one row at a time (correct, slower).
+    fresh = {r["source_item_id"] for r in rows if known.get(r["source_item_id"]) != r["content_hash"]}
+    for r in rows:
+        if r["source_item_id"] in fresh:
+            if r["source_item_id"] in known:
+                conn.execute(
+                    sa.update(t)
+                    .where(t.c.source_id == source_id, t.c.source_item_id == r["source_item_id"])
+                    .values(content_hash=r["content_hash"])
+                )
+            else:
+                conn.execute(sa.insert(t).values(r))
+    return fresh

@@ -1,0 +1,100 @@
+"""What a finished fetch changes on its source: a pure, frozen decision (no database, no clock).
+
+The collector fetches, asks the database the one thing the decision needs (is a permanent
+redirect's target already a source?), calls ``decide`` and writes ``values()`` in the
+fetch's completion. Tested without a database in tests/test_decide.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pipeline.core.backoff import BackoffPolicy, next_fetch_after_success, retry_after_failure
+from pipeline.core.errors import FetchError
+from pipeline.core.failures import FailureReason
+from pipeline.fetching.base import Outcome
+from pipeline.fetching.politeness import group_for
+
+
+@dataclass(frozen=True)
+class SourceDecision:
+    """The source row after one fetch. ``failure`` None means the fetch succeeded."""
+
+    next_fetch_at: datetime
+    fetched_at: datetime
+    consecutive_failures: int
+    failure: FailureReason | None = None
+    etag: str | None = None  # success only: the validators for the next conditional GET
+    last_modified: str | None = None
+    new_url: str | None = None  # a permanent redirect to a URL no other source has
+    new_group: str | None = None  # the redirect's host group, for a source in its host's group
+    config: Mapping[str, Any] | None = None  # the config with the adapter's updates merged
+    disabled_reason: str | None = None  # permanent failures disabled the source
+
+    def values(self) -> dict[str, Any]:
+        """The columns the fetch's completion writes."""
+        values: dict[str, Any] = {
+            "next_fetch_at": self.next_fetch_at,
+            "attempts": 0,  # the fetch finished: its claims no longer count against it
+            "last_fetched_at": self.fetched_at,
+            "consecutive_failures": self.consecutive_failures,
+            "last_failure_reason": None if self.failure is None else self.failure.value,
+        }
+        if self.failure is None:
+            values.update(last_success_at=self.fetched_at, etag=self.etag, last_modified=self.last_modified)
+        if self.new_url is not None:
+            values["url"] = self.new_url
+        if self.new_group is not None:
+            values["politeness_group"] = self.new_group
+        if self.config is not None:
+            values["config"] = dict(self.config)
+        if self.disabled_reason is not None:
+            values.update(enabled=False, disabled_reason=self.disabled_reason)
+        return values
+
+
+def after_success(
+    source: Mapping[str, Any], outcome: Outcome, *, finished: datetime, group_by: str,
+    moved_url_taken: bool = False,
+) -> SourceDecision:
+    """The next fetch one interval after this one; the server's validators kept; a
+    permanent redirect followed unless its target is another source already."""
+    new_url = new_group = None
+    if outcome.moved_to and outcome.moved_to != source["url"] and not moved_url_taken:
+        new_url = outcome.moved_to
+        # A source in its host's group follows its new host; a named group stays.
+        if source["politeness_group"] == group_for(source["url"], source["source_type"], by=group_by):
+            new_group = group_for(new_url, source["source_type"], by=group_by)
+    config = {**(source["config"] or {}), **outcome.config_updates} if outcome.config_updates else None
+    return SourceDecision(
+        next_fetch_at=next_fetch_after_success(finished, source["fetch_interval_minutes"]),
+        fetched_at=finished,
+        consecutive_failures=0,
+        etag=outcome.etag,
+        last_modified=outcome.last_modified,
+        new_url=new_url,
+        new_group=new_group,
+        config=config,
+    )
+
+
+def after_failure(
+    source: Mapping[str, Any], error: FetchError, *, finished: datetime, u: float, policy: BackoffPolicy
+) -> SourceDecision:
+    """Backed off by the failure's code and streak (``u``: uniform in [0, 1), the jitter);
+    disabled when permanent failures reach the policy's limit."""
+    failures = source["consecutive_failures"] + 1
+    retry = retry_after_failure(
+        error.reason, failures, now=finished, u=u, retry_after=error.retry_after, policy=policy
+    )
+    disabled = f"{error.reason.value} {failures} times in a row; last: {error.message}" if retry.disable else None
+    return SourceDecision(
+        next_fetch_at=retry.at,
+        fetched_at=finished,
+        consecutive_failures=failures,
+        failure=error.reason,
+        disabled_reason=disabled,
+    )

@@ -1,0 +1,495 @@
+"""Politeness as part of the claim: a source is handed out only when its group has room.
+
+Every source belongs to a politeness group (``group_for``: its host by default, all
+YouTube sources in one, or a name given when it is added). A group allows at most
+``max_in_flight`` fetches at once across every worker, and starts them at least
+``min_interval_ms`` apart; a 429 or 503 with Retry-After defers the whole group
+(``defer``). ``PoliteQueue`` is the sources queue whose claim enforces this in the
+database, so a worker never holds a source it cannot start, and the request deadline
+starts only when the request is sent.
+
+How the PostgreSQL claim stays safe with many workers, in one statement
+(``PoliteQueue._build_claim``; docs/runbook.md "Politeness" has the SQL):
+
+* fetches in flight are the group's sources whose lease is running: a dead worker's
+  slot frees itself when its lease runs out;
+* the claim locks the row of each group it draws from (``FOR NO KEY UPDATE SKIP
+  LOCKED``: a group another worker is claiming from is passed over), and every claim
+  that hands out a source of a group bumps the group's ``claims``. The count of
+  fetches in flight is read from the statement's snapshot; it is used only when the
+  locked (newest) row's ``claims`` equals the snapshot's, i.e. when no claim in the group
+  committed since the snapshot. Completions and expiries since then only free slots,
+  and a lease that ran out is never extended (claim.py), so the count can only be high,
+  never low: a group never has more than ``max_in_flight`` fetches at once;
+* spacing: the claim sets ``next_request_at = now() + min_interval``, and a group is
+  only drawn from when ``next_request_at <= now()``, re-checked on the locked row; with
+  a spacing, one source per group per claim.
+
+Elsewhere (SQLite, which serialises writers, and the portable path) the same rules run
+as a few statements in one transaction, the group rows locked before the count.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import logging
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import sqlalchemy as sa
+import tldextract
+from sqlalchemy.engine import Connection, RowMapping
+
+from pipeline.core.kinds import SourceType
+from pipeline.core.urls import canonical_host
+from pipeline.queue.claim import Claim, Strategy, WorkQueue
+from pipeline.storage import schema
+from pipeline.storage.bulk import insert_ignoring_conflicts
+
+log = logging.getLogger(__name__)
+
+DEFAULT = schema.DEFAULT_POLITENESS_GROUP
+YOUTUBE_GROUP = "youtube"  # a named provider: every YouTube fetch goes to Google
+_groups, _sources = schema.politeness_groups, schema.sources
+# How many due sources a claim looks at per source it may hand out: enough that groups
+# with no room (their sources are filtered out in SQL first) never starve the others.
+SCAN_FACTOR = 4
+
+
+GROUP_BY = ("host", "domain")  # the values of PIPELINE_POLITENESS_GROUP_BY
+
+
+def group_for(url: str, source_type: str, named: str | None = None, *, by: str = "host") -> str:
+    """The politeness group of a source: ``named`` when given, ``youtube`` for YouTube
+    sources, else the URL's host (lower case, without port: one machine, one group), or
+    with ``by="domain"`` its registrable domain (``a.blog.example.co.uk`` and
+    ``b.blog.example.co.uk`` are both ``example.co.uk``, by the Public Suffix List)."""
+    if by not in GROUP_BY:
+        raise ValueError(f"politeness groups are by {' or '.join(GROUP_BY)}, not {by!r}")
+    if named and named.strip():
+        return named.strip().lower()
+    if source_type == SourceType.YOUTUBE:
+        return YOUTUBE_GROUP
+    # One spelling per host (127.1, 2130706433 and 127.0.0.1 are one machine), without
+    # an IPv6 literal's brackets.
+    host = (canonical_host(urlsplit(url).hostname or "") or "").strip("[]")
+    if by == "domain" and host:
+        return _registrable_domain(host)
+    return host or DEFAULT
+
+
+@functools.cache
+def _suffixes() -> tldextract.TLDExtract:
+    # The snapshot of the Public Suffix List that ships with tldextract: no download.
+    return tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
+
+
+def _registrable_domain(host: str) -> str:
+    """``host``'s registrable domain; an IP address or a bare suffix is its own."""
+    parts = _suffixes()(host)
+    return parts.top_domain_under_public_suffix or host
+
+
+# A loopback host is the operator's own machine, with nobody to be polite to: its group
+# starts with no spacing and this many fetches at once (the workers' threads bound them
+# first). `pipeline politeness set` changes it like any other group.
+LOOPBACK_MAX_IN_FLIGHT = 256
+
+
+def _initial_limits(name: str) -> dict[str, int | None]:
+    """A new group's limits: NULL (the default group's), or a loopback host's own."""
+    try:
+        loopback = ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        loopback = name == "localhost" or name.endswith(".localhost")
+    if loopback:
+        return {"max_in_flight": LOOPBACK_MAX_IN_FLIGHT, "min_interval_ms": 0}
+    return {"max_in_flight": None, "min_interval_ms": None}
+
+
+def ensure_groups(conn: Connection, names: Iterable[str]) -> None:
+    """Create the rows of groups that have none, with their initial limits (the default
+    group's, or a loopback host's)."""
+    rows = [{"name": name, **_initial_limits(name)} for name in sorted(set(names)) if name != DEFAULT]
+    if rows:
+        insert_ignoring_conflicts(conn, _groups, rows, ["name"])
+
+
+def set_limits(
+    conn: Connection, name: str, *, max_in_flight: int | None = None,
+    min_interval_seconds: float | None = None, reset: bool = False,
+) -> None:
+    """Set a group's limits (creating its row); ``reset`` returns them to the defaults.
+    The default group's limits (``*``) are every other group's defaults."""
+    if max_in_flight is not None and max_in_flight < 1:
+        raise ValueError(f"max in flight must be at least 1, got {max_in_flight}")
+    if min_interval_seconds is not None and min_interval_seconds < 0:
+        raise ValueError(f"the interval cannot be negative, got {min_interval_seconds}")
+    if reset and name == DEFAULT:
+        raise ValueError("the default group's limits are the defaults: set them, do not reset them")
+    ensure_groups(conn, [name])
+    values: dict[str, Any] = {}
+    if reset:
+        values.update(_initial_limits(name))
+    if max_in_flight is not None:
+        values["max_in_flight"] = max_in_flight
+    if min_interval_seconds is not None:
+        values["min_interval_ms"] = round(min_interval_seconds * 1000)
+    if values:
+        conn.execute(sa.update(_groups).where(_groups.c.name == name).values(values))
+
+
+def fetching(sources: sa.FromClause, now: sa.ColumnElement[datetime]) -> sa.ColumnElement[bool]:
+    """A source being fetched: claimed, its lease running. ``claimed_by`` is named, not
+    only the lease, because it is the predicate of ix_sources_politeness_leased, which
+    serves every count of a group's fetches (migration 0007)."""
+    return sources.c.claimed_by.is_not(None) & (sources.c.locked_until > now)
+
+
+def list_groups(conn: Connection) -> list[dict[str, Any]]:
+    """Every group with its effective limits, its sources and its fetches in flight."""
+    g, d, s = _groups, _groups.alias("d"), _sources
+    now = schema.now_sql(conn.dialect.name)
+    counts = (
+        sa.select(
+            s.c.politeness_group.label("name"),
+            sa.func.count().label("sources"),
+            sa.func.count().filter(fetching(s, now)).label("in_flight"),
+        )
+        .group_by(s.c.politeness_group)
+        .subquery()
+    )
+    query = (
+        sa.select(
+            g.c.name,
+            sa.func.coalesce(g.c.max_in_flight, d.c.max_in_flight).label("max_in_flight"),
+            sa.func.coalesce(g.c.min_interval_ms, d.c.min_interval_ms).label("min_interval_ms"),
+            (g.c.max_in_flight.is_(None) & g.c.min_interval_ms.is_(None)).label("defaults"),
+            g.c.next_request_at, g.c.deferred_reason,
+            sa.func.coalesce(counts.c.sources, 0).label("sources"),
+            sa.func.coalesce(counts.c.in_flight, 0).label("in_flight"),
+        )
+        .select_from(g)
+        .join(d, d.c.name == DEFAULT)
+        .outerjoin(counts, counts.c.name == g.c.name)
+        .order_by(g.c.name)
+    )
+    return [dict(row) for row in conn.execute(query).mappings()]
+
+
+def defer(conn: Connection, name: str, until: datetime, reason: str) -> None:
+    """Start no fetch of group ``name`` before ``until`` (a Retry-After that applies to
+    the whole host); an earlier deferral is never shortened."""
+    g = _groups
+    conn.execute(
+        sa.update(g)
+        .where(g.c.name == name, sa.or_(g.c.next_request_at.is_(None), g.c.next_request_at < until))
+        .values(next_request_at=until, deferred_reason=reason)
+    )
+
+
+class PoliteQueue(WorkQueue):
+    """The due-sources queue whose claim only hands out sources whose group has room."""
+
+    def __init__(self, engine: sa.Engine, *, lease_seconds: int = 300, strategy: Strategy | None = None) -> None:
+        super().__init__(engine, schema.SOURCES_DUE, lease_seconds=lease_seconds, strategy=strategy)
+        self._next_start = self._build_next_start()
+        # The constants of the compiled claim (the default group's name, 0, 1, ...) are
+        # bound parameters too: pass them with every execution of the compiled SQL.
+        compiled = self._claim_stmt.compile(dialect=engine.dialect)
+        self._constants = dict(compiled.params)
+
+    # -- shared SQL ---------------------------------------------------------------------
+
+    def _in_flight(self, group: sa.ColumnElement[str]) -> sa.ScalarSelect[int]:
+        """The group's fetches in flight: its claimed sources whose lease is running
+        (served by ix_sources_politeness_leased, whose predicate is the holder's)."""
+        leased = _sources.alias("leased")
+        return (
+            sa.select(sa.func.count())
+            .where(leased.c.politeness_group == group, fetching(leased, self.now()))
+            .scalar_subquery()
+        )
+
+    def _has_room(self) -> sa.ColumnElement[bool]:
+        """The source's group may start a fetch now: spacing passed, not deferred, and
+        fewer fetches in flight than it allows."""
+        g, d = _groups.alias("g"), _groups.alias("d")
+        return sa.exists(
+            sa.select(sa.literal(1))
+            .select_from(g)
+            .join(d, d.c.name == DEFAULT)
+            .where(
+                g.c.name == _sources.c.politeness_group,
+                sa.or_(g.c.next_request_at.is_(None), g.c.next_request_at <= self.now()),
+                self._in_flight(g.c.name) < sa.func.coalesce(g.c.max_in_flight, d.c.max_in_flight),
+            )
+        )
+
+    def _polite_candidates(self, *, lock: bool) -> tuple[sa.Select[Any], sa.Select[Any]]:
+        """The claim's two branches (expired leases, free rows), less sources whose group
+        has no room, each looking at up to ``claim_scan`` rows."""
+        expired, free = self._candidates(lock=False)
+        scan = sa.bindparam("claim_scan", type_=sa.Integer())
+        expired = expired.where(self._has_room()).limit(scan)
+        free = free.where(self._has_room()).limit(scan)
+        if lock:
+            expired = expired.with_for_update(skip_locked=True, key_share=True, of=_sources)
+            free = free.with_for_update(skip_locked=True, key_share=True, of=_sources)
+        return expired, free
+
+    def _order_keys(self, rows: Any) -> list[sa.ColumnElement[Any]]:
+        """The queue's order over a derived table of candidates; expired leases first."""
+        return [rows.c.branch, *(term.sql(over=rows) for term in self.spec.order)]
+
+    # -- PostgreSQL: one statement ----------------------------------------------------------
+
+    def _build_claim(self) -> sa.Update:
+        if self.strategy is not Strategy.POSTGRES:
+            return super()._build_claim()
+        s, g, d = _sources, _groups, _groups.alias("d")
+        now = self.now()
+        expired, free = self._polite_candidates(lock=True)
+        expired_cte = expired.cte("expired").prefix_with("MATERIALIZED")
+        free_cte = free.cte("free").prefix_with("MATERIALIZED")
+        branches = sa.union_all(
+            sa.select(expired_cte.c.id, sa.literal(0).label("branch")),
+            sa.select(free_cte.c.id, sa.literal(1).label("branch")),
+        ).subquery("branches")
+        cand = (
+            sa.select(
+                s.c.id, s.c.politeness_group.label("grp"), s.c.priority, s.c.next_fetch_at,
+                branches.c.branch,
+            )
+            .join(branches, branches.c.id == s.c.id)
+            .cte("cand")
+            .prefix_with("MATERIALIZED")
+        )
+        # The candidates' groups that are open, locked; their newest row (re-read and
+        # re-checked under the lock when a claim committed since this statement began).
+        locked = (
+            sa.select(
+                g.c.name, g.c.claims,
+                sa.func.coalesce(g.c.max_in_flight, d.c.max_in_flight).label("max_in_flight"),
+                sa.func.coalesce(g.c.min_interval_ms, d.c.min_interval_ms).label("interval_ms"),
+            )
+            .select_from(g)
+            .join(d, d.c.name == DEFAULT)
+            .where(
+                g.c.name.in_(sa.select(cand.c.grp)),
+                sa.or_(g.c.next_request_at.is_(None), g.c.next_request_at <= now),
+            )
+            .with_for_update(skip_locked=True, key_share=True, of=g)
+            .cte("locked")
+            .prefix_with("MATERIALIZED")
+        )
+        # The same rows as this statement's snapshot sees them.
+        seen = _groups.alias("seen")
+        room = (
+            sa.select(
+                locked.c.name, locked.c.interval_ms,
+                (locked.c.max_in_flight - self._in_flight(locked.c.name)).label("room"),
+            )
+            .join(seen, seen.c.name == locked.c.name)
+            .where(seen.c.claims == locked.c.claims)  # nobody claimed in the group since
+            .cte("room")
+            .prefix_with("MATERIALIZED")
+        )
+        order = self._order_keys(cand)
+        ranked = (
+            sa.select(
+                cand.c.id, cand.c.grp, cand.c.branch, cand.c.priority, cand.c.next_fetch_at,
+                room.c.interval_ms, room.c.room,
+                sa.func.row_number().over(partition_by=cand.c.grp, order_by=order).label("rn"),
+            )
+            .join(room, room.c.name == cand.c.grp)
+            .subquery("ranked")
+        )
+        picked = (
+            sa.select(ranked.c.id, ranked.c.grp, ranked.c.interval_ms)
+            .where(
+                ranked.c.rn <= ranked.c.room,
+                sa.or_(ranked.c.interval_ms == 0, ranked.c.rn == 1),  # spaced: one per claim
+            )
+            .order_by(*self._order_keys(ranked))
+            .limit(sa.bindparam("claim_limit", type_=sa.Integer()))
+            .cte("picked")
+            .prefix_with("MATERIALIZED")
+        )
+        picked_groups = sa.select(picked.c.grp, picked.c.interval_ms).distinct().subquery("pg")
+        bump = (
+            sa.update(g)
+            .where(g.c.name == picked_groups.c.grp)
+            .values(
+                claims=g.c.claims + sa.literal_column("1"),
+                # From the moment of this update (clock_timestamp(), not the statement's
+                # start, now()): the spacing runs from as close to the send as SQL gets.
+                next_request_at=sa.func.clock_timestamp(type_=self._time_type) + sa.func.make_interval(
+                    0, 0, 0, 0, 0, 0, sa.cast(picked_groups.c.interval_ms, sa.Float) / 1000.0
+                ),
+                deferred_reason=None,
+            )
+            .cte("bump")
+        )
+        return (
+            sa.update(s)
+            .where(s.c.id == picked.c.id)
+            .values(self._lease_values())
+            .returning(*s.c)
+            .add_cte(bump)
+        )
+
+    # -- claim --------------------------------------------------------------------------
+
+    def claim(self, worker: str, limit: int) -> Claim:
+        if self.strategy is Strategy.POSTGRES:
+            return self._claim_with({"claim_scan": limit * SCAN_FACTOR}, worker, limit)
+        return self._claim_in_steps(worker, limit)
+
+    def _claim_with(self, extra: dict[str, Any], worker: str, limit: int) -> Claim:
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        token = uuid.uuid4().hex
+        params = {
+            **self._constants, "claim_limit": limit, "claim_worker": worker, "claim_token": token,
+            **self._time_params(self.lease), **extra,
+        }
+        assert self._claim_sql is not None
+        with self._one_statement.begin() as conn:
+            rows = conn.exec_driver_sql(self._claim_sql, params).mappings().all()
+        return Claim(self.spec.name, worker, token, self.spec.sort(rows))
+
+    def _claim_in_steps(self, worker: str, limit: int) -> Claim:
+        """SQLite and the portable path: the same rules, as statements in one transaction.
+        The group rows are locked (SQLite: the whole database is) before fetches in
+        flight are counted, so the count is current."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        s, g, d = _sources, _groups, _groups.alias("d")
+        token = uuid.uuid4().hex
+        params = {"claim_scan": limit * SCAN_FACTOR, **self._time_params(self.lease)}
+        expired, free = self._polite_candidates(lock=False)
+        with self.engine.begin() as conn:
+            candidates: list[RowMapping] = []
+            for branch, query in enumerate((expired, free)):
+                ids = list(conn.execute(query, params).scalars())
+                found = conn.execute(
+                    sa.select(s.c.id, s.c.politeness_group, s.c.priority, s.c.next_fetch_at)
+                    .where(s.c.id.in_(ids))
+                ).mappings().all()
+                candidates.extend({**row, "branch": branch} for row in found)  # type: ignore[misc]
+            if not candidates:
+                return Claim(self.spec.name, worker, token, [])
+            groups = conn.execute(
+                sa.select(
+                    g.c.name,
+                    sa.func.coalesce(g.c.max_in_flight, d.c.max_in_flight).label("max_in_flight"),
+                    sa.func.coalesce(g.c.min_interval_ms, d.c.min_interval_ms).label("interval_ms"),
+                )
+                .select_from(g).join(d, d.c.name == DEFAULT)
+                .where(
+                    g.c.name.in_({row["politeness_group"] for row in candidates}),
+                    sa.or_(g.c.next_request_at.is_(None), g.c.next_request_at <= self.now()),
+                )
+                .with_for_update(of=g),
+                params,
+            ).mappings().all()
+            in_flight: dict[str, int] = dict(conn.execute(
+                sa.select(s.c.politeness_group, sa.func.count())
+                .where(s.c.politeness_group.in_([grp["name"] for grp in groups]),
+                       fetching(s, self.now()))
+                .group_by(s.c.politeness_group),
+                params,
+            ).all())
+            picked = _pick(candidates, groups, in_flight, self.spec.sort, limit)
+            if not picked:
+                return Claim(self.spec.name, worker, token, [])
+            taken = self._take(conn, [row["id"] for row in picked], worker, token, params)
+            spacing = {grp["name"]: grp["interval_ms"] for grp in groups}
+            now = datetime.now(UTC)
+            for name in {row["politeness_group"] for row in picked}:
+                conn.execute(
+                    sa.update(g).where(g.c.name == name).values(
+                        claims=g.c.claims + 1, deferred_reason=None,
+                        next_request_at=now + timedelta(milliseconds=spacing[name]),
+                    )
+                )
+        return Claim(self.spec.name, worker, token, self.spec.sort(taken))
+
+    def _take(
+        self, conn: Connection, ids: list[int], worker: str, token: str, params: dict[str, Any]
+    ) -> list[RowMapping]:
+        """Lease the picked sources (re-checking that they are still due and free)."""
+        s = _sources
+        now = self.now()
+        still = [
+            s.c.id.in_(ids), self.spec.pending,
+            sa.or_(s.c.locked_until.is_(None), s.c.locked_until <= now),
+        ]
+        if self.spec.ready is not None:
+            still.append(self.spec.ready(now))
+        values = {**self._lease_values()}
+        lease = {**params, "claim_worker": worker, "claim_token": token}
+        if conn.dialect.name == "sqlite":
+            return list(conn.execute(
+                sa.update(s).where(*still).values(values).returning(*s.c), lease
+            ).mappings().all())
+        conn.execute(sa.update(s).where(*still).values(values), lease)
+        return list(conn.execute(
+            sa.select(s).where(s.c.id.in_(ids), s.c.claim_token == token)
+        ).mappings().all())
+
+    # -- waiting for room ----------------------------------------------------------------
+
+    def _build_next_start(self) -> sa.Select[Any]:
+        """When the earliest group of a due, claimable source opens again (its spacing
+        or deferral; now when only a fetch in flight holds it); NULL: no source is due."""
+        s, g, spec = _sources, _groups, self.spec
+        now = self.now()
+        due = sa.select(s.c.politeness_group).where(
+            spec.pending,
+            sa.or_(s.c.locked_until.is_(None), s.c.locked_until <= now),
+            *([spec.ready(now)] if spec.ready is not None else []),
+        )
+        return sa.select(sa.func.min(sa.func.coalesce(g.c.next_request_at, now))).where(g.c.name.in_(due))
+
+    def next_start_in(self) -> float | None:
+        """Seconds until a due source's group may have room (0: it may now, for a slot
+        another fetch holds); None when no source is due at all."""
+        params = {"claim_limit": 1, **self._time_params(self.lease)}
+        with self._autocommit.connect() as conn:
+            when = conn.execute(self._next_start, params).scalar()
+            if when is None:
+                return None
+            now = conn.execute(sa.select(self.now()), params).scalar_one()
+        return max(0.0, float((when - now).total_seconds()))
+
+
+def _pick(
+    candidates: Sequence[dict[str, Any] | RowMapping], groups: Sequence[RowMapping],
+    in_flight: dict[str, int], sort: Any, limit: int,
+) -> list[dict[str, Any] | RowMapping]:
+    """The candidates to lease: expired leases first, then the queue's order; per group
+    no more than its room, and one only when the group is spaced."""
+    limits = {grp["name"]: grp for grp in groups}
+    taken: dict[str, int] = {}
+    picked = []
+    expired = [row for row in candidates if row["branch"] == 0]
+    free = [row for row in candidates if row["branch"] == 1]
+    for row in [*sort(expired), *sort(free)]:
+        grp = limits.get(row["politeness_group"])
+        if grp is None:
+            continue  # closed (spacing, deferral), or no row: not now
+        n = taken.get(grp["name"], 0)
+        room = grp["max_in_flight"] - in_flight.get(grp["name"], 0)
+        if n >= room or (grp["interval_ms"] > 0 and n >= 1):
+            continue
+        taken[grp["name"]] = n + 1
+        picked.append(row)
+        if len(picked) == limit:
+            break
+    return picked

@@ -1,0 +1,28 @@
+"""The adapter for each ``source_type``: the one place that knows every adapter."""
+
+from __future__ import annotations
+
+import functools
+
+from pipeline.core.errors import FetchError
+from pipeline.core.failures import FailureReason
+from pipeline.core.kinds import SourceType
+from pipeline.fetching.base import Adapter
+from pipeline.fetching.page import PageAdapter
+from pipeline.fetching.rss import RssAdapter
+from pipeline.fetching.youtube import YouTubeAdapter
+
+
+@functools.cache
+def _adapters() -> dict[str, Adapter]:
+    return {SourceType.RSS: RssAdapter(), SourceType.PAGE: PageAdapter(), SourceType.YOUTUBE: YouTubeAdapter()}
+
+
+def adapter_for(source_type: str) -> Adapter:
+    try:
+        return _adapters()[source_type]
+    except KeyError:
+        raise FetchError(
+            FailureReason.INVALID_CONFIG,
+            f"no adapter for source type {source_type!r} in this version",
+        ) from None

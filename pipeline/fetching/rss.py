@@ -1,0 +1,181 @@
+"""The ``rss`` adapter: RSS 0.9x/1.0/2.0 and Atom through feedparser, and JSON Feed
+(pipeline/fetching/jsonfeed.py), told apart by the document itself.
+
+Entry identity: guid/id, else link, else a hash of the entry's content. Malformed XML is
+read again leniently (feedparser's own fallback), and is a ``parse_error`` only when
+nothing readable is found; a wrong declared encoding is tolerated; entities are never
+expanded: a document that declares any is refused before it is parsed (``parse_error``).
+"""
+
+from __future__ import annotations
+
+import calendar
+import codecs
+import hashlib
+import logging
+import re
+import xml.sax
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+import feedparser
+from feedparser.encodings import convert_to_utf8
+
+from pipeline.core.errors import FetchError
+from pipeline.core.failures import FailureReason
+from pipeline.fetching import charset
+from pipeline.fetching.base import Item, Outcome, fetch_and_parse
+from pipeline.fetching.jsonfeed import looks_like_json, parse_json_feed
+from pipeline.net.http import Fetcher
+
+log = logging.getLogger("pipeline.fetching.rss")
+
+# feedparser's notes that do not make a feed unusable: a declared encoding that was
+# wrong (it re-decodes), or a Content-Type that is not XML.
+_TOLERATED = (feedparser.CharacterEncodingOverride, feedparser.NonXMLContentType)
+
+# Raw means raw: summaries are stored as the feed sent them, and the processor turns
+# them into plain text. Sanitising and rewriting their links here would cost a fifth
+# of the parse (bench/RESULTS.md) for HTML that is never shown as HTML.
+FEEDPARSER_OPTIONS: dict[str, Any] = {"resolve_relative_uris": False, "sanitize_html": False}
+
+
+def _iso(parsed: Any) -> str | None:
+    """feedparser's UTC struct_time as ISO 8601, or None."""
+    if not parsed:
+        return None
+    try:
+        return datetime.fromtimestamp(calendar.timegm(parsed), UTC).isoformat()
+    except (OverflowError, ValueError, OSError):
+        return None
+
+
+_ENTITY_DECLARATION = re.compile(rb"<!ENTITY", re.IGNORECASE)
+
+
+def _declares_entities(body: bytes, headers: Mapping[str, str]) -> bool:
+    """Whether the document, as the parser will read it, declares an entity.
+
+    Decided on the text feedparser's own encoding detection gives its XML parser
+    (``convert_to_utf8``: byte-order marks, UTF-16/32 without one, EBCDIC, the XML
+    declaration, the HTTP charset), so no encoding hides a declaration from the check.
+    """
+    decoded = convert_to_utf8(dict(headers), body, {})
+    return _ENTITY_DECLARATION.search(decoded) is not None
+
+
+def _without_leading_space(body: bytes) -> bytes:
+    """``body`` without white space before its first tag (after a UTF-8 byte-order mark,
+    which stays): an XML parser refuses a declaration that does not open the document,
+    and servers that print a blank line first are common."""
+    bom = codecs.BOM_UTF8 if body.startswith(codecs.BOM_UTF8) else b""
+    rest = body[len(bom):]
+    stripped = rest.lstrip(b" \t\r\n")
+    return bom + stripped if stripped[:1] == b"<" and len(stripped) != len(rest) else body
+
+
+def parse_feed(
+    body: bytes,
+    url: str,
+    content_type: str | None = None,
+    *,
+    item: Callable[[Mapping[str, Any], str], Item] | None = None,
+    content_location: str | None = None,
+) -> list[Item]:
+    """Items of a feed document (RSS, Atom, or JSON Feed); FetchError(parse_error) when
+    it is not a usable feed.
+
+    ``item`` turns one feedparser entry into an Item (default: a generic feed entry).
+    Relative links are resolved against ``xml:base``, else ``content_location`` (the
+    response's Content-Location), else ``url``.
+    """
+    base = content_location or url
+    if looks_like_json(body):  # JSON Feed: the same adapter, whatever the Content-Type says
+        return parse_json_feed(body, base)
+    body = _without_leading_space(body)
+    body, content_type = charset.as_read(body, content_type)  # its real encoding, if mislabelled
+    headers = {"content-type": content_type} if content_type else {}
+    if content_location:
+        # feedparser's base for relative links. (Only when the server named one: a link
+        # written relative keeps its identity as written, pipeline/fetching/rss.py ``_item``.)
+        headers["content-location"] = content_location
+    # feedparser's XML parser expands entities declared in an internal DTD subset (the
+    # "billion laughs"); no real feed needs one, so such a document is refused unread.
+    if _declares_entities(body, headers):
+        raise FetchError(
+            FailureReason.PARSE_ERROR, "the document declares XML entities; they are never expanded"
+        )
+    parsed = feedparser.parse(body, response_headers=headers, **FEEDPARSER_OPTIONS)
+    problem = parsed.get("bozo_exception")
+    if problem is not None and not isinstance(problem, _TOLERATED):
+        # A document its XML parser refuses (a mismatched tag, an unbound prefix, a stray
+        # "&", an HTML entity such as &eacute; with no DTD) feedparser reads again with
+        # its lenient parser, as every forgiving reader does: what that finds is kept. The
+        # entity check above has run on the same text, so no entity is ever expanded.
+        if parsed.entries:
+            log.info("read %s leniently: %s", url, problem)
+        elif isinstance(problem, xml.sax.SAXException):
+            raise FetchError(FailureReason.PARSE_ERROR, f"malformed XML: {problem}")
+        else:
+            raise FetchError(FailureReason.PARSE_ERROR, f"unreadable feed: {problem}")
+    if not parsed.get("version") and not parsed.entries:
+        raise FetchError(FailureReason.PARSE_ERROR, "not a feed (no RSS or Atom document found)")
+    make = item or _item
+    return [make(entry, base) for entry in parsed.entries]
+
+
+def _first(entry: Mapping[str, Any], *keys: str) -> Any:
+    """The first of ``keys`` the entry has. Read as a plain dict: feedparser's own get()
+    maps a missing published to updated itself, with a DeprecationWarning each time."""
+    fields: dict[str, Any] = entry if isinstance(entry, dict) else dict(entry)
+    return next((value for key in keys if (value := dict.get(fields, key))), None)
+
+
+def _author(entry: Mapping[str, Any]) -> str | None:
+    """The person's name: RSS writes ``jane@example.org (Jane Doe)``, which feedparser
+    splits into ``author_detail``; the address alone when no name is given."""
+    detail = entry.get("author_detail") or {}
+    return detail.get("name") or entry.get("author") or None
+
+
+def _item(entry: Mapping[str, Any], feed_url: str) -> Item:
+    link = entry.get("link") or ""
+    # RSS has no xml:base: a relative <link> ("/jobs/7") is relative to the feed's URL.
+    # The identity keeps the link as written, so a feed that moves keeps its items'.
+    absolute = urljoin(feed_url, link) if link else ""
+    if urlsplit(absolute).scheme not in ("http", "https"):
+        absolute = ""  # javascript:, data:, mailto: ... never become a listing's link
+    raw = {
+        "title": entry.get("title") or "",
+        "url": absolute,
+        "summary": entry.get("summary") or "",
+        "published_at": _iso(_first(entry, "published_parsed", "updated_parsed")),
+        "author": _author(entry),
+        "categories": [t.get("term") for t in entry.get("tags") or [] if t.get("term")],
+    }
+    identity = entry.get("id") or link
+    if not identity:
+        # No id and no link: the entry is what it says, in the language it says it in
+        # (two entries alike but for xml:lang are two entries, as feedparser counts them).
+        # (Without a language the text hashed is as it always was: identities keep.)
+        languages = [c.get("language") or "" for c in entry.get("content") or []]
+        text = repr(sorted(raw.items())) + (repr(languages) if any(languages) else "")
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        identity = f"sha256:{digest}"
+    return Item(source_item_id=str(identity), url=absolute or feed_url, raw=raw)
+
+
+class RssAdapter:
+    def check_config(self, config: Mapping[str, Any]) -> None:
+        unknown = set(config) - {"category"}
+        if unknown:
+            raise ValueError(f"unknown rss config keys {sorted(unknown)}: an rss source takes none")
+
+    def fetch(self, source: Mapping[str, Any], fetcher: Fetcher) -> Outcome:
+        return fetch_and_parse(
+            source, fetcher,
+            lambda result: parse_feed(result.body, result.url, result.content_type,
+                                      content_location=result.content_location),
+        )

@@ -1,0 +1,181 @@
+"""Raw items into listings: the normaliser, a pure function (no I/O, no clock).
+
+``normalise`` takes a raw row's ``raw_json`` (DESIGN.md "Schema": title, url, summary,
+published_at, author, categories) and returns the listing's values: text fields as plain
+text (HTML tags dropped, entities decoded, white space collapsed, lengths bounded), the
+publication time in UTC, categories as a clean list, and a hash of all of it. Input it
+cannot use raises ``NormaliseError`` saying what is wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from html import escape, unescape
+from typing import Any
+
+from pipeline.core.errors import NormaliseError
+from pipeline.core.urls import web_url
+
+TITLE_CHARS = 500
+SUMMARY_CHARS = 5000
+AUTHOR_CHARS = 200
+CATEGORY_CHARS = 100
+MAX_CATEGORIES = 50
+# A publication time further ahead than this is a feed's mistake, not a scheduled post:
+# it is stored as unknown rather than pinning the listing to the top of every list.
+FUTURE_TOLERANCE = timedelta(days=1)
+
+
+
+
+@dataclass(frozen=True)
+class Listing:
+    url: str
+    title: str
+    summary: str
+    author: str | None
+    published_at: datetime | None
+    categories: list[str]
+
+    @property
+    def content_hash(self) -> str:
+        # Fields joined by a separator no normalised text contains (control characters
+        # are white space, collapsed away): cheaper than encoding JSON, just as exact.
+        fields = (
+            self.url, self.title, self.summary, self.author or "\x00",
+            self.published_at.isoformat() if self.published_at else "\x00",
+            "\x1f".join(self.categories),
+        )
+        return hashlib.sha256("\x1e".join(fields).encode()).hexdigest()
+
+
+def normalise(
+    raw: Any, *, fallback_url: str | None = None, source_category: str | None = None,
+    now: datetime,
+) -> Listing:
+    """The listing a raw item describes. ``source_category`` (the source's own category)
+    is added to the item's categories, so filters can restrict by it."""
+    if isinstance(raw, str):  # JSON text, as a driver without JSON support returns it
+        try:
+            raw = json.loads(raw)
+        except ValueError as exc:
+            raise NormaliseError(f"raw_json is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise NormaliseError(f"raw_json must be a JSON object, not {type(raw).__name__}")
+    url = _url(raw.get("url")) or _url(fallback_url)
+    if url is None:
+        raise NormaliseError(f"no usable url (an absolute http(s) URL): {raw.get('url')!r}")
+    title = _bounded(html_to_text(_text(raw.get("title"), "title")), TITLE_CHARS)
+    summary = _bounded(html_to_text(_text(raw.get("summary"), "summary")), SUMMARY_CHARS)
+    author = _bounded(html_to_text(_text(raw.get("author"), "author")), AUTHOR_CHARS) or None
+    return Listing(
+        url=url,
+        title=title or url,
+        summary=summary,
+        author=author,
+        published_at=_published(raw.get("published_at"), now),
+        categories=_categories(raw.get("categories"), source_category),
+    )
+
+
+def _text(value: Any, field: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    raise NormaliseError(f"{field} must be text, not {type(value).__name__}")
+
+
+def _url(value: Any) -> str | None:
+    """A listing's link: an absolute http(s) URL with a real host, never markup
+    (pipeline/core/urls.py ``web_url``)."""
+    return web_url(value)
+
+
+def _bounded(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _published(value: Any, now: datetime) -> datetime | None:
+    """ISO 8601 (as the adapters write it) to UTC; a naive time is taken as UTC.
+    Unparseable, or more than a day ahead of ``now``: unknown (None)."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    try:
+        stamp = datetime.fromisoformat(value.strip())
+    except ValueError:
+        return None
+    stamp = stamp.replace(tzinfo=UTC) if stamp.tzinfo is None else stamp.astimezone(UTC)
+    if stamp > now + FUTURE_TOLERANCE:
+        return None
+    return stamp
+
+
+def _categories(value: Any, source_category: str | None) -> list[str]:
+    items = value if isinstance(value, list) else [value] if isinstance(value, str) else []
+    if source_category:
+        items = [*items, source_category]
+    seen: set[str] = set()
+    result = []
+    for item in items:
+        if not isinstance(item, str):
+            continue
+        text = _bounded(html_to_text(item), CATEGORY_CHARS)
+        key = text.casefold()
+        if text and key not in seen:
+            seen.add(key)
+            result.append(text)
+        if len(result) == MAX_CATEGORIES:
+            break
+    return result
+
+
+# -- HTML to plain text ---------------------------------------------------------------------
+# Regular expressions rather than an HTML parser: all of it runs in C, about ten times
+# faster than html.parser on a typical summary (bench/RESULTS.md, processor). The output
+# is plain text and is never parsed as HTML again, so it need not be a faithful DOM.
+
+_MARKUP = re.compile(r"[<&]")
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")  # C0 controls that are not white space
+_INVISIBLE = re.compile(
+    r"<(script|style|template|noscript|head|title|iframe|object|svg)\b[^>]*>.*?(?:</\1\s*>|$)"
+    r"|<!--.*?(?:-->|$)",
+    re.IGNORECASE | re.DOTALL,
+)
+_CDATA = re.compile(r"<!\[CDATA\[(.*?)(?:\]\]>|$)", re.DOTALL)
+# A tag: "<" then a letter, "/", "!" or "?", up to the ">" that is outside quotes. A "<"
+# followed by anything else ("a < b", "<3") is text.
+_ATTRIBUTES = r"""[^>"']*(?:(?:"[^"]*"|'[^']*')[^>"']*)*>?"""
+_TAG = re.compile(r"</?[a-zA-Z!?]" + _ATTRIBUTES)
+# Tags that end a line or a block when rendered: they become a space. Every other tag
+# (<b>, <a>, <span>, ...) goes without one, so "Real <i>text</i>." reads "Real text.".
+_BLOCK_TAG = re.compile(
+    r"</?(?:p|div|br|li|ul|ol|h[1-6]|tr|td|th|table|thead|tbody|blockquote|section|article|header|"
+    r"footer|hr|pre|dd|dt|dl|figure|figcaption|main|nav|aside|address|summary|details)\b" + _ATTRIBUTES,
+    re.IGNORECASE,
+)
+
+
+def html_to_text(value: str) -> str:
+    """Plain text of an HTML fragment (or of plain text), as it reads when rendered: tags,
+    comments, scripts and styles dropped (block tags such as <p> and <br> become a space),
+    entities decoded, white space collapsed to single spaces. What still looks
+    like a tag once entities are decoded ("&lt;script&gt;") is dropped too, so no stored
+    text can be mistaken for markup downstream."""
+    if _MARKUP.search(value):  # plain text, the common case for titles, skips all of this
+        value = _INVISIBLE.sub(" ", value)
+        value = _CDATA.sub(lambda m: escape(m.group(1)), value)
+        value = _TAG.sub("", _BLOCK_TAG.sub(" ", value))
+        if "&" in value:
+            value = unescape(value)
+            if "<" in value:
+                value = _TAG.sub("", _BLOCK_TAG.sub(" ", value))
+    if _CONTROL.search(value):  # NUL and the like: no database text type stores NUL
+        value = _CONTROL.sub(" ", value)
+    return " ".join(value.split())  # str.split: several times faster than a \\s+ regex

@@ -1,0 +1,308 @@
+"""One processor pass: raw rows become listings.
+
+Raw rows are claimed oldest first (``RAW_UNPROCESSED``), normalised (pipeline/listings/normalize.py)
+and, per claimed batch, ONE transaction marks them processed (fenced) and upserts their
+listings: ``ingested_at`` is set on insert and never changed; a content change moves
+``updated_at`` and resets ``matched_at`` so the listing is matched again. A listing
+remembers the raw row it shows (``raw_id``) and an upsert never moves it backwards, so
+two processors finishing out of order cannot restore older content.
+
+A raw row that cannot be normalised keeps its error (``last_error``, ``attempts``) and is
+tried again after ``retry_seconds``; after ``raw_max_attempts`` it is given up: marked
+processed with its error kept, visible in `pipeline status` and the asset checks, never
+dropped silently and never blocking the rows behind it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Engine, RowMapping
+
+from pipeline.core.errors import NormaliseError
+from pipeline.core.settings import Settings
+from pipeline.core.urls import item_key
+from pipeline.listings.normalize import Listing, normalise
+from pipeline.queue.claim import UNCLAIMED, Claim, Heartbeat, RowCompletion, WorkQueue
+from pipeline.queue.recordset import json_rows, recordset
+from pipeline.storage import schema
+
+log = logging.getLogger("pipeline.listings.processor")
+
+_COLUMNS = (
+    "source_id", "source_item_id", "url", "title", "summary", "author", "published_at",
+    "categories", "content_hash", "raw_id", "item_key",
+)
+_CONTENT = ("url", "title", "summary", "author", "published_at", "categories", "content_hash", "item_key")
+
+
+@dataclass
+class ProcessStats:
+    claimed: int = 0
+    inserted: int = 0  # new listings
+    updated: int = 0  # listings whose content changed
+    unchanged: int = 0  # raw rows that changed no listing (same content, or superseded)
+    failed: int = 0  # rows that could not be normalised, to be tried again later
+    gave_up: int = 0  # rows that failed raw_max_attempts times: processed, error kept
+    fenced_out: int = 0  # rows another worker had taken over
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass
+class Processor:
+    engine: Engine
+    settings: Settings
+    worker: str
+    batch_size: int = 500
+    retry_seconds: int = 300
+    _categories: dict[int, str | None] = field(default_factory=dict)
+
+    def run(
+        self, *, max_rows: int | None = None, progress: Callable[[int], None] | None = None
+    ) -> ProcessStats:
+        """Process claimed batches until none is left or ``max_rows`` were claimed;
+        ``progress`` is told each batch's size once it is written."""
+        stats = ProcessStats()
+        queue = WorkQueue(self.engine, schema.RAW_UNPROCESSED, lease_seconds=self.settings.lease_seconds)
+        upsert = _upsert_statement(self.engine.dialect.name)
+        isolating = False  # suspects came back: claim one row at a time until they are done
+        with Heartbeat(queue) as heartbeat:
+            while max_rows is None or stats.claimed < max_rows:
+                batch = 1 if isolating else self.batch_size
+                limit = min(batch, max_rows - stats.claimed) if max_rows else batch
+                whole = queue.claim(self.worker, limit)
+                claim = queue.isolate(whole)
+                isolating = claim is not whole or (
+                    bool(claim) and queue.spec.suspect is not None and queue.spec.suspect(claim.rows[0])
+                )
+                if not claim:
+                    break
+                stats.claimed += len(claim)
+                heartbeat.hold(claim)
+                try:
+                    self._process(queue, claim, upsert, stats)
+                finally:
+                    heartbeat.drop(claim)
+                if progress is not None:
+                    progress(len(claim))
+        return stats
+
+    def _process(self, queue: WorkQueue, claim: Claim, upsert: sa.Insert, stats: ProcessStats) -> None:
+        """Normalise a claimed batch and write it in one transaction. Any error while
+        handling one row fails that row only: a row the normaliser (or anything else)
+        cannot handle is recorded as failed, and if the database refuses the batch, its
+        rows are written one by one so only the refused one fails."""
+        now = datetime.now(UTC)
+        categories = self._source_categories({row["source_id"] for row in claim.rows})
+        good: list[tuple[RowMapping, Listing]] = []
+        bad: list[tuple[RowMapping, str]] = []
+        limit = self.settings.raw_max_attempts
+        for row in claim.rows:  # oldest first, so a later row of the same item wins
+            if queue.spec.exhausted(row, limit):
+                stopped = f"claimed {row['attempts']} times without finishing (the worker stopped)"
+                bad.append((row, stopped))
+                continue
+            try:
+                listing = normalise(row["raw_json"], fallback_url=row["url"],
+                                    source_category=categories.get(row["source_id"]), now=now)
+            except NormaliseError as exc:
+                bad.append((row, str(exc)))
+                continue
+            except Exception as exc:  # a normaliser bug must not stop the other rows
+                log.exception("normalising raw row %s crashed", row["id"])
+                bad.append((row, f"unexpected {type(exc).__name__}: {exc}"))
+                continue
+            good.append((row, listing))
+        counted = asdict(stats)
+        try:
+            with self.engine.begin() as conn:
+                self._write(conn, queue, claim, upsert, good, now, stats)
+                self._record_failures(conn, queue, claim, bad, now, stats)
+        except sa.exc.StatementError as exc:
+            if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+                raise  # the database is gone, not this batch's data: fail the step
+            for name, value in counted.items():  # nothing of the batch was written
+                setattr(stats, name, value)
+            log.warning("the database refused a batch of %d raw rows; writing them one by one: %s",
+                        len(claim), str(exc.orig or exc).strip().splitlines()[0])
+            for one in good:
+                counted = asdict(stats)
+                try:
+                    with self.engine.begin() as conn:
+                        self._write(conn, queue, claim, upsert, [one], now, stats)
+                except sa.exc.StatementError as one_exc:
+                    if isinstance(one_exc, sa.exc.DBAPIError) and one_exc.connection_invalidated:
+                        raise
+                    for name, value in counted.items():
+                        setattr(stats, name, value)
+                    reason = str(one_exc.orig or one_exc).strip().splitlines()[0]
+                    bad.append((one[0], f"the database refused this row's listing: {reason}"))
+            with self.engine.begin() as conn:
+                self._record_failures(conn, queue, claim, bad, now, stats)
+
+    def _write(
+        self, conn: sa.Connection, queue: WorkQueue, claim: Claim, upsert: sa.Insert,
+        good: Sequence[tuple[RowMapping, Listing]], now: datetime, stats: ProcessStats,
+    ) -> None:
+        """Mark ``good`` processed (fenced) and upsert the listings of the rows still held."""
+        if not good:
+            return
+        latest: dict[tuple[int, str], tuple[RowMapping, Listing]] = {}
+        for row, listing in good:
+            key = (row["source_id"], row["source_item_id"])
+            if key in latest:
+                stats.unchanged += 1  # superseded within this batch by a newer raw row
+            latest[key] = (row, listing)
+        ids = [row["id"] for row, _ in good]
+        fenced = queue.complete(claim, {"processed_at": now, "last_error": None}, ids=ids, conn=conn)
+        done = set(fenced.done)
+        stats.fenced_out += len(fenced.lost)
+        rows = [_listing_row(row, listing) for row, listing in latest.values() if row["id"] in done]
+        self._upsert(conn, upsert, rows, stats)
+
+    def _upsert(self, conn: sa.Connection, upsert: sa.Insert, rows: list[dict[str, Any]], stats: ProcessStats) -> None:
+        if not rows:
+            return
+        keys = [(r["source_id"], r["source_item_id"]) for r in rows]
+        found = conn.execute(_existing_statement(conn.dialect.name), _existing_params(conn.dialect.name, keys))
+        existing = {(r.source_id, r.source_item_id): r for r in found}
+        for r in rows:
+            old = existing.get((r["source_id"], r["source_item_id"]))
+            if old is None:
+                stats.inserted += 1
+            elif old.content_hash != r["content_hash"] and (old.raw_id is None or old.raw_id <= r["raw_id"]):
+                stats.updated += 1
+            else:
+                stats.unchanged += 1
+        if conn.dialect.name == "postgresql":
+            conn.execute(upsert, {"rows": json_rows(rows)})
+        else:
+            conn.execute(upsert, rows)
+
+    def _record_failures(
+        self, conn: sa.Connection, queue: WorkQueue, claim: Claim,
+        bad: Sequence[tuple[RowMapping, str]], now: datetime, stats: ProcessStats,
+    ) -> None:
+        give_up, retry = [], []
+        for row, error in bad:
+            attempts = row["attempts"]  # this one included: the claim counted it
+            log.warning("raw row %s (source %s, item %r) failed attempt %d: %s",
+                        row["id"], row["source_id"], row["source_item_id"], attempts, error)
+            if attempts >= self.settings.raw_max_attempts:
+                values = {"processed_at": now, "last_error": f"gave up after {attempts} attempts: {error}"}
+                give_up.append(RowCompletion(claim, row["id"], values))
+            else:
+                retry.append(RowCompletion(claim, row["id"], {"last_error": error}))
+        if give_up:
+            stats.gave_up += len(queue.complete_each(give_up, conn=conn).done)
+        if retry:
+            stats.failed += len(queue.defer_each(retry, seconds=self.retry_seconds, conn=conn).done)
+
+    def _source_categories(self, source_ids: set[int]) -> dict[int, str | None]:
+        """Each source's own category (config.category), read once per run."""
+        missing = source_ids - self._categories.keys()
+        if missing:
+            t = schema.sources
+            with self.engine.connect() as conn:
+                for source_id, config in conn.execute(sa.select(t.c.id, t.c.config).where(t.c.id.in_(missing))):
+                    category = (config or {}).get("category")
+                    self._categories[source_id] = category if isinstance(category, str) else None
+        return self._categories
+
+
+def reopen_window(engine: Engine, start: datetime, end: datetime) -> int:
+    """Make the raw rows fetched in [start, end) unprocessed again (a backfill, after a
+    normaliser change): the next processor pass normalises them anew. Rows being
+    processed right now are left alone; returns how many were reopened. Rows deleted by
+    retention (PIPELINE_RAW_RETENTION_DAYS) cannot be reprocessed."""
+    t = schema.listings_raw
+    with engine.begin() as conn:
+        result = conn.execute(
+            sa.update(t)
+            .where(t.c.fetched_at >= start, t.c.fetched_at < end, t.c.processed_at.is_not(None))
+            .values(processed_at=None, attempts=0, last_error=None)
+        )
+    return int(result.rowcount)
+
+
+def _listing_row(row: RowMapping, listing: Listing) -> dict[str, Any]:
+    return {
+        "source_id": row["source_id"],
+        "source_item_id": row["source_item_id"],
+        "url": listing.url,
+        "title": listing.title,
+        "summary": listing.summary,
+        "author": listing.author,
+        "published_at": listing.published_at,
+        "categories": listing.categories,
+        "content_hash": listing.content_hash,
+        "raw_id": row["id"],
+        "item_key": item_key(listing.url, row["source_item_id"]),
+    }
+
+
+def _existing_statement(dialect: str) -> sa.Select[Any]:
+    """The listings a batch's keys already have, to count inserts, updates and no-ops.
+
+    PostgreSQL: a join with the keys as two paired arrays (``unnest``), one probe of the
+    unique (source_id, source_item_id) index per key, and the same SQL text for every
+    batch (a tuple IN list would be new text each time, compiled and parsed again).
+    """
+    t = schema.listings
+    query = sa.select(t.c.source_id, t.c.source_item_id, t.c.content_hash, t.c.raw_id)
+    if dialect == "postgresql":
+        keys = sa.func.unnest(
+            sa.bindparam("source_ids", type_=postgresql.ARRAY(sa.BigInteger())),
+            sa.bindparam("item_ids", type_=postgresql.ARRAY(sa.Text())),
+        ).table_valued(
+            sa.column("source_id", sa.BigInteger()), sa.column("item_id", sa.Text()), name="k"
+        ).render_derived()  # AS k(source_id, item_id): unnest's columns get these names
+        return query.join(keys, sa.and_(t.c.source_id == keys.c.source_id, t.c.source_item_id == keys.c.item_id))
+    return query.where(sa.tuple_(t.c.source_id, t.c.source_item_id).in_(sa.bindparam("keys", expanding=True)))
+
+
+def _existing_params(dialect: str, keys: list[tuple[int, str]]) -> dict[str, Any]:
+    if dialect == "postgresql":
+        return {"source_ids": [k[0] for k in keys], "item_ids": [k[1] for k in keys]}
+    return {"keys": keys}
+
+
+def _upsert_statement(dialect: str) -> sa.Insert:
+    """INSERT ... ON CONFLICT (source_id, source_item_id) DO UPDATE, moving only forward.
+
+    PostgreSQL: the rows come as one JSON parameter (pipeline/queue/recordset.py); elsewhere an
+    executemany. On conflict the listing takes the new content when the raw row is not
+    older than the one it shows; ``ingested_at`` is never touched; ``updated_at`` moves and
+    ``matched_at`` is cleared only when the content hash changed.
+    """
+    t = schema.listings
+    insert: postgresql.Insert | sqlite.Insert
+    if dialect == "postgresql":
+        v = recordset(sa.column(name, t.c[name].type) for name in _COLUMNS)
+        insert = postgresql.insert(t).from_select(list(_COLUMNS), sa.select(*(v.c[name] for name in _COLUMNS)))
+    elif dialect == "sqlite":
+        insert = sqlite.insert(t)
+    else:
+        raise NotImplementedError(f"the processor's upsert needs PostgreSQL or SQLite, not {dialect}")
+    changed = t.c.content_hash != insert.excluded.content_hash
+    return insert.on_conflict_do_update(
+        index_elements=[t.c.source_id, t.c.source_item_id],
+        set_={
+            **{name: insert.excluded[name] for name in _CONTENT},
+            "raw_id": insert.excluded.raw_id,
+            "updated_at": sa.case((changed, sa.func.current_timestamp()), else_=t.c.updated_at),
+            "matched_at": sa.case((changed, sa.null()), else_=t.c.matched_at),
+            # New content fences out a notifier matching the old one (UNCLAIMED): its
+            # completion finds the row no longer held, and the new content is matched.
+            **{name: sa.case((changed, sa.null()), else_=t.c[name]) for name in UNCLAIMED},
+        },
+        where=sa.or_(t.c.raw_id.is_(None), insert.excluded.raw_id >= t.c.raw_id),
+    )

@@ -1,0 +1,3 @@
+"""Listings matched to users' filters and delivered: the matcher, the delivery channels,
+and the notifier stage.
+"""

@@ -1,0 +1,152 @@
+"""Delivering a notification: the message, its signature, and the channels that send it.
+
+Every message carries its notification id as an idempotency key: delivery is
+at-least-once (a worker that dies after sending and before recording it lets another
+worker send again once the lease runs out), and a receiver drops a repeat by that id.
+
+* ``webhook``: ``POST`` of the JSON body below, with ``Idempotency-Key`` and
+  ``X-Pipeline-Signature: sha256=<hex HMAC-SHA256 of the body under the user's secret>``,
+  through the run's Fetcher (the SSRF guard, timeouts, no redirects).
+* ``apprise``: any Apprise URL (e-mail, chat services, ...) through the apprise library,
+  its connections held to the same SSRF guard (``pipeline.net.http.guarded_sockets``).
+
+A failed send raises ``DeliveryError``; pipeline/notify/notifier.py backs it off
+(``delivery_retry_at``) and after ``delivery_max_attempts`` marks it dead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+import apprise
+
+from pipeline.core.backoff import exponential_delay, not_before
+from pipeline.core.errors import DeliveryError, FetchError
+from pipeline.core.failures import FailureReason
+from pipeline.core.redact import channel_url
+from pipeline.net.http import USER_AGENT, AddressGuard, Fetcher, guarded_sockets
+
+SIGNATURE_HEADER = "X-Pipeline-Signature"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+RETRY_BASE = timedelta(minutes=1)
+RETRY_CAP = timedelta(hours=6)
+RETRY_JITTER = 0.2
+
+
+@dataclass(frozen=True)
+class Message:
+    """One notification as it is sent."""
+
+    notification_id: int
+    user_id: int
+    user_name: str
+    channel: str
+    channel_url: str = field(repr=False)  # Apprise URLs carry tokens and passwords
+    secret: str | None = field(repr=False)
+    filter_id: int | None
+    keywords: list[str]
+    listing: dict[str, Any]  # id, url, title, summary, published_at (ISO 8601), source_id
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"notification-{self.notification_id}"
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "notification_id": self.notification_id,
+            "idempotency_key": self.idempotency_key,
+            "user": {"id": self.user_id, "name": self.user_name},
+            "filter": {"id": self.filter_id, "keywords": self.keywords},
+            "listing": self.listing,
+        }
+
+    def body(self) -> bytes:
+        """The JSON body: the same bytes on every attempt, so a re-send is byte-identical."""
+        return json.dumps(self.payload(), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def sign(secret: str, body: bytes) -> str:
+    """The signature header's value: ``sha256=`` and the hex HMAC-SHA256 of ``body``."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def verify(secret: str, body: bytes, signature: str) -> bool:
+    """What a receiver does: compare in constant time."""
+    return hmac.compare_digest(sign(secret, body), signature)
+
+
+class Channel(Protocol):
+    def send(self, message: Message) -> None:
+        """Deliver ``message`` or raise DeliveryError."""
+        ...
+
+
+class WebhookChannel:
+    def __init__(self, fetcher: Fetcher) -> None:
+        self.fetcher = fetcher
+
+    def send(self, message: Message) -> None:
+        if not message.secret:
+            raise DeliveryError("the user's webhook has no secret to sign with")
+        body = message.body()
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": USER_AGENT,
+            IDEMPOTENCY_HEADER: message.idempotency_key,
+            SIGNATURE_HEADER: sign(message.secret, body),
+        }
+        try:
+            self.fetcher.post(message.channel_url, body, headers)
+        except FetchError as exc:
+            # A webhook URL can be a credential (chat services put a token in its path):
+            # errors show its scheme and host only.
+            text = exc.message.replace(message.channel_url, channel_url(message.channel_url))
+            raise DeliveryError(f"{exc.reason}: {text}", retry_after=exc.retry_after) from None
+
+
+class AppriseChannel:
+    """Any Apprise URL. Apprise does its own networking (requests, smtplib, ...): its
+    sends run inside ``guarded_sockets``, so every connection they open, redirect hops
+    included, goes to an address the run's SSRF guard allows, as webhooks do."""
+
+    def __init__(self, guard: AddressGuard) -> None:
+        self.guard = guard
+
+    def send(self, message: Message) -> None:
+        # async_mode off: Apprise sends in this thread, where the guard is in force.
+        notifier = apprise.Apprise(asset=apprise.AppriseAsset(async_mode=False))
+        if not notifier.add(message.channel_url):
+            raise DeliveryError(f"not a usable Apprise URL ({channel_url(message.channel_url)})")
+        listing = message.listing
+        body = "\n\n".join(
+            part for part in (
+                str(listing.get("summary") or "")[:1000],
+                str(listing.get("url") or ""),
+                f"Matched: {' '.join(message.keywords)} ({message.idempotency_key})",
+            ) if part
+        )
+        with guarded_sockets(self.guard) as refused:
+            sent = notifier.notify(title=str(listing.get("title") or "New listing"), body=body)
+        if refused:
+            raise DeliveryError(
+                f"{FailureReason.BLOCKED_ADDRESS}: Apprise was refused a connection to"
+                f" {', '.join(dict.fromkeys(refused))} by the address guard"
+                f" ({channel_url(message.channel_url)})"
+            )
+        if not sent:
+            raise DeliveryError(
+                f"Apprise could not deliver to {channel_url(message.channel_url)} (its log says why)"
+            )
+
+
+def delivery_retry_at(attempts: int, now: datetime, u: float, retry_after: datetime | None) -> datetime:
+    """When a failed notification is tried again: the shared exponential formula from 1
+    minute up to 6 hours, +-20% jitter, with the receiver's Retry-After as a floor within
+    that cap (a receiver cannot park a notification for longer than our backoff would)."""
+    at = now + exponential_delay(attempts, base=RETRY_BASE, cap=RETRY_CAP, jitter=RETRY_JITTER, u=u)
+    return not_before(at, retry_after, now, RETRY_CAP)

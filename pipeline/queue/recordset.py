@@ -1,0 +1,39 @@
+"""Many rows as ONE bound parameter on PostgreSQL: a JSON array read by jsonb_to_recordset.
+
+``UPDATE t ... FROM jsonb_to_recordset(:rows) AS v(id bigint, ...)`` or ``INSERT INTO t
+SELECT ... FROM jsonb_to_recordset(:rows) AS v(...)``: the statement text is the same
+for any number of rows (compiled once, planned once), the client serialises the rows in
+one C-speed ``json.dumps``, and the server casts each field to its column's type. Used
+for batch writes whose rows carry values of their own (pipeline/queue/claim.py, ``insert_rows``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+
+def recordset(columns: Iterable[sa.ColumnClause[Any]], name: str = "v") -> sa.TableValuedAlias:
+    """``jsonb_to_recordset(CAST(:rows AS jsonb)) AS name(col type, ...)`` as a FROM item."""
+    rows = sa.cast(sa.bindparam("rows", type_=sa.Text()), postgresql.JSONB())
+    return sa.func.jsonb_to_recordset(rows).table_valued(*columns, name=name).render_derived(
+        with_types=True
+    )
+
+
+def json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The ``rows`` parameter: times as ISO 8601 in UTC; nested dicts and lists as JSON."""
+
+    def encode(value: Any) -> Any:
+        if isinstance(value, datetime):
+            if value.tzinfo is None:
+                raise ValueError(f"naive datetime {value!r}: the pipeline stores UTC-aware times only")
+            return value.astimezone(UTC).isoformat()
+        raise TypeError(f"cannot send {type(value).__name__} {value!r} in a recordset")
+
+    return json.dumps(list(rows), default=encode, ensure_ascii=False)

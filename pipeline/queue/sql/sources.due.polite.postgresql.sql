@@ -1,0 +1,61 @@
+-- Queue sources.due (polite: per-host limits) on postgresql: the statements pipeline/queue/claim.py sends,
+-- rendered by tests/test_golden_sql.py (which fails when they change).
+
+-- claim
+-- served by ix_sources_due_free (rows never leased, in the queue's order) and ix_sources_due_leased (expired leases, oldest first); the update by pk_sources; each group's fetches in flight counted over ix_sources_politeness_leased
+WITH expired AS MATERIALIZED
+(SELECT sources.id AS id
+FROM sources
+WHERE sources.enabled AND sources.locked_until IS NOT NULL AND sources.locked_until <= now() AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) AND (EXISTS (SELECT %(param_4)s::INTEGER AS anon_1
+FROM politeness_groups AS g JOIN politeness_groups AS d ON d.name = %(name_1)s::VARCHAR
+WHERE g.name = sources.politeness_group AND (g.next_request_at IS NULL OR g.next_request_at <= now()) AND (SELECT count(*) AS count_1
+FROM sources AS leased
+WHERE leased.politeness_group = g.name AND leased.claimed_by IS NOT NULL AND leased.locked_until > now()) < coalesce(g.max_in_flight, d.max_in_flight))) ORDER BY sources.locked_until
+ LIMIT %(claim_scan)s::INTEGER FOR NO KEY UPDATE OF sources SKIP LOCKED),
+free AS MATERIALIZED
+(SELECT sources.id AS id
+FROM sources
+WHERE sources.enabled AND sources.locked_until IS NULL AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) AND (EXISTS (SELECT %(param_6)s::INTEGER AS anon_2
+FROM politeness_groups AS g JOIN politeness_groups AS d ON d.name = %(name_2)s::VARCHAR
+WHERE g.name = sources.politeness_group AND (g.next_request_at IS NULL OR g.next_request_at <= now()) AND (SELECT count(*) AS count_2
+FROM sources AS leased
+WHERE leased.politeness_group = g.name AND leased.claimed_by IS NOT NULL AND leased.locked_until > now()) < coalesce(g.max_in_flight, d.max_in_flight))) ORDER BY sources.priority DESC, sources.next_fetch_at ASC NULLS FIRST, sources.id ASC
+ LIMIT %(claim_scan)s::INTEGER FOR NO KEY UPDATE OF sources SKIP LOCKED),
+cand AS MATERIALIZED
+(SELECT sources.id AS id, sources.politeness_group AS grp, sources.priority AS priority, sources.next_fetch_at AS next_fetch_at, branches.branch AS branch
+FROM sources JOIN (SELECT expired.id AS id, %(param_3)s::INTEGER AS branch
+FROM expired UNION ALL SELECT free.id AS id, %(param_5)s::INTEGER AS branch
+FROM free) AS branches ON branches.id = sources.id),
+locked AS MATERIALIZED
+(SELECT politeness_groups.name AS name, politeness_groups.claims AS claims, coalesce(politeness_groups.max_in_flight, d.max_in_flight) AS max_in_flight, coalesce(politeness_groups.min_interval_ms, d.min_interval_ms) AS interval_ms
+FROM politeness_groups JOIN politeness_groups AS d ON d.name = %(name_3)s::VARCHAR
+WHERE politeness_groups.name IN (SELECT cand.grp
+FROM cand) AND (politeness_groups.next_request_at IS NULL OR politeness_groups.next_request_at <= now()) FOR NO KEY UPDATE OF politeness_groups SKIP LOCKED),
+room AS MATERIALIZED
+(SELECT locked.name AS name, locked.interval_ms AS interval_ms, locked.max_in_flight - (SELECT count(*) AS count_3
+FROM sources AS leased
+WHERE leased.politeness_group = locked.name AND leased.claimed_by IS NOT NULL AND leased.locked_until > now()) AS room
+FROM locked JOIN politeness_groups AS seen ON seen.name = locked.name
+WHERE seen.claims = locked.claims),
+picked AS MATERIALIZED
+(SELECT ranked.id AS id, ranked.grp AS grp, ranked.interval_ms AS interval_ms
+FROM (SELECT cand.id AS id, cand.grp AS grp, cand.branch AS branch, cand.priority AS priority, cand.next_fetch_at AS next_fetch_at, room.interval_ms AS interval_ms, room.room AS room, row_number() OVER (PARTITION BY cand.grp ORDER BY cand.branch, cand.priority DESC, cand.next_fetch_at ASC NULLS FIRST, cand.id ASC) AS rn
+FROM cand JOIN room ON room.name = cand.grp) AS ranked
+WHERE ranked.rn <= ranked.room AND (ranked.interval_ms = %(interval_ms_1)s::INTEGER OR ranked.rn = %(rn_1)s::INTEGER) ORDER BY ranked.branch, ranked.priority DESC, ranked.next_fetch_at ASC NULLS FIRST, ranked.id ASC
+ LIMIT %(claim_limit)s::INTEGER),
+bump AS
+(UPDATE politeness_groups SET next_request_at=(clock_timestamp() + make_interval(%(make_interval_1)s::INTEGER, %(make_interval_2)s::INTEGER, %(make_interval_3)s::INTEGER, %(make_interval_4)s::INTEGER, %(make_interval_5)s::INTEGER, %(make_interval_6)s::INTEGER, CAST(pg.interval_ms AS FLOAT) / CAST(%(param_1)s AS FLOAT))), deferred_reason=%(param_2)s::VARCHAR, claims=(politeness_groups.claims + 1) FROM (SELECT DISTINCT picked.grp AS grp, picked.interval_ms AS interval_ms
+FROM picked) AS pg WHERE politeness_groups.name = pg.grp)
+ UPDATE sources SET attempts=(sources.attempts + 1), locked_until=(now() + %(claim_lease)s), claimed_by=%(claim_worker)s::VARCHAR, claim_token=%(claim_token)s::VARCHAR FROM picked WHERE sources.id = picked.id RETURNING sources.id, sources.name, sources.url, sources.source_type, sources.config, sources.enabled, sources.fetch_interval_minutes, sources.next_fetch_at, sources.last_fetched_at, sources.last_success_at, sources.consecutive_failures, sources.last_failure_reason, sources.disabled_reason, sources.priority, sources.etag, sources.last_modified, sources.content_hash, sources.created_at, sources.attempts, sources.politeness_group, sources.locked_until, sources.claimed_by, sources.claim_token;
+
+-- complete (sets next_fetch_at, attempts, last_fetched_at, consecutive_failures, last_failure_reason, last_success_at, etag, last_modified)
+-- served by pk_sources (the ids held), fenced by claim_token and claimed_by
+UPDATE sources SET next_fetch_at=%(set_next_fetch_at)s::TIMESTAMP WITH TIME ZONE, last_fetched_at=%(set_last_fetched_at)s::TIMESTAMP WITH TIME ZONE, last_success_at=%(set_last_success_at)s::TIMESTAMP WITH TIME ZONE, consecutive_failures=%(set_consecutive_failures)s::INTEGER, last_failure_reason=%(set_last_failure_reason)s::VARCHAR, etag=%(set_etag)s::VARCHAR, last_modified=%(set_last_modified)s::VARCHAR, attempts=%(set_attempts)s::INTEGER, locked_until=%(locked_until)s::TIMESTAMP WITH TIME ZONE, claimed_by=%(claimed_by)s::VARCHAR, claim_token=%(claim_token)s::VARCHAR WHERE sources.id = ANY (%(ids)s::BIGINT[]) AND sources.claim_token = %(fence_token)s::VARCHAR AND sources.claimed_by = %(fence_worker)s::VARCHAR RETURNING sources.id;
+
+-- complete_each (sets next_fetch_at, attempts, last_fetched_at, consecutive_failures, last_failure_reason, last_success_at, etag, last_modified)
+-- served by pk_sources (the ids held), fenced by claim_token and claimed_by
+UPDATE sources SET next_fetch_at=anon_1.next_fetch_at, last_fetched_at=anon_1.last_fetched_at, last_success_at=anon_1.last_success_at, consecutive_failures=anon_1.consecutive_failures, last_failure_reason=anon_1.last_failure_reason, etag=anon_1.etag, last_modified=anon_1.last_modified, attempts=anon_1.attempts, locked_until=%(locked_until)s::TIMESTAMP WITH TIME ZONE, claimed_by=%(claimed_by)s::VARCHAR, claim_token=%(claim_token)s::VARCHAR FROM jsonb_to_recordset(CAST(%(rows)s::VARCHAR AS JSONB)) AS anon_1(id BIGINT, fence_token TEXT, fence_worker TEXT, next_fetch_at TIMESTAMP WITH TIME ZONE, attempts INTEGER, last_fetched_at TIMESTAMP WITH TIME ZONE, consecutive_failures INTEGER, last_failure_reason VARCHAR(32), last_success_at TIMESTAMP WITH TIME ZONE, etag TEXT, last_modified TEXT) WHERE sources.id = anon_1.id AND sources.claim_token = anon_1.fence_token AND sources.claimed_by = anon_1.fence_worker RETURNING sources.id;
+
+-- extend
+-- served by pk_sources (the ids held), fenced by claim_token and claimed_by
+UPDATE sources SET locked_until=(now() + %(claim_lease)s) WHERE sources.id = ANY (%(ids)s::BIGINT[]) AND sources.claim_token = %(fence_token)s::VARCHAR AND sources.claimed_by = %(fence_worker)s::VARCHAR AND sources.locked_until > now() RETURNING sources.id;

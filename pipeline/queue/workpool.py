@@ -1,0 +1,146 @@
+"""Claimed rows worked on by a thread pool: the loop the collector and delivery share.
+
+Rows are claimed as threads come free (once half of them are idle, so claims stay
+batched) and each claimed row starts at once: its lease runs from the claim, so it
+never waits for a thread. Slow work on one row delays no other. A heartbeat
+(``claim.Heartbeat``) extends the lease of every row whose work is still running. Results that finish
+within ``write_window`` seconds of each other are written together, by the calling
+thread, in one call of ``write`` (one transaction), so per-transaction costs are shared.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import TypeVar
+
+from pipeline.queue.claim import Claim, Heartbeat, WorkQueue
+
+# How soon to look again for room held by fetches in flight (another worker's: our own
+# wake the loop when they finish).
+_POLL = 0.1
+Job = TypeVar("Job")
+Result = TypeVar("Result")
+
+
+def work_claimed(
+    queue: WorkQueue,
+    worker: str,
+    *,
+    threads: int,
+    start: Callable[[Claim], Sequence[Job]],
+    held: Callable[[Job], tuple[Claim, int]],
+    work: Callable[[Job], Result],
+    write: Callable[[list[Result]], None],
+    max_rows: int | None = None,
+    batch_size: int = 32,
+    write_window: float = 0.1,
+    max_work_seconds: float | None = None,
+    next_start_in: Callable[[], float | None] | None = None,
+    max_wait: float = 10.0,
+) -> int:
+    """Claim until nothing is ready or ``max_rows`` were claimed; return how many were.
+
+    ``start`` turns a claim into jobs (and may record that they started); ``held`` names
+    the claimed row a job works on; ``work`` runs one job on the pool (no transaction
+    open); ``write`` stores finished results. A row's lease is extended while its job
+    runs, for at most ``max_work_seconds``.
+
+    When a claim finds nothing although work is waiting for room (``next_start_in``:
+    seconds until it may be claimable, None when there is none), the pass waits for it,
+    up to ``max_wait`` seconds at a time, instead of ending: politeness makes work wait,
+    it never makes it fail.
+    """
+    if threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
+    refill = max(1, threads // 2)
+    claimed = 0
+    with (
+        Heartbeat(queue, max_work_seconds=max_work_seconds) as heartbeat,
+        ThreadPoolExecutor(threads, thread_name_prefix=f"{queue.spec.name}-work") as pool,
+    ):
+        running: dict[Future[Result], tuple[Claim, int]] = {}
+        ready: list[Result] = []
+        write_by = 0.0  # when the oldest result in ``ready`` must be written
+        more = True
+        claim_after = 0.0  # waiting for room: no claim before this (monotonic)
+        while True:
+            room = threads - len(running)
+            remaining = None if max_rows is None else max_rows - claimed
+            if (more and remaining != 0 and (room >= refill or not running)
+                    and time.monotonic() >= claim_after):
+                # min(batch, free threads, what the cap still allows): never over the cap.
+                limit = min(batch_size, room, remaining if remaining is not None else room)
+                claim = queue.claim(worker, limit)
+                if len(claim) < limit and next_start_in is not None:
+                    # Less than asked for: the rest may be waiting for room. When can
+                    # it start? (None: nothing else is waiting.)
+                    wait_s = next_start_in()
+                    more = bool(claim) or (wait_s is not None and wait_s <= max_wait)
+                    if wait_s is not None and wait_s <= max_wait:
+                        # A slot held by a fetch in flight (0 s): look again shortly.
+                        claim_after = time.monotonic() + (wait_s if wait_s > 0 else _POLL)
+                else:
+                    more = bool(claim)
+                isolated = queue.isolate(claim)
+                claimed += len(isolated)
+                if isolated is not claim:  # a suspect: worked on with nothing else running
+                    alone = start(isolated)
+                    ready = _drain_then_run_alone(running, alone, held, work, write, heartbeat, pool, ready)
+                elif claim:
+                    jobs = start(claim)
+                    for job in jobs:
+                        claim_of, row_id = held(job)
+                        heartbeat.hold(claim_of, [row_id])
+                        running[pool.submit(work, job)] = (claim_of, row_id)
+            waiting = more and remaining != 0 and claim_after > time.monotonic()
+            if running:
+                deadlines = [write_by] if ready else []
+                if waiting:
+                    deadlines.append(claim_after)
+                timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+                done, _ = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
+                if done and not ready:
+                    write_by = time.monotonic() + write_window
+                for future in done:
+                    claim_of, row_id = running.pop(future)
+                    heartbeat.drop(claim_of, [row_id])
+                    ready.append(future.result())
+            elif waiting and not ready:
+                time.sleep(max(0.0, claim_after - time.monotonic()))
+            if ready and (not running or len(ready) >= threads or time.monotonic() >= write_by):
+                write(ready)
+                ready = []
+            if not running and not ready and not (more and remaining != 0):
+                return claimed
+
+
+def _drain_then_run_alone(
+    running: dict[Future[Result], tuple[Claim, int]],
+    jobs: Sequence[Job],
+    held: Callable[[Job], tuple[Claim, int]],
+    work: Callable[[Job], Result],
+    write: Callable[[list[Result]], None],
+    heartbeat: Heartbeat,
+    pool: ThreadPoolExecutor,
+    ready: list[Result],
+) -> list[Result]:
+    """Let the running jobs finish and write their results, then run ``jobs`` (a
+    suspect's) with nothing beside them: if it kills the worker, no other row loses an
+    attempt, or its finished work, to it. Returns the suspect's results, to write."""
+    for future in list(running):
+        claim_of, row_id = running.pop(future)
+        ready.append(future.result())
+        heartbeat.drop(claim_of, [row_id])
+    if ready:
+        write(ready)
+    ready = []
+    for job in jobs:
+        claim_of, row_id = held(job)
+        heartbeat.hold(claim_of, [row_id])
+        try:
+            ready.append(pool.submit(work, job).result())
+        finally:
+            heartbeat.drop(claim_of, [row_id])
+    return ready

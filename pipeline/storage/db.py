@@ -1,0 +1,117 @@
+"""Connecting to the pipeline database: parsing DATABASE_URL and configuring the engine.
+
+``DATABASE_URL`` is a SQLAlchemy URL; ``postgresql://`` is driven by psycopg 3. Unset, the
+embedded default is a SQLite file in the project-local state folder (WAL mode, a busy
+timeout, every transaction ``BEGIN IMMEDIATE`` so writers queue instead of failing).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
+
+from pipeline.core import redact
+from pipeline.core.errors import ConfigError, DatabaseUnavailable
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+MIN_SQLITE_VERSION = (3, 35, 0)  # UPDATE ... RETURNING
+
+
+def parse_url(raw: str) -> sa.URL:
+    """Parse DATABASE_URL, choosing psycopg 3 for PostgreSQL; ConfigError when malformed."""
+    try:
+        url = sa.make_url(raw)
+    except ArgumentError:
+        raise ConfigError(f"DATABASE_URL {raw!r} is not a database URL") from None
+    if url.drivername in ("postgres", "postgresql"):
+        url = url.set(drivername="postgresql+psycopg")
+    return url
+
+
+def display_url(url: sa.URL | str) -> str:
+    """The URL with its password and query values hidden, for messages and logs."""
+    return redact.database_url(url)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Take transaction control away from the sqlite3 module (it would BEGIN lazily
+        # and DEFERRED); the "begin" hook below emits BEGIN IMMEDIATE instead.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA journal_mode = WAL")
+        cur.execute("PRAGMA synchronous = NORMAL")
+        cur.execute("PRAGMA foreign_keys = ON")
+        cur.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+            return  # each statement is its own transaction
+        # IMMEDIATE takes the write lock up front: a transaction that reads and then
+        # writes cannot deadlock with another doing the same (SQLITE_BUSY on upgrade).
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _configure_postgres(engine: Engine) -> None:
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Every timestamp is UTC (DESIGN.md "Databases"): timestamptz values then come
+        # back from the driver already in UTC, whatever the server's default zone.
+        autocommit = dbapi_conn.autocommit
+        dbapi_conn.autocommit = True
+        dbapi_conn.execute("SET TIME ZONE 'UTC'")
+        dbapi_conn.autocommit = autocommit
+
+
+def create_engine(raw_url: str, **kwargs: Any) -> Engine:
+    """An engine for DATABASE_URL; raises ConfigError for a URL it cannot use."""
+    url = parse_url(raw_url)
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        if sqlite3.sqlite_version_info < MIN_SQLITE_VERSION:
+            raise ConfigError(
+                f"SQLite {sqlite3.sqlite_version} is too old: the pipeline needs"
+                f" {'.'.join(map(str, MIN_SQLITE_VERSION))} or newer (UPDATE ... RETURNING)"
+            )
+        if url.database and url.database != ":memory:":
+            Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    if backend == "postgresql":
+        # No pool_pre_ping: it costs a round trip per checkout, a fifth of a small claim.
+        # A connection lost to a server restart fails one statement; SQLAlchemy then
+        # invalidates the pool, and the step's RetryPolicy runs it again.
+        connect_args = kwargs.setdefault("connect_args", {})
+        connect_args.setdefault("connect_timeout", 10)
+        connect_args.setdefault("application_name", "listings-pipeline")
+    # Parameters carry webhook secrets, API keys (in sources.config) and feed content:
+    # never format them into an error's text, which reaches logs, Dagster's event log and
+    # worker_state. The statement itself is still shown.
+    kwargs.setdefault("hide_parameters", True)
+    try:
+        engine = sa.create_engine(url, **kwargs)
+    except (ArgumentError, NoSuchModuleError) as exc:
+        raise ConfigError(f"DATABASE_URL {display_url(url)}: {exc}") from None
+    except ImportError as exc:
+        raise ConfigError(f"DATABASE_URL {display_url(url)} needs a driver: {exc}") from None
+    if backend == "sqlite":
+        _configure_sqlite(engine)
+    if backend == "postgresql":
+        _configure_postgres(engine)
+    return engine
+
+
+def check_connection(engine: Engine) -> None:
+    """Raise DatabaseUnavailable, in one line, when the database cannot be reached."""
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except OperationalError as exc:
+        reason = str(exc.orig or exc).strip().splitlines()[0]
+        raise DatabaseUnavailable(f"cannot connect to {display_url(engine.url)}: {reason}") from None

@@ -1,0 +1,87 @@
+"""How the pipeline is doing, for the asset checks and `pipeline status`.
+
+Each question is one cheap query: over a queue's partial indexes where it can (stale
+leases, the raw backlog), or over small partial indexes (failed raw rows, dead
+notifications). Failing sources are counted over the sources table itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+
+from pipeline.core.kinds import NotificationStatus
+from pipeline.queue.claim import QueueSpec
+from pipeline.storage import schema
+
+
+def stale_leases(conn: sa.Connection, queues: tuple[QueueSpec, ...], older_than: timedelta) -> dict[str, int]:
+    """Per queue, rows whose lease ran out more than ``older_than`` ago and that nobody
+    has claimed since: work no worker is taking (is every worker of that stage down?).
+    Leases are compared with the database clock, as the claim compares them."""
+    cutoff = schema.now_sql(conn.dialect.name, minus=older_than)
+    counts = {}
+    for spec in queues:
+        t = spec.table
+        query = sa.select(sa.func.count()).select_from(t).where(spec.expired(cutoff))
+        counts[f"{t.name}.{spec.name}"] = int(conn.execute(query).scalar_one())
+    return counts
+
+
+@dataclass(frozen=True)
+class RawBacklog:
+    oldest_fetched_at: datetime | None  # of the raw rows not processed yet
+    given_up: int  # raw rows the processor gave up on (processed, with an error)
+
+    def age_minutes(self, now: datetime) -> float:
+        if self.oldest_fetched_at is None:
+            return 0.0
+        return max(0.0, (now - self.oldest_fetched_at).total_seconds() / 60)
+
+
+def raw_backlog(conn: sa.Connection) -> RawBacklog:
+    t, spec = schema.listings_raw, schema.RAW_UNPROCESSED
+    # Two reads, each served by one of the queue's partial indexes.
+    free = conn.execute(
+        sa.select(t.c.fetched_at).where(spec.free()).order_by(t.c.fetched_at, t.c.id).limit(1)
+    ).scalar()
+    leased = conn.execute(sa.select(sa.func.min(t.c.fetched_at)).where(spec.leased())).scalar()
+    oldest = min((v for v in (free, leased) if v is not None), default=None)
+    return RawBacklog(oldest, raw_given_up(conn))
+
+
+def raw_given_up(conn: sa.Connection) -> int:
+    """Raw rows the processor gave up on: processed, with their error kept."""
+    t = schema.listings_raw
+    return int(conn.execute(
+        sa.select(sa.func.count()).select_from(t).where(t.c.last_error.is_not(None), t.c.processed_at.is_not(None))
+    ).scalar_one())
+
+
+@dataclass(frozen=True)
+class FailingSources:
+    failing: dict[str, int]  # enabled sources failing in a row, by failure code
+    disabled_by_failures: int  # sources the backoff disabled
+
+
+def failing_sources(conn: sa.Connection, *, min_failures: int = 3) -> FailingSources:
+    """Enabled sources whose last ``min_failures`` or more fetches failed, by failure code;
+    and the sources their failures disabled."""
+    t = schema.sources
+    failing = conn.execute(
+        sa.select(t.c.last_failure_reason, sa.func.count())
+        .where(t.c.enabled, t.c.consecutive_failures >= min_failures)
+        .group_by(t.c.last_failure_reason)
+    ).all()
+    disabled = conn.execute(
+        sa.select(sa.func.count()).select_from(t)
+        .where(sa.not_(t.c.enabled), t.c.consecutive_failures > 0)
+    ).scalar_one()
+    return FailingSources({str(reason): int(n) for reason, n in failing}, int(disabled))
+
+
+def dead_notifications(conn: sa.Connection) -> int:
+    t = schema.notifications
+    return int(conn.execute(sa.select(sa.func.count()).select_from(t).where(t.c.status == NotificationStatus.DEAD)).scalar_one())

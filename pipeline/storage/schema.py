@@ -1,0 +1,424 @@
+"""The pipeline's tables as SQLAlchemy Core metadata: the one definition the code queries.
+
+Alembic migrations (migrations/versions) create the same schema; tests/test_migrations.py
+fails when the two drift. Names are public: see ../shared/DESIGN.md ("Schema").
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Dialect
+
+from pipeline.core.kinds import ChannelKind, NotificationStatus, SourceType, sql_in
+from pipeline.queue.claim import OrderTerm, QueueSpec, sql_now
+
+_ZERO = timedelta(0)
+MIN_FETCH_INTERVAL_MINUTES = 1
+MAX_FETCH_INTERVAL_MINUTES = 10080  # one week
+DEFAULT_FETCH_INTERVAL_MINUTES = 60
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+
+class UTCDateTime(sa.TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp on every database.
+
+    PostgreSQL stores ``timestamptz``. SQLite has no such type: values are stored as
+    naive UTC text (which sorts and compares correctly) and come back tagged UTC.
+    """
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: the pipeline stores UTC-aware times only")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        # A str is raw SQLite text, e.g. from a text() query.
+        stamp: datetime = datetime.fromisoformat(value) if isinstance(value, str) else value
+        if stamp.tzinfo is None:
+            return stamp.replace(tzinfo=UTC)
+        if stamp.utcoffset() == _ZERO:  # already UTC (the session time zone): the hot path
+            return stamp
+        return stamp.astimezone(UTC)
+
+
+# JSONB on PostgreSQL (indexable, compact); JSON text elsewhere.
+JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+# SQLite only auto-increments an INTEGER PRIMARY KEY; BIGINT everywhere else.
+IdType = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+
+def _id() -> sa.Column[Any]:
+    return sa.Column("id", IdType, primary_key=True, autoincrement=True)
+
+
+def _claim_columns() -> list[sa.Column[Any]]:
+    """The lease and fencing columns every claimable table carries (pipeline/queue/claim.py)."""
+    return [
+        sa.Column("locked_until", UTCDateTime()),
+        sa.Column("claimed_by", sa.Text()),
+        sa.Column("claim_token", sa.String(36)),
+    ]
+
+
+def _source_id() -> sa.Column[Any]:
+    """The owning source; rows go when their source is deleted."""
+    return sa.Column(
+        "source_id", IdType, sa.ForeignKey("sources.id", ondelete="CASCADE"), nullable=False
+    )
+
+
+def _now() -> sa.TextClause:
+    return sa.text("CURRENT_TIMESTAMP")
+
+
+def now_sql(dialect: str, minus: timedelta = _ZERO) -> sa.ColumnElement[datetime]:
+    """"Now" (less ``minus``) for reads over these tables (pipeline/queue/claim.py ``sql_now``)."""
+    return sql_now(UTCDateTime(), database_clock=dialect == "postgresql", minus=minus)
+
+
+# Politeness groups (pipeline/fetching/politeness.py): every source belongs to one (its host by
+# default); a group allows at most ``max_in_flight`` fetches at once, across all workers,
+# and starts them at least ``min_interval_ms`` apart. NULL limits take those of the group
+# named DEFAULT_POLITENESS_GROUP, which is also the group of a source given none.
+DEFAULT_POLITENESS_GROUP = "*"
+DEFAULT_MAX_IN_FLIGHT = 2
+DEFAULT_MIN_INTERVAL_MS = 1000
+
+politeness_groups = sa.Table(
+    "politeness_groups",
+    metadata,
+    sa.Column("name", sa.Text(), primary_key=True),
+    sa.Column("max_in_flight", sa.Integer()),  # NULL: the default group's
+    sa.Column("min_interval_ms", sa.Integer()),  # NULL: the default group's
+    # No fetch of the group starts before this: the spacing after the last claim, or a
+    # Retry-After that deferred the whole group.
+    sa.Column("next_request_at", UTCDateTime()),
+    sa.Column("deferred_reason", sa.Text()),  # why next_request_at was pushed past spacing
+    # Bumped by every claim that hands out a source of the group: a claim checks that
+    # nobody claimed in the group since its snapshot, so its count of fetches in flight
+    # is current (pipeline/fetching/politeness.py).
+    sa.Column("claims", sa.BigInteger(), nullable=False, server_default=sa.text("0")),
+    sa.CheckConstraint("max_in_flight >= 1", name="max_in_flight"),
+    sa.CheckConstraint("min_interval_ms >= 0", name="min_interval"),
+)
+
+sources = sa.Table(
+    "sources",
+    metadata,
+    _id(),
+    sa.Column("name", sa.Text(), nullable=False),
+    sa.Column("url", sa.Text(), nullable=False),
+    sa.Column("source_type", sa.String(16), nullable=False),
+    sa.Column("config", JSONType, nullable=False, server_default=sa.text("'{}'")),
+    sa.Column("enabled", sa.Boolean(), nullable=False, server_default=sa.true()),
+    sa.Column(
+        "fetch_interval_minutes",
+        sa.Integer(),
+        nullable=False,
+        server_default=sa.text(str(DEFAULT_FETCH_INTERVAL_MINUTES)),
+    ),
+    sa.Column("next_fetch_at", UTCDateTime()),  # NULL = due now
+    sa.Column("last_fetched_at", UTCDateTime()),
+    sa.Column("last_success_at", UTCDateTime()),
+    sa.Column("consecutive_failures", sa.Integer(), nullable=False, server_default=sa.text("0")),
+    sa.Column("last_failure_reason", sa.String(32)),
+    sa.Column("disabled_reason", sa.Text()),
+    sa.Column("priority", sa.Integer(), nullable=False, server_default=sa.text("0")),
+    sa.Column("etag", sa.Text()),
+    sa.Column("last_modified", sa.Text()),
+    sa.Column("content_hash", sa.String(64)),
+    sa.Column("created_at", UTCDateTime(), nullable=False, server_default=_now()),
+    # Claims since the source's last completed fetch (counted by the claim itself):
+    # a fetch that keeps killing its worker ends as a failure instead of looping.
+    sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),
+    # The source's politeness group; its row in politeness_groups must exist (written
+    # with the source: pipeline/fetching/politeness.py ``ensure_groups``). No foreign key: SQLite
+    # cannot add one to an existing table without copying it.
+    sa.Column(
+        "politeness_group",
+        sa.Text(),
+        nullable=False,
+        server_default=sa.text(f"'{DEFAULT_POLITENESS_GROUP}'"),
+    ),
+    *_claim_columns(),
+    sa.UniqueConstraint("url"),
+    # Fetches in flight per group: the claimed sources of the group (the polite claim
+    # counts them). The predicate names ``claimed_by``, which no other query does, so
+    # the plain claim's expired-lease branch keeps to its own index (migration 0007).
+    sa.Index(
+        "ix_sources_politeness_leased", "politeness_group", "locked_until",
+        postgresql_where=sa.text("claimed_by IS NOT NULL"),
+        sqlite_where=sa.text("claimed_by IS NOT NULL"),
+    ),
+    sa.CheckConstraint(
+        sql_in("source_type", SourceType), name="source_type"
+    ),
+    sa.CheckConstraint(
+        f"fetch_interval_minutes BETWEEN {MIN_FETCH_INTERVAL_MINUTES}"
+        f" AND {MAX_FETCH_INTERVAL_MINUTES}",
+        name="fetch_interval",
+    ),
+)
+
+listings_raw = sa.Table(
+    "listings_raw",
+    metadata,
+    _id(),
+    _source_id(),
+    sa.Column("source_item_id", sa.Text(), nullable=False),
+    sa.Column("url", sa.Text(), nullable=False),
+    sa.Column("raw_json", JSONType, nullable=False),
+    sa.Column("content_hash", sa.String(64), nullable=False),  # hash of raw_json
+    sa.Column("fetched_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.Column("processed_at", UTCDateTime()),  # NULL = not yet processed
+    sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),
+    sa.Column("last_error", sa.Text()),
+    *_claim_columns(),
+    # Rows the processor gave up on: processed_at set, last_error kept (pipeline/listings/processor.py).
+    sa.Index(
+        "ix_listings_raw_failed", "id",
+        postgresql_where=sa.text("last_error IS NOT NULL"),
+        sqlite_where=sa.text("last_error IS NOT NULL"),
+    ),
+    # No unique key here: every index on a queue table is written on each claim and
+    # completion (neither is a HOT update), so dedupe lives in source_items below.
+    # Deleting a source seq-scans this table (no index on source_id), a rare admin act.
+)
+
+# The newest content hash of every item a source has yielded. The collector upserts it
+# and inserts a raw row only for items that are new or changed, so an unchanged item is
+# never stored twice, even after processed raw rows have been deleted by retention.
+source_items = sa.Table(
+    "source_items",
+    metadata,
+    sa.Column(
+        "source_id",
+        IdType,
+        sa.ForeignKey("sources.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("source_item_id", sa.Text(), primary_key=True),
+    sa.Column("content_hash", sa.String(64), nullable=False),
+    sa.Column("first_seen_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.Column("changed_at", UTCDateTime(), nullable=False, server_default=_now()),
+)
+
+listings = sa.Table(
+    "listings",
+    metadata,
+    _id(),
+    _source_id(),
+    sa.Column("source_item_id", sa.Text(), nullable=False),
+    sa.Column("url", sa.Text(), nullable=False),
+    sa.Column("title", sa.Text(), nullable=False, server_default=sa.text("''")),
+    sa.Column("summary", sa.Text(), nullable=False, server_default=sa.text("''")),
+    sa.Column("author", sa.Text()),
+    sa.Column("published_at", UTCDateTime()),
+    sa.Column("categories", JSONType, nullable=False, server_default=sa.text("'[]'")),
+    sa.Column("content_hash", sa.String(64), nullable=False),
+    sa.Column("ingested_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.Column("updated_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.Column("matched_at", UTCDateTime()),  # NULL = not yet matched against filters
+    # The raw row whose content this listing shows; an upsert never moves it backwards.
+    sa.Column("raw_id", IdType),
+    # The item's identity across sources (pipeline/core/urls.py item_key): a user is notified
+    # once per key, however many sources carry the item. NULL before revision 0006.
+    sa.Column("item_key", sa.String(64)),
+    *_claim_columns(),
+    sa.UniqueConstraint("source_id", "source_item_id"),
+    sa.Index(None, "ingested_at"),  # windows for re-matching backfills
+)
+
+users = sa.Table(
+    "users",
+    metadata,
+    _id(),
+    sa.Column("name", sa.Text(), nullable=False),
+    sa.Column("channel", sa.String(16), nullable=False),  # webhook | apprise
+    sa.Column("channel_url", sa.Text(), nullable=False),
+    sa.Column("secret", sa.Text()),  # HMAC key of the webhook channel
+    sa.Column("enabled", sa.Boolean(), nullable=False, server_default=sa.true()),
+    sa.Column("created_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.UniqueConstraint("name"),
+    sa.CheckConstraint(sql_in("channel", ChannelKind), name="channel"),
+)
+
+filters = sa.Table(
+    "filters",
+    metadata,
+    _id(),
+    sa.Column(
+        "user_id", IdType, sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column("keywords", JSONType, nullable=False),  # list of lower-case words, all must match
+    sa.Column("source_id", IdType, sa.ForeignKey("sources.id", ondelete="CASCADE")),
+    sa.Column("category", sa.Text()),
+    sa.Column("enabled", sa.Boolean(), nullable=False, server_default=sa.true()),
+    sa.Column("created_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.Index(None, "user_id"),
+)
+
+notifications = sa.Table(
+    "notifications",
+    metadata,
+    _id(),
+    sa.Column(
+        "user_id", IdType, sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column(
+        "listing_id", IdType, sa.ForeignKey("listings.id", ondelete="CASCADE"), nullable=False
+    ),
+    sa.Column("filter_id", IdType, sa.ForeignKey("filters.id", ondelete="SET NULL")),
+    sa.Column("channel", sa.String(16), nullable=False),
+    sa.Column("status", sa.String(8), nullable=False, server_default=sa.text(f"'{NotificationStatus.PENDING}'")),
+    sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),
+    sa.Column("next_attempt_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.Column("last_error", sa.Text()),
+    sa.Column("created_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.Column("sent_at", UTCDateTime()),
+    sa.Column("item_key", sa.String(64)),  # the listing's, at matching
+    *_claim_columns(),
+    # A user is never notified twice about one listing, nor about one item that several
+    # sources carry (NULL keys, of notifications older than revision 0006, never clash).
+    sa.UniqueConstraint("user_id", "listing_id"),
+    sa.Index("uq_notifications_user_id_item_key", "user_id", "item_key", unique=True),
+    sa.CheckConstraint(sql_in("status", NotificationStatus), name="status"),
+    sa.Index(None, "listing_id"),
+    # Dead notifications, for the asset check and `notifications requeue --dead`.
+    sa.Index(
+        "ix_notifications_dead", "id",
+        postgresql_where=sa.text(f"status = '{NotificationStatus.DEAD}'"),
+        sqlite_where=sa.text(f"status = '{NotificationStatus.DEAD}'"),
+    ),
+)
+
+ingestion_events = sa.Table(
+    "ingestion_events",
+    metadata,
+    _id(),
+    sa.Column("event", sa.String(32), nullable=False),  # ingestion.started | ingestion.completed
+    sa.Column("occurred_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.Column("source_id", IdType, sa.ForeignKey("sources.id", ondelete="CASCADE")),
+    sa.Column("source_type", sa.String(16)),
+    sa.Column("run_id", sa.Text()),
+    sa.Column("scheduled_at", UTCDateTime()),
+    sa.Column("duration_ms", sa.Integer()),
+    sa.Column("success", sa.Boolean()),
+    sa.Column("failure_reason", sa.String(32)),
+    sa.Column("retry_in_minutes", sa.Float()),
+    sa.Column("http_status", sa.Integer()),
+    sa.Column("items_seen", sa.Integer()),
+    sa.Column("items_new", sa.Integer()),
+    sa.Column("details", JSONType),
+    sa.Index(None, "source_id", "occurred_at"),
+    sa.Index(None, "occurred_at"),
+)
+
+worker_state = sa.Table(
+    "worker_state",
+    metadata,
+    sa.Column("worker_name", sa.Text(), primary_key=True),
+    sa.Column("last_run_at", UTCDateTime()),
+    sa.Column("last_status", sa.Text()),
+    sa.Column("last_error", sa.Text()),
+)
+
+
+# -- Claim queues -------------------------------------------------------------------------
+# What each stage claims (pipeline/queue/claim.py). Each spec also defines its two partial
+# indexes, from the same predicates, so the claim queries and their indexes cannot drift.
+
+
+def _due(now: sa.ColumnElement[datetime]) -> sa.ColumnElement[bool]:
+    # The due predicate of DESIGN.md "Scheduling": NULL means due now.
+    return sa.or_(sources.c.next_fetch_at.is_(None), sources.c.next_fetch_at <= now)
+
+
+def _attempt_due(now: sa.ColumnElement[datetime]) -> sa.ColumnElement[bool]:
+    return notifications.c.next_attempt_at <= now
+
+
+
+# Due sources, highest priority first, never-fetched first, then longest overdue. The free
+# index ranges over next_fetch_at, so a claim costs in proportion to the sources that are
+# due, not to the size of the catalogue; the due set is then sorted by priority.
+SOURCES_DUE = QueueSpec(
+    name="due",
+    table=sources,
+    pending=sources.c.enabled,
+    ready=_due,
+    order=(
+        OrderTerm(sources.c.priority, descending=True),
+        OrderTerm(sources.c.next_fetch_at, nulls_first=True),
+        OrderTerm(sources.c.id),
+    ),
+    index_on=(sources.c.next_fetch_at,),
+    attempts=sources.c.attempts,
+    suspect=lambda row: row["attempts"] > 1,  # reset when a fetch completes
+)
+
+# Raw rows not yet processed, oldest first: the free index is read in order.
+RAW_UNPROCESSED = QueueSpec(
+    name="unprocessed",
+    table=listings_raw,
+    pending=listings_raw.c.processed_at.is_(None),
+    order=(OrderTerm(listings_raw.c.fetched_at), OrderTerm(listings_raw.c.id)),
+    index_on=(listings_raw.c.fetched_at, listings_raw.c.id),
+    attempts=listings_raw.c.attempts,
+    suspect=lambda row: row["attempts"] > 1,  # a stopped worker, or a failure (rare)
+)
+
+# Listings not yet matched against filters (new, or changed since they were matched).
+# The notifier claims these instead of scanning by a time cursor, so a listing whose
+# transaction committed late is never missed.
+LISTINGS_UNMATCHED = QueueSpec(
+    name="unmatched",
+    table=listings,
+    pending=listings.c.matched_at.is_(None),
+    order=(OrderTerm(listings.c.updated_at), OrderTerm(listings.c.id)),
+    index_on=(listings.c.updated_at, listings.c.id),
+)
+
+# Notifications waiting for a (first or repeated) delivery attempt that is due.
+NOTIFICATIONS_DUE = QueueSpec(
+    name="due",
+    table=notifications,
+    # Literals, not bound parameters: a prepared statement's generic plan can only use a
+    # partial index whose predicate the query implies without knowing parameter values.
+    pending=notifications.c.status.in_(
+        [sa.literal_column(f"'{s}'") for s in (NotificationStatus.PENDING, NotificationStatus.FAILED)]
+    ),
+    ready=_attempt_due,
+    order=(OrderTerm(notifications.c.next_attempt_at), OrderTerm(notifications.c.id)),
+    index_on=(notifications.c.next_attempt_at, notifications.c.id),
+    attempts=notifications.c.attempts,
+    # Claimed before, and no outcome recorded: a failed send records its error. (A
+    # sender that dies after an earlier failure is not told apart from a retry.)
+    suspect=lambda row: row["attempts"] > 1 and row["last_error"] is None,
+)
+
+QUEUES: tuple[QueueSpec, ...] = (SOURCES_DUE, RAW_UNPROCESSED, LISTINGS_UNMATCHED, NOTIFICATIONS_DUE)
+for _queue in QUEUES:
+    _queue.indexes()
+CLAIMABLE_TABLES: tuple[sa.Table, ...] = tuple(q.table for q in QUEUES)

@@ -1,0 +1,248 @@
+"""What the pipeline is doing right now, for `pipeline status`, and each stage's last run.
+
+Queue figures are counted over the claim queues' own partial indexes (pipeline/storage/schema.py),
+so they cost the same whatever the size of the tables; whole-table totals are the
+planner's estimates on PostgreSQL for the tables that grow without bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from pipeline.core.kinds import NotificationStatus
+from pipeline.queue.claim import QueueSpec
+from pipeline.storage import db, health, schema
+from pipeline.storage.bulk import on_conflict_insert
+
+_UNSENT = (NotificationStatus.PENDING, NotificationStatus.FAILED, NotificationStatus.DEAD)
+
+QUEUE_LABELS = {
+    "sources": "sources due",
+    "listings_raw": "raw rows to process",
+    "listings": "listings to match",
+    "notifications": "notifications due",
+}
+_ESTIMATED_TABLES = ("listings_raw", "listings", "notifications", "ingestion_events")
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    """One claim queue: what could be claimed now, what is claimed, what was abandoned."""
+
+    table: str
+    label: str
+    waiting: int  # claimable now: ready and never leased, or lease expired
+    in_flight: int  # leased, lease still running
+    expired_leases: int  # leased, lease ran out: claimable again (is a worker down?)
+    oldest_waiting: datetime | None  # the earliest of the waiting rows, by the queue's time
+
+
+@dataclass(frozen=True)
+class PipelineStatus:
+    database: str
+    at: datetime
+    sources_enabled: int
+    sources_disabled: int
+    next_due_at: datetime | None  # the next enabled source to come due (None: none)
+    failing: dict[str, int]  # enabled sources whose last fetch failed, by failure code
+    disabled_by_failures: int
+    last_hour: dict[str, int]  # fetches, failed, items_new (ingestion.completed events)
+    raw_given_up: int
+    notifications: dict[str, int]  # pending, failed (retrying), dead; sent where exact
+    totals: dict[str, int]  # rows per table (estimates on PostgreSQL for the big ones)
+    totals_estimated: bool
+    queues: list[QueueStatus]
+    stages: list[dict[str, Any]]  # worker_state: each stage's last run
+
+
+def _count(conn: sa.Connection, table: sa.Table, *where: sa.ColumnElement[bool]) -> int:
+    return int(conn.execute(sa.select(sa.func.count()).select_from(table).where(*where)).scalar_one())
+
+
+def _queue_status(conn: sa.Connection, spec: QueueSpec, now: sa.ColumnElement[datetime]) -> QueueStatus:
+    """Three counts and a min, each over one of the queue's two partial indexes."""
+    t = spec.table
+    free = [spec.free(), *spec.ready_at(now)]
+    expired = _count(conn, t, spec.expired(now))
+    when = spec.index_on[0]
+    oldest_free = conn.execute(sa.select(sa.func.min(when)).where(*free)).scalar()
+    oldest_expired = conn.execute(sa.select(sa.func.min(when)).where(spec.expired(now))).scalar()
+    oldest = min((v for v in (oldest_free, oldest_expired) if v is not None), default=None)
+    return QueueStatus(
+        table=t.name,
+        label=QUEUE_LABELS.get(t.name, t.name),
+        waiting=_count(conn, t, *free) + expired,
+        in_flight=_count(conn, t, spec.held(now)),
+        expired_leases=expired,
+        oldest_waiting=oldest,
+    )
+
+
+def _totals(conn: sa.Connection) -> tuple[dict[str, int], bool]:
+    """Rows per table. PostgreSQL: the planner's estimate for the tables that grow without
+    bound (a count(*) would read all of them), exact for the rest; SQLite: exact."""
+    estimated = conn.dialect.name == "postgresql"
+    totals = {}
+    for table in schema.metadata.sorted_tables:
+        if estimated and table.name in _ESTIMATED_TABLES:
+            value = conn.execute(
+                sa.text("SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass(:t)"),
+                {"t": table.name},
+            ).scalar()
+            totals[table.name] = int(value or 0)
+        else:
+            totals[table.name] = _count(conn, table)
+    return totals, estimated
+
+
+def collect_status(engine: Engine) -> PipelineStatus:
+    now = schema.now_sql(engine.dialect.name)
+    s, n, events = schema.sources, schema.notifications, schema.ingestion_events
+    with engine.connect() as conn:
+        at = conn.execute(sa.select(now)).scalar_one()
+        failing = health.failing_sources(conn, min_failures=1)
+        hour = conn.execute(
+            sa.select(
+                sa.func.count(),
+                sa.func.count().filter(events.c.success.is_(False)),
+                sa.func.coalesce(sa.func.sum(events.c.items_new), 0),
+            ).where(events.c.event == "ingestion.completed",
+                    events.c.occurred_at >= sa.literal(datetime.now(UTC) - timedelta(hours=1), schema.UTCDateTime()))
+        ).one()
+        by_status: dict[str, int] = dict(conn.execute(
+            sa.select(n.c.status, sa.func.count()).where(n.c.status.in_(_UNSENT))
+            .group_by(n.c.status)
+        ).tuples().all())
+        notifications = {str(k): int(by_status.get(k, 0)) for k in _UNSENT}
+        if engine.dialect.name != "postgresql":
+            notifications["sent"] = _count(conn, n, n.c.status == NotificationStatus.SENT)
+        totals, estimated = _totals(conn)
+        return PipelineStatus(
+            database=db.display_url(engine.url),
+            at=at,
+            sources_enabled=_count(conn, s, s.c.enabled),
+            sources_disabled=_count(conn, s, sa.not_(s.c.enabled)),
+            next_due_at=conn.execute(  # NULL means due now
+                sa.select(sa.func.min(sa.func.coalesce(s.c.next_fetch_at, now))).where(s.c.enabled)
+            ).scalar(),
+            failing=failing.failing,
+            disabled_by_failures=failing.disabled_by_failures,
+            last_hour={"fetches": int(hour[0]), "failed": int(hour[1]), "items_new": int(hour[2])},
+            raw_given_up=health.raw_given_up(conn),
+            notifications=notifications,
+            totals=totals,
+            totals_estimated=estimated,
+            queues=[_queue_status(conn, spec, now) for spec in schema.QUEUES],
+            stages=[dict(r) for r in conn.execute(
+                sa.select(schema.worker_state).order_by(schema.worker_state.c.worker_name)).mappings()],
+        )
+
+
+def status_as_json(status: PipelineStatus) -> dict[str, Any]:
+    def encode(value: Any) -> Any:
+        if isinstance(value, datetime):
+            return value.isoformat()
+        if isinstance(value, dict):
+            return {k: encode(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [encode(v) for v in value]
+        return value
+
+    return {k: encode(v) for k, v in asdict(status).items()}
+
+
+def _ago(then: datetime | None, now: datetime) -> str:
+    if then is None:
+        return "-"
+    seconds = (now - then).total_seconds()
+    future = seconds < 0
+    seconds = abs(seconds)
+    if seconds < 90:
+        span = f"{seconds:.0f} s"
+    elif seconds < 90 * 60:
+        span = f"{seconds / 60:.0f} min"
+    elif seconds < 48 * 3600:
+        span = f"{seconds / 3600:.1f} h"
+    else:
+        span = f"{seconds / 86400:.1f} days"
+    return f"in {span}" if future else f"{span} ago"
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(line[i]) for line in [header, *rows]) for i in range(len(header))]
+    return [
+        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths)))
+        .rstrip()
+        for line in [header, *rows]
+    ]
+
+
+def status_as_text(status: PipelineStatus) -> str:
+    now = status.at
+    failing = ", ".join(f"{reason} {n}" for reason, n in sorted(status.failing.items())) or "none"
+    hour = status.last_hour
+    notes = status.notifications
+    sent = f"{notes['sent']:,} sent, " if "sent" in notes else ""
+    about = "~" if status.totals_estimated else ""
+    due = status.next_due_at
+    next_due = "-" if due is None else "now" if due <= now else _ago(due, now)
+    lines = [
+        f"{status.database} at {now:%Y-%m-%d %H:%M:%S} UTC",
+        "",
+        (f"sources        {status.sources_enabled:,} enabled, {status.sources_disabled:,} disabled"
+         f" ({status.disabled_by_failures:,} by their failures); next due {next_due}"),
+        f"failing now    {failing}",
+        f"last hour      {hour['fetches']:,} fetches, {hour['failed']:,} failed, {hour['items_new']:,} new items",
+        f"listings       {about}{status.totals['listings']:,}; raw rows given up: {status.raw_given_up:,}",
+        f"notifications  {sent}{notes['pending']:,} pending, {notes['failed']:,} retrying, {notes['dead']:,} dead",
+        "",
+    ]
+    lines += _table(
+        ("queue", "waiting", "oldest waiting", "in flight", "expired leases"),
+        [(q.label, f"{q.waiting:,}", _ago(q.oldest_waiting, now), f"{q.in_flight:,}", f"{q.expired_leases:,}")
+         for q in status.queues],
+    )
+    if status.stages:
+        lines.append("")
+        lines += _table(
+            ("stage", "last run", "status"),
+            [(r["worker_name"], _ago(r["last_run_at"], now),
+              r["last_status"] + (f": {r['last_error'][:80]}" if r["last_error"] else ""))
+             for r in status.stages],
+        )
+    return "\n".join(lines)
+
+
+@contextmanager
+def recorded(engine: Engine, stage: str) -> Iterator[None]:
+    """Record in ``worker_state`` when ``stage`` last ran and how it ended."""
+    try:
+        yield
+    except Exception as exc:
+        _record(engine, stage, "failed", f"{type(exc).__name__}: {exc}"[:1000])
+        raise
+    _record(engine, stage, "ok", None)
+
+
+def _record(engine: Engine, stage: str, status: str, error: str | None) -> None:
+    t = schema.worker_state
+    values = {"worker_name": stage, "last_run_at": datetime.now(UTC), "last_status": status, "last_error": error}
+    try:
+        with engine.begin() as conn:
+            insert = on_conflict_insert(conn, t)
+            if insert is None:
+                conn.execute(sa.delete(t).where(t.c.worker_name == stage))
+                conn.execute(sa.insert(t).values(values))
+            else:
+                conn.execute(insert.values(values).on_conflict_do_update(
+                    index_elements=[t.c.worker_name], set_={k: v for k, v in values.items() if k != "worker_name"}
+                ))
+    except sa.exc.SQLAlchemyError:
+        pass  # the run's own outcome matters more than this record of it
