@@ -12,6 +12,7 @@ leaves the demo out.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import signal
@@ -26,6 +27,31 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 STATE = Path(os.environ.get("PIPELINE_STATE_DIR") or ROOT / ".state")
+
+
+# The dev instance's dagster.yaml, written on every start (.state/ is dev.py's): runs
+# whose process died are marked failed, so the sensors do not wait on them for ever
+# (a hard kill once left two STARTING runs and every sensor skipped), and old ticks
+# are purged. Runs themselves are purged by the upkeep job (PIPELINE_RUN_RETENTION_DAYS).
+DEV_INSTANCE = """\
+# Written by dev.py on every start; edits are lost. Production: deploy/dagster.yaml.
+telemetry:
+  enabled: false
+run_monitoring:
+  enabled: true
+  start_timeout_seconds: 60
+  cancel_timeout_seconds: 60
+  max_runtime_seconds: 3600
+  poll_interval_seconds: 15
+retention:
+  schedule:
+    purge_after_days: 7
+  sensor:
+    purge_after_days:
+      skipped: 1
+      failure: 7
+      success: 7
+"""
 
 
 def say(message: str) -> None:
@@ -57,14 +83,29 @@ def ensure_venv(extras: str) -> None:
 
 
 def run(argv: list[str], env: dict[str, str] | None = None) -> int:
-    process = subprocess.Popen(argv, cwd=ROOT, env=env)
+    """Run a command in a process group of its own and pass each SIGINT this process gets
+    on to that group, once: Ctrl-C (SIGINT to dev.py's group) and ``kill -INT`` to dev.py
+    alone then do the same, one clean shutdown (the command's own group never gets the
+    terminal's SIGINT as well, which made dagster dev abort its shutdown). On Linux the
+    command also gets SIGTERM if dev.py dies without passing anything on (SIGKILL)."""
+    process = subprocess.Popen(
+        argv, cwd=ROOT, env=env, start_new_session=True,
+        preexec_fn=_die_with_parent,  # noqa: PLW1509 -- dev.py starts no thread
+    )
     while True:
         try:
             return process.wait()
         except KeyboardInterrupt:
-            # The terminal sent Ctrl-C to the child as well: let it shut down cleanly
-            # (subprocess.run would kill it a quarter of a second later).
-            continue
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGINT)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent dies (Linux's PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # no prctl (macOS): a dev.py killed with SIGKILL leaves the command running
 
 
 def test(args: list[str]) -> int:
@@ -96,9 +137,7 @@ def up(args: list[str]) -> int:
     env = dict(os.environ)
     dagster_home = Path(env.setdefault("DAGSTER_HOME", str(STATE / "dagster")))
     dagster_home.mkdir(parents=True, exist_ok=True)
-    config = dagster_home / "dagster.yaml"
-    if not config.exists():
-        config.write_text("telemetry:\n  enabled: false\n")
+    (dagster_home / "dagster.yaml").write_text(DEV_INSTANCE)
     code = run([str(BIN / "pipeline"), "db", "upgrade"], env=env)
     if code != 0:
         return code

@@ -14,6 +14,7 @@ Partitions start at PIPELINE_BACKFILL_START (an ISO date, default 2025-01-01).
 
 
 import dagster as dg
+from pydantic import Field
 
 from assets.policies import STAGE_TAG
 from pipeline.catalogue.sources import refetch_sources
@@ -22,16 +23,21 @@ from pipeline.listings.processor import Processor, reopen_window
 from pipeline.notify.notifier import Notifier
 from resources import PipelineDatabase
 
-DAYS = dg.DailyPartitionsDefinition(start_date=Settings.from_env().backfill_start.isoformat())
+# end_offset=1: today is a partition too, so today's rows can be re-processed.
+DAYS = dg.DailyPartitionsDefinition(start_date=Settings.from_env().backfill_start.isoformat(), end_offset=1)
 TAGS = {STAGE_TAG: "backfill"}
 
 
 class RefetchConfig(dg.Config):
-    source_ids: list[int]
+    # A default, so the launchpad opens with the field to fill in rather than an error.
+    source_ids: list[int] = Field(default_factory=list, description="Ids of the sources to re-fetch now "
+                                  "(`pipeline sources list` shows them).")
 
 
 @dg.op(description="Make the chosen sources due now, then run a collector pass.")
 def refetch_chosen_sources(context: dg.OpExecutionContext, config: RefetchConfig, database: PipelineDatabase) -> None:
+    if not config.source_ids:
+        raise dg.Failure("name the sources to re-fetch: source_ids: [1, 2] (`pipeline sources list` shows ids)")
     due, stats = refetch_sources(database.engine, database.settings(), config.source_ids,
                                  worker=f"dagster:{context.run.run_id}", run_id=context.run.run_id)
     skipped = sorted(set(config.source_ids) - set(due))
@@ -50,9 +56,14 @@ def refetch_sources_job() -> None:
 def reprocess_raw_rows(context: dg.OpExecutionContext, database: PipelineDatabase) -> None:
     window = context.partition_time_window
     reopened = reopen_window(database.engine, window.start, window.end)
-    stats = Processor(database.engine, database.settings(), worker=f"dagster:{context.run.run_id}").run()
-    context.log.info(f"reopened {reopened} raw rows of {window.start:%Y-%m-%d}; processor: {stats.as_dict()}")
-    context.add_output_metadata({"reopened": reopened, **stats.as_dict()})
+    # As many rows as were reopened, oldest first: the window's own rows, not a full live
+    # pass (the processor's sensor runs that); what is left is processed there.
+    stats = Processor(database.engine, database.settings(), worker=f"dagster:{context.run.run_id}").run(
+        max_rows=reopened
+    ) if reopened else None
+    totals = stats.as_dict() if stats else {}
+    context.log.info(f"reopened {reopened} raw rows of {window.start:%Y-%m-%d}; processor: {totals}")
+    context.add_output_metadata({"reopened": reopened, **totals})
 
 
 @dg.job(name="reprocess_window", partitions_def=DAYS, tags=TAGS,

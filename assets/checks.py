@@ -10,6 +10,8 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
+from assets.policies import by_code
+from pipeline.core.failures import FailureReason
 from pipeline.queue.claim import QueueSpec
 from pipeline.storage import health, schema
 from resources import PipelineDatabase
@@ -62,8 +64,9 @@ def _raw_backlog() -> dg.AssetChecksDefinition:
 def _failing_sources() -> dg.AssetChecksDefinition:
     @dg.asset_check(
         asset="listings_raw", name="failing_sources", blocking=False,
-        description="No enabled source has failed 3 or more times in a row, and none was "
-        "disabled by its failures (`pipeline sources list` shows which, docs/runbook.md what to do).",
+        description="No enabled source's last fetch failed, and none was disabled by its "
+        "failures: what `pipeline status` counts (`pipeline sources list` shows which, "
+        "docs/runbook.md what to do). A source disabled by an operator is not counted.",
     )
     def failing_sources(database: PipelineDatabase) -> dg.AssetCheckResult:
         with database.engine.connect() as conn:
@@ -73,8 +76,8 @@ def _failing_sources() -> dg.AssetChecksDefinition:
             passed=total == 0 and found.disabled_by_failures == 0,
             severity=dg.AssetCheckSeverity.WARN,
             description=f"{total} sources failing, {found.disabled_by_failures} disabled by failures",
-            metadata={**{f"failing_{reason}": n for reason, n in found.failing.items()},
-                      "disabled_by_failures": found.disabled_by_failures},
+            metadata={**by_code("failing_", found.failing, (reason.value for reason in FailureReason)),
+                      "failing": total, "disabled_by_failures": found.disabled_by_failures},
         )
 
     return failing_sources

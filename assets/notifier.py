@@ -1,12 +1,13 @@
 """The ``notifications`` asset: one notifier pass (pipeline/notify/notifier.py) per run."""
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
-import re
+from collections.abc import Iterator
 
 import dagster as dg
 
-from assets.policies import STEP_RETRY
+from assets.policies import STEP_RETRY, by_code, pass_result
 from assets.processor import listings
+from pipeline.core.failures import DELIVERY_CODES
 from pipeline.notify.notifier import Notifier
 from pipeline.storage.status import recorded
 from resources import PipelineDatabase
@@ -23,12 +24,16 @@ class NotifyConfig(dg.Config):
     group_name="pipeline",
     pool="notifier",
     retry_policy=STEP_RETRY,
+    output_required=False,
+    kinds={"python", "postgres"},
+    owners=["team:pipeline"],
     description="Notifications of matching listings: matches listings not matched yet against "
-    "every enabled filter (one per user and listing), then delivers the due ones.",
+    "every enabled filter (one per user and listing), then delivers the due ones. A pass "
+    "that matches and delivers nothing records an observation, not a materialisation.",
 )
 def notifications(
     context: dg.AssetExecutionContext, config: NotifyConfig, database: PipelineDatabase
-) -> dg.MaterializeResult[None]:
+) -> Iterator[dg.MaterializeResult[None]]:
     run_id = context.run.run_id
     with recorded(database.engine, "notifier"):
         stats = Notifier(database.engine, database.settings(), worker=f"dagster:{run_id}", run_id=run_id).run(
@@ -37,5 +42,5 @@ def notifications(
     totals = stats.as_dict()
     context.log.info(f"notifier totals: {totals}")
     metadata = {k: v for k, v in totals.items() if k != "errors"}
-    metadata.update({"errors_" + re.sub(r"\W+", "_", k).strip("_"): v for k, v in stats.errors.items()})
-    return dg.MaterializeResult(metadata=metadata)
+    metadata.update(by_code("errors_", stats.errors, DELIVERY_CODES))
+    yield from pass_result(context, metadata, worked=stats.listings_matched + stats.claimed > 0)

@@ -1,5 +1,8 @@
-"""What every stage's runs share: the step retry policy, and the tag that names a run's stage
-(the sensors count a stage's active runs by it)."""
+"""What every stage's runs share: the step retry policy, the tag that names a run's stage
+(the sensors count a stage's active runs by it), and how a pass's result is recorded."""
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import dagster as dg
 
@@ -11,3 +14,21 @@ STEP_RETRY = dg.RetryPolicy(
 )
 
 STAGE_TAG = "pipeline/stage"
+
+
+def pass_result(
+    context: dg.AssetExecutionContext, metadata: Mapping[str, Any], *, worked: bool
+) -> Iterator[dg.MaterializeResult[None]]:
+    """A stage pass that did work materialises its asset; an empty pass (nothing was
+    claimed) records an observation instead, so the asset's history shows work done and
+    its plots still get a point per run. The asset is declared ``output_required=False``."""
+    if worked:
+        yield dg.MaterializeResult(metadata=dict(metadata))
+    else:
+        context.log_event(dg.AssetObservation(asset_key=context.asset_key, metadata=dict(metadata)))
+
+
+def by_code(prefix: str, counts: Mapping[str, int], codes: Iterable[str]) -> dict[str, int]:
+    """``counts`` as metadata keyed by code, every code present (0 when none), so a plot
+    of any code has a point at every run."""
+    return {f"{prefix}{code}": int(counts.get(code, 0)) for code in codes}

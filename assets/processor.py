@@ -1,10 +1,12 @@
 """The ``listings`` asset: one processor pass (pipeline/listings/processor.py) per run."""
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
+from collections.abc import Iterator
+
 import dagster as dg
 
 from assets.collector import listings_raw
-from assets.policies import STEP_RETRY
+from assets.policies import STEP_RETRY, pass_result
 from pipeline.listings.processor import Processor
 from pipeline.storage.status import recorded
 from resources import PipelineDatabase
@@ -20,16 +22,20 @@ class ProcessConfig(dg.Config):
     group_name="pipeline",
     pool="processor",
     retry_policy=STEP_RETRY,
+    output_required=False,
+    kinds={"python", "postgres"},
+    owners=["team:pipeline"],
     description="Listings normalised from raw rows: claims unprocessed raw rows oldest first, "
-    "upserts their listings and marks them processed, batch by batch.",
+    "upserts their listings and marks them processed, batch by batch. A pass that claims no "
+    "row records an observation, not a materialisation.",
 )
 def listings(
     context: dg.AssetExecutionContext, config: ProcessConfig, database: PipelineDatabase
-) -> dg.MaterializeResult[None]:
+) -> Iterator[dg.MaterializeResult[None]]:
     with recorded(database.engine, "processor"):
         stats = Processor(database.engine, database.settings(), worker=f"dagster:{context.run.run_id}").run(
             max_rows=config.max_rows
         )
     totals = stats.as_dict()
     context.log.info(f"processor totals: {totals}")
-    return dg.MaterializeResult(metadata=dict(totals))
+    yield from pass_result(context, totals, worked=stats.claimed > 0)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets import ASSET_CHECKS, ASSETS, BACKFILL_JOBS
+from assets import ASSET_CHECKS, ASSETS
+from assets import JOBS as ASSET_JOBS
+from assets import SCHEDULES as ASSET_SCHEDULES
 from resources import PipelineDatabase
 from sensors import JOBS, SCHEDULES, SENSORS
 
@@ -12,7 +14,7 @@ defs = dg.Definitions(
     assets=ASSETS,
     asset_checks=ASSET_CHECKS,
     sensors=SENSORS,
-    schedules=SCHEDULES,
-    jobs=[*JOBS, *BACKFILL_JOBS],
+    schedules=[*SCHEDULES, *ASSET_SCHEDULES],
+    jobs=[*JOBS, *ASSET_JOBS],
     resources={"database": PipelineDatabase()},
 )

@@ -3,11 +3,11 @@
 
 import dagster as dg
 
-from assets.collector import listings_raw
+from assets.jobs import collect_job
 from assets.policies import STAGE_TAG
 from pipeline.storage import schema
 from resources import PipelineDatabase
-from sensors.runs import COUNT_CAP, max_runs, request_if_work, sensor_interval
+from sensors.runs import look_for_work, max_runs, sensor_interval
 
 __all__ = ["STAGE_TAG", "due_sources_sensor", "max_collector_runs"]
 
@@ -19,17 +19,15 @@ def max_collector_runs() -> int:
 
 @dg.sensor(
     name="due_sources_sensor",
-    target=listings_raw,
+    target=collect_job,
     minimum_interval_seconds=sensor_interval(),
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Looks (one indexed count) for due sources; requests a collector run when "
     "some are due and fewer than PIPELINE_COLLECTOR_MAX_RUNS collector runs are active.",
 )
-def due_sources_sensor(
-    context: dg.SensorEvaluationContext, database: PipelineDatabase
-) -> dg.RunRequest | dg.SkipReason:
-    return request_if_work(
-        context, stage="collector", work="source is due",
-        count=lambda: database.queue(schema.SOURCES_DUE).count_ready(cap=COUNT_CAP),
+def due_sources_sensor(context: dg.SensorEvaluationContext, database: PipelineDatabase) -> dg.SensorResult:
+    return look_for_work(
+        context, database, stage="collector", asset=dg.AssetKey("listings_raw"),
+        queues={"due_sources": schema.SOURCES_DUE}, work="source is due",
         run_key_prefix="due-sources", count_tag="pipeline/due_sources",
     )

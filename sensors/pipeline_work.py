@@ -4,16 +4,15 @@ the notifier are triggered as the collector is, by an indexed look for their wor
 
 import dagster as dg
 
-from assets.notifier import notifications
-from assets.processor import listings
+from assets.jobs import notify_job, process_job
 from pipeline.storage import schema
 from resources import PipelineDatabase
-from sensors.runs import COUNT_CAP, request_if_work, sensor_interval
+from sensors.runs import look_for_work, sensor_interval
 
 
 @dg.sensor(
     name="unprocessed_listings_sensor",
-    target=listings,
+    target=process_job,
     minimum_interval_seconds=sensor_interval(),
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Looks (one indexed count) for raw rows not processed yet; requests a processor "
@@ -21,17 +20,17 @@ from sensors.runs import COUNT_CAP, request_if_work, sensor_interval
 )
 def unprocessed_listings_sensor(
     context: dg.SensorEvaluationContext, database: PipelineDatabase
-) -> dg.RunRequest | dg.SkipReason:
-    return request_if_work(
-        context, stage="processor", work="raw row waits to be processed",
-        count=lambda: database.queue(schema.RAW_UNPROCESSED).count_ready(cap=COUNT_CAP),
+) -> dg.SensorResult:
+    return look_for_work(
+        context, database, stage="processor", asset=dg.AssetKey("listings"),
+        queues={"unprocessed_rows": schema.RAW_UNPROCESSED}, work="raw row waits to be processed",
         run_key_prefix="unprocessed", count_tag="pipeline/unprocessed_rows",
     )
 
 
 @dg.sensor(
     name="pending_notifications_sensor",
-    target=notifications,
+    target=notify_job,
     minimum_interval_seconds=sensor_interval(),
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Looks (two indexed counts) for listings not matched yet and notifications due; "
@@ -39,12 +38,10 @@ def unprocessed_listings_sensor(
 )
 def pending_notifications_sensor(
     context: dg.SensorEvaluationContext, database: PipelineDatabase
-) -> dg.RunRequest | dg.SkipReason:
-    def count() -> int:
-        unmatched = database.queue(schema.LISTINGS_UNMATCHED).count_ready(cap=COUNT_CAP)
-        return unmatched + database.queue(schema.NOTIFICATIONS_DUE).count_ready(cap=COUNT_CAP)
-
-    return request_if_work(
-        context, stage="notifier", work="listing waits to be matched and no notification is due",
-        count=count, run_key_prefix="notify", count_tag="pipeline/notifier_work",
+) -> dg.SensorResult:
+    return look_for_work(
+        context, database, stage="notifier", asset=dg.AssetKey("notifications"),
+        queues={"unmatched_listings": schema.LISTINGS_UNMATCHED, "due_notifications": schema.NOTIFICATIONS_DUE},
+        work="listing waits to be matched and no notification is due",
+        run_key_prefix="notify", count_tag="pipeline/notifier_work",
     )

@@ -154,3 +154,15 @@ def test_backfills_from_the_command_line_touch_their_window_only(engine, db_url)
     assert rematch("--any-age")["notifications_created"] == 0, "and never a second time"
     bad = run("backfill", "rematch", "--since", day(20), "--until", day(18), env={"DATABASE_URL": db_url})
     assert bad.returncode == 2 and "is not before --until" in bad.stderr
+
+
+def test_a_fetch_refused_by_the_address_guard_says_why_and_what_to_set(engine, db_url):
+    """`pipeline collect` from a plain shell (no PIPELINE_ALLOW_NETWORKS) once backed the
+    demo's 127.0.0.1 sources off for an hour with nothing saying why."""
+    with engine.begin() as conn:
+        add_source(conn, "http://127.0.0.1:9/feed")
+    result = run("collect", "--json", env={"DATABASE_URL": db_url, "PIPELINE_ALLOW_NETWORKS": ""})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["failed_by_reason"] == {"blocked_address": 1}
+    assert "1 sources were refused by the address guard (blocked_address)" in result.stderr
+    assert "PIPELINE_ALLOW_NETWORKS=127.0.0.1/32" in result.stderr and "(now: none)" in result.stderr

@@ -52,7 +52,17 @@ def evaluate(instance: dg.DagsterInstance, db_url: str, cursor: str | None = Non
         instance=instance, cursor=cursor,
         resources={"database": PipelineDatabase(database_url=db_url)},
     ) as context:
-        return due_sources_sensor(context), context.cursor
+        return unwrap(due_sources_sensor(context)), context.cursor
+
+
+def unwrap(result: dg.SensorResult) -> dg.RunRequest | dg.SkipReason:
+    """The tick's one decision: a run request, or the reason it skipped."""
+    assert isinstance(result, dg.SensorResult)
+    if result.skip_reason is not None:
+        assert not result.run_requests
+        return result.skip_reason
+    [request] = result.run_requests
+    return request
 
 
 def test_the_sensor_requests_a_run_only_when_sources_are_due(engine, db_url):
@@ -77,9 +87,47 @@ def test_the_sensor_waits_while_the_collector_pool_is_full(engine, db_url, monke
         add_source(conn, "http://127.0.0.1:9/now")
     with dg.DagsterInstance.ephemeral() as instance:
         instance.add_run(
-            DagsterRun(job_name="__ASSET_JOB", run_id="r1", status=dg.DagsterRunStatus.STARTED,
+            DagsterRun(job_name="collect", run_id="r1", status=dg.DagsterRunStatus.STARTED,
                        tags={STAGE_TAG: "collector"})
         )
         result, _ = evaluate(instance, db_url)
         assert isinstance(result, dg.SkipReason)
         assert "1 collector runs active, the limit is 1" in result.skip_message
+
+
+def test_the_sensor_observes_the_backlog_on_every_tick(engine, db_url):
+    """Each tick records the due sources and the oldest one's age as an observation of
+    listings_raw, whether it asks for a run or not, so the UI plots the backlog."""
+    with engine.begin() as conn:
+        add_source(conn, "http://127.0.0.1:9/a", next_fetch_at=now() - timedelta(minutes=10))
+        add_source(conn, "http://127.0.0.1:9/b", next_fetch_at=now() - timedelta(minutes=2))
+    with dg.DagsterInstance.ephemeral() as instance, dg.build_sensor_context(
+        instance=instance, resources={"database": PipelineDatabase(database_url=db_url)},
+    ) as context:
+        result = due_sources_sensor(context)
+    [observation] = result.asset_events
+    assert isinstance(observation, dg.AssetObservation) and observation.asset_key == dg.AssetKey("listings_raw")
+    metadata = {k: v.value for k, v in observation.metadata.items()}
+    assert metadata["due_sources_waiting"] == 2
+    assert 600 <= metadata["due_sources_oldest_age_seconds"] < 3600
+
+
+@pytest.mark.parametrize("status", [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING])
+def test_the_sensor_asks_for_no_run_while_one_of_its_stage_has_not_started(engine, db_url, status):
+    """A queued or starting run will claim the due sources: another request would only
+    queue an empty run behind it."""
+    with engine.begin() as conn:
+        add_source(conn, "http://127.0.0.1:9/now")
+    with dg.DagsterInstance.ephemeral() as instance:
+        instance.add_run(DagsterRun(job_name="collect", run_id="r1", status=status, tags={STAGE_TAG: "collector"}))
+        result, _ = evaluate(instance, db_url)
+    assert isinstance(result, dg.SkipReason) and "queued or starting" in result.skip_message
+
+
+def test_an_empty_pass_records_an_observation_not_a_materialisation(engine, db_url):
+    result = dg.materialize([listings_raw], resources={"database": PipelineDatabase(database_url=db_url)})
+    assert result.success
+    assert result.asset_materializations_for_node("listings_raw") == []
+    [observation] = result.asset_observations_for_node("listings_raw")
+    metadata = {k: v.value for k, v in observation.metadata.items()}
+    assert metadata["claimed"] == 0 and metadata["failed_timeout"] == 0, "every failure code, zero-filled"

@@ -16,14 +16,16 @@ from assets.collector import listings_raw
 from assets.notifier import notifications
 from assets.policies import STAGE_TAG
 from assets.processor import listings
-from pipeline.catalogue import users
+from pipeline.catalogue import sources, users
 from pipeline.storage import schema
+from pipeline.storage.status import collect_status
 from resources import PipelineDatabase
 from sensors.pipeline_work import pending_notifications_sensor, unprocessed_listings_sensor
 from sensors.upkeep import upkeep_job
 from tests.helpers import add_source, now
 from tests.http_server import LocalServer
 from tests.test_collector import rss, serve
+from tests.test_collector_dagster import unwrap
 
 SECRET = "receiver-shared-secret-0123"
 
@@ -82,7 +84,7 @@ def test_the_checks_fail_when_something_is_wrong(engine, db_url):
         source = add_source(conn, "http://127.0.0.1:9/x", consecutive_failures=4, last_failure_reason="timeout",
                             locked_until=now() - timedelta(hours=1), claimed_by="gone", claim_token="t")
         add_source(conn, "http://127.0.0.1:9/y", enabled=False, consecutive_failures=10,
-                   disabled_reason="http_4xx 10 times in a row")
+                   last_failure_reason="http_4xx", disabled_reason="http_4xx 10 times in a row")
         conn.execute(sa.insert(schema.listings_raw).values(
             source_id=source, source_item_id="old", url="http://x/1", raw_json={}, content_hash="h",
             fetched_at=now() - timedelta(hours=5)))
@@ -103,7 +105,7 @@ def test_the_checks_fail_when_something_is_wrong(engine, db_url):
 
 def tick(sensor, instance: dg.DagsterInstance, db_url: str, cursor: str | None = None):
     with dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources(db_url)) as context:
-        return sensor(context), context.cursor
+        return unwrap(sensor(context)), context.cursor
 
 
 def test_the_processor_and_notifier_sensors_request_runs_only_when_there_is_work(engine, db_url):
@@ -127,7 +129,7 @@ def test_the_processor_and_notifier_sensors_request_runs_only_when_there_is_work
         assert isinstance(result, dg.RunRequest) and result.tags[STAGE_TAG] == "notifier"
         # A full pool waits, and says so.
         for i in range(2):
-            instance.add_run(DagsterRun(job_name="__ASSET_JOB", run_id=f"r{i}", status=dg.DagsterRunStatus.STARTED,
+            instance.add_run(DagsterRun(job_name="process", run_id=f"r{i}", status=dg.DagsterRunStatus.STARTED,
                                         tags={STAGE_TAG: "processor"}))
         result, _ = tick(unprocessed_listings_sensor, instance, db_url)
         assert isinstance(result, dg.SkipReason) and "2 processor runs active, the limit is 2" in result.skip_message
@@ -152,16 +154,36 @@ def test_a_reprocess_backfill_touches_exactly_its_window_and_notifies_no_one_twi
     with engine.begin() as conn:  # as an older normaliser would have left them
         conn.execute(sa.update(schema.listings).values(title="stale"))
         processed = dict(conn.execute(sa.select(schema.listings_raw.c.source_item_id, schema.listings_raw.c.processed_at)).all())
+        # Live work waiting meanwhile: the processor's own runs take it, not the backfill.
+        conn.execute(sa.insert(schema.listings_raw).values(
+            source_id=source, source_item_id="live", url="http://x/live", content_hash="live",
+            raw_json={"title": "Live", "url": "http://x/live"}, fetched_at=now()))
     result = reprocess_window_job.execute_in_process(resources=resources(db_url), partition_key="2026-11-19")
     assert result.success
     with engine.connect() as conn:
         titles = dict(conn.execute(sa.select(schema.listings.c.source_item_id, schema.listings.c.title)).all())
         after = dict(conn.execute(sa.select(schema.listings_raw.c.source_item_id, schema.listings_raw.c.processed_at)).all())
     assert titles == {"d18": "stale", "d19": "Python job 19", "d20": "stale"}
+    assert after["live"] is None, "the backfill re-processed its window only"
     assert after["d18"] == processed["d18"] and after["d20"] == processed["d20"] and after["d19"] > processed["d19"]
+    with engine.begin() as conn:
+        conn.execute(sa.delete(schema.listings_raw).where(schema.listings_raw.c.source_item_id == "live"))
     dg.materialize([notifications], resources=resources(db_url))  # the changed listing is matched again
     sent = [json.loads(r["body"])["listing"]["title"] for r in server.requests if r["method"] == "POST"]
     assert len(sent) == 3, "the re-matched listing notified no one twice"
+
+
+def test_the_backfill_partitions_reach_today():
+    from assets.backfills import DAYS
+
+    assert DAYS.get_last_partition_key() == datetime.now(UTC).strftime("%Y-%m-%d")
+
+
+def test_refetch_without_sources_fails_naming_what_to_give(db_url):
+    result = refetch_sources_job.execute_in_process(resources=resources(db_url), raise_on_error=False)
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.is_step_failure]
+    assert "name the sources to re-fetch: source_ids: [1, 2]" in str(failure.step_failure_data.error.message)
 
 
 def test_a_rematch_backfill_gives_history_only_when_asked_and_never_twice(engine, db_url, server):
@@ -218,3 +240,60 @@ def test_upkeep_deletes_only_old_processed_raw_rows_and_old_events(engine, db_ur
         left = set(conn.execute(sa.select(schema.listings_raw.c.source_item_id)).scalars())
         events = conn.execute(sa.select(sa.func.count()).select_from(schema.ingestion_events)).scalar()
     assert left == {"recent", "pending"} and events == 1
+
+
+def failing_check(db_url: str) -> dg.AssetCheckEvaluation:
+    [check] = [c for c in ASSET_CHECKS if c.check_specs_by_output_name
+               and any(spec.name == "failing_sources" for spec in c.check_specs)]
+    result = dg.materialize([check], resources=resources(db_url), selection=dg.AssetSelection.all_asset_checks())
+    [evaluation] = result.get_asset_check_evaluations()
+    return evaluation
+
+
+def test_failing_sources_counts_what_status_counts_from_the_first_failure(engine, db_url):
+    """One failed fetch is a failing source, in `pipeline status` and in the check alike
+    (the check once waited for three in a row: hours on an hourly cadence)."""
+    with engine.begin() as conn:
+        add_source(conn, "http://127.0.0.1:9/x", consecutive_failures=1, last_failure_reason="timeout")
+    evaluation = failing_check(db_url)
+    metadata = {k: v.value for k, v in evaluation.metadata.items()}
+    assert not evaluation.passed and evaluation.severity is dg.AssetCheckSeverity.WARN
+    assert metadata["failing_timeout"] == 1 and metadata["failing_http_5xx"] == 0, "every code, zero-filled"
+    assert collect_status(engine).failing == {"timeout": 1}
+
+
+def test_a_source_an_operator_disabled_is_not_counted_as_failing(engine, db_url):
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1:9/x", consecutive_failures=2, last_failure_reason="http_4xx")
+        sources.disable_source(conn, source)
+    evaluation = failing_check(db_url)
+    assert evaluation.passed, {k: v.value for k, v in evaluation.metadata.items()}
+    assert collect_status(engine).disabled_by_failures == 0
+
+
+def test_each_stage_has_a_named_job_that_runs_in_process_without_the_checks():
+    from assets.jobs import STAGE_JOBS, health_checks_job
+    from pipeline.definitions import defs
+
+    for job, asset in zip(STAGE_JOBS, ("listings_raw", "listings", "notifications"), strict=True):
+        resolved = defs.resolve_job_def(job.name)
+        assert resolved.executor_def is dg.in_process_executor
+        assert [str(k.to_user_string()) for k in resolved.asset_layer.executable_asset_keys] == [asset]
+        assert not list(resolved.asset_layer.asset_graph.asset_check_keys), f"{job.name} runs no check"
+        assert resolved.tags[STAGE_TAG]
+    checks = defs.resolve_job_def(health_checks_job.name)
+    assert len(list(checks.asset_layer.asset_graph.asset_check_keys)) == len(ASSET_CHECKS)
+
+
+def test_upkeep_purges_finished_runs_past_their_retention():
+    """Dagster keeps every run for ever; the upkeep job deletes finished ones after
+    PIPELINE_RUN_RETENTION_DAYS, and never a run still going."""
+    from sensors.upkeep import purge_runs
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        for run_id, status in (("done", dg.DagsterRunStatus.SUCCESS), ("failed", dg.DagsterRunStatus.FAILURE),
+                               ("going", dg.DagsterRunStatus.STARTED)):
+            instance.add_run(DagsterRun(job_name="collect", run_id=run_id, status=status))
+        assert purge_runs(instance, older_than=timedelta(days=14)) == 0, "all are recent"
+        assert purge_runs(instance, older_than=timedelta(0), batch=1) == 2
+        assert [r.run_id for r in instance.get_runs()] == ["going"]

@@ -34,6 +34,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ("listings_raw", "listings", "notifications")
 SENSORS = ("due_sources_sensor", "unprocessed_listings_sensor", "pending_notifications_sensor")
+JOBS = ("collect", "process", "notify", "health_checks")
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
@@ -108,10 +109,14 @@ class Quickstart:
             return False
         return True
 
-    def interrupt(self, timeout: float = 90) -> int:
-        """Ctrl-C, as a terminal sends it: SIGINT to the whole process group."""
+    def interrupt(self, timeout: float = 90, *, group: bool = True) -> int:
+        """Ctrl-C, as a terminal sends it (SIGINT to the whole process group), or as
+        ``kill -INT`` does (to dev.py alone, which must pass it on)."""
         assert self.process is not None
-        os.killpg(self.process.pid, signal.SIGINT)
+        if group:
+            os.killpg(self.process.pid, signal.SIGINT)
+        else:
+            os.kill(self.process.pid, signal.SIGINT)
         return self.process.wait(timeout)
 
     def kill(self) -> None:
@@ -210,6 +215,12 @@ def test_a_real_browser_sees_the_lineage_and_the_running_sensors(quickstart: Qui
                                             " nodes { sensors { name sensorState { status } } } } } }")
                 raise AssertionError(f"{e}; the daemon's states: {states}; see {screenshots}") from None
         browser.save_screenshot(str(screenshots / "automation.png"))
+
+        # Each stage runs as a job of its own name, not an anonymous asset job.
+        browser.get(f"{quickstart.ui}/jobs")
+        wait_until("the stage jobs by name", lambda: all(name in body() for name in JOBS), timeout=60, every=1)
+        _dismiss_welcome(browser)
+        browser.save_screenshot(str(screenshots / "jobs.png"))
     finally:
         browser.quit()
     print(f"screenshots: {screenshots}")
@@ -261,4 +272,7 @@ def test_ctrl_c_stops_everything_and_a_restart_carries_on(quickstart: Quickstart
     assert quickstart.deliveries()["total"] >= delivered, "the receiver kept what it got"
     assert quickstart.runs() >= runs > 0, "Dagster's run history is still there"
     assert quickstart.deliveries()["repeats_dropped"] == 0, "no notification was delivered twice"
-    assert quickstart.interrupt() == 0, quickstart.tail()
+    # SIGINT to dev.py alone (not its group) once stopped nothing: dev.py passes it on.
+    assert quickstart.interrupt(group=False) == 0, quickstart.tail()
+    wait_until("every process of the group to exit after a SIGINT to dev.py alone",
+               lambda: not quickstart.alive(), timeout=60, every=1)

@@ -263,3 +263,16 @@ def test_list_enable_disable_refresh(engine, db_url):
     [row] = sources_rows(engine)
     assert (row["enabled"], row["disabled_reason"], row["consecutive_failures"]) == (True, None, 0)
     assert_one_line_error(run("sources", "enable", "999999", env=env), "no source with id 999999")
+
+
+def test_refresh_takes_several_ids_all_or_none(engine, db_url):
+    env = {"DATABASE_URL": db_url}
+    ids = [run("sources", "add", f"http://127.0.0.1/f{i}", env=env).stdout.strip() for i in range(3)]
+    with engine.begin() as conn:
+        conn.execute(sa.update(schema.sources).values(next_fetch_at=now() + timedelta(hours=1)))
+    assert_one_line_error(run("sources", "refresh", ids[0], "999999", env=env), "no source with id 999999")
+    assert all(row["next_fetch_at"] is not None for row in sources_rows(engine)), "an unknown id changed nothing"
+    result = run("sources", "refresh", ids[0], ids[2], env=env)
+    assert result.returncode == 0 and result.stdout.strip() == "2 sources due now"
+    due = {str(row["id"]): row["next_fetch_at"] is None for row in sources_rows(engine)}
+    assert due == {ids[0]: True, ids[1]: False, ids[2]: True}

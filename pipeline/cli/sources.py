@@ -134,11 +134,13 @@ def sources_disable(source_id: int, reason: str) -> None:
 
 
 @sources_group.command("refresh")
-@click.argument("source_id", type=common.ID)
-def sources_refresh(source_id: int) -> None:
-    """Make a source due now."""
+@click.argument("source_ids", type=common.ID, nargs=-1, required=True)
+def sources_refresh(source_ids: tuple[int, ...]) -> None:
+    """Make sources due now (all or none: an unknown id changes nothing)."""
     with common.engine().begin() as conn:
-        sources.refresh_source(conn, source_id)
+        for source_id in dict.fromkeys(source_ids):
+            sources.refresh_source(conn, source_id)
+    click.echo(f"{len(set(source_ids))} sources due now")
 
 
 @click.group("politeness")

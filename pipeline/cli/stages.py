@@ -10,15 +10,30 @@ from typing import Any
 import click
 
 from pipeline.cli import common
+from pipeline.core.failures import FailureReason
 from pipeline.core.settings import Settings
 
 
 def _collect(max_sources: int | None, concurrency: int | None) -> dict[str, Any]:
     from pipeline.fetching.collector import Collector
 
-    stats = Collector(common.engine(), Settings.from_env(), common.worker("collect")).run(
+    settings = Settings.from_env()
+    stats = Collector(common.engine(), settings, common.worker("collect")).run(
         max_sources=max_sources, concurrency=concurrency
     )
+    blocked = stats.failed.get(FailureReason.BLOCKED_ADDRESS, 0)
+    if blocked:
+        # Said on stderr (--json output stays clean): otherwise a demo or a local feed
+        # just goes quiet, backed off, with nothing saying why.
+        allowed = ", ".join(settings.allow_networks) or "none"
+        click.echo(
+            f"pipeline: {blocked} sources were refused by the address guard (blocked_address):"
+            " loopback, private and link-local addresses are fetched only from networks in"
+            f" PIPELINE_ALLOW_NETWORKS (now: {allowed}); the demo's sources need"
+            " PIPELINE_ALLOW_NETWORKS=127.0.0.1/32 (python3 dev.py up sets it), then"
+            " `pipeline sources refresh ID...` to fetch them now",
+            err=True,
+        )
     return stats.as_dict()
 
 

@@ -84,9 +84,11 @@ class NormaliseError(WorkFailure, ValueError):
 
 
 class DeliveryError(WorkFailure):
-    """A send that failed; ``retry_after`` is the receiver's floor, if it named one."""
+    """A send that failed; ``code`` is one of pipeline/core/failures.py's DELIVERY_CODES,
+    ``retry_after`` the receiver's floor, if it named one."""
 
-    def __init__(self, message: str, *, retry_after: datetime | None = None) -> None:
+    def __init__(self, message: str, *, code: str, retry_after: datetime | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.code = code
         self.retry_after = retry_after

@@ -34,3 +34,11 @@ PERMANENT = frozenset(
         FailureReason.INVALID_CONFIG,
     }
 )
+
+
+# A delivery fails with a code too (notifications' error counts): a webhook's failures
+# are those of a fetch, above; these are the ones no fetch has.
+CHANNEL_ERROR = "channel_error"  # the channel said no (Apprise could not deliver)
+WORKER_STOPPED = "worker_stopped"  # claimed again and again, no send finished
+CHANNEL_BUG = "channel_bug"  # a channel raised something unexpected
+DELIVERY_CODES = (*(reason.value for reason in FailureReason), CHANNEL_ERROR, WORKER_STOPPED, CHANNEL_BUG)

@@ -35,6 +35,7 @@ STAGES = ("collector", "processor", "notifier")
 DEFAULT_STALE_LEASE_MINUTES = 10
 DEFAULT_RAW_BACKLOG_MAX_MINUTES = 60
 DEFAULT_BACKFILL_START = date(2025, 1, 1)
+DEFAULT_RUN_RETENTION_DAYS = 14  # Dagster runs (and their event logs) kept this long
 
 
 def project_root() -> Path:
@@ -133,6 +134,7 @@ class Settings:
     stale_lease_minutes: int = DEFAULT_STALE_LEASE_MINUTES
     raw_backlog_max_minutes: int = DEFAULT_RAW_BACKLOG_MAX_MINUTES
     backfill_start: date = DEFAULT_BACKFILL_START
+    run_retention_days: int = DEFAULT_RUN_RETENTION_DAYS
 
     def max_runs(self, stage: str) -> int:
         """Runs of ``stage`` (one of STAGES) in flight at once: PIPELINE_<STAGE>_MAX_RUNS."""
@@ -175,4 +177,5 @@ class Settings:
                 "PIPELINE_RAW_BACKLOG_MAX_MINUTES", DEFAULT_RAW_BACKLOG_MAX_MINUTES
             ),
             backfill_start=_date_env("PIPELINE_BACKFILL_START", DEFAULT_BACKFILL_START),
+            run_retention_days=_int_env("PIPELINE_RUN_RETENTION_DAYS", DEFAULT_RUN_RETENTION_DAYS),
         )

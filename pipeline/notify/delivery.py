@@ -27,7 +27,7 @@ import apprise
 
 from pipeline.core.backoff import exponential_delay, not_before
 from pipeline.core.errors import DeliveryError, FetchError
-from pipeline.core.failures import FailureReason
+from pipeline.core.failures import CHANNEL_ERROR, FailureReason
 from pipeline.core.redact import channel_url
 from pipeline.net.http import USER_AGENT, AddressGuard, Fetcher, guarded_sockets
 
@@ -92,7 +92,7 @@ class WebhookChannel:
 
     def send(self, message: Message) -> None:
         if not message.secret:
-            raise DeliveryError("the user's webhook has no secret to sign with")
+            raise DeliveryError("the user's webhook has no secret to sign with", code=FailureReason.INVALID_CONFIG)
         body = message.body()
         headers = {
             "Content-Type": "application/json",
@@ -106,7 +106,7 @@ class WebhookChannel:
             # A webhook URL can be a credential (chat services put a token in its path):
             # errors show its scheme and host only.
             text = exc.message.replace(message.channel_url, channel_url(message.channel_url))
-            raise DeliveryError(f"{exc.reason}: {text}", retry_after=exc.retry_after) from None
+            raise DeliveryError(f"{exc.reason}: {text}", code=exc.reason, retry_after=exc.retry_after) from None
 
 
 class AppriseChannel:
@@ -121,7 +121,9 @@ class AppriseChannel:
         # async_mode off: Apprise sends in this thread, where the guard is in force.
         notifier = apprise.Apprise(asset=apprise.AppriseAsset(async_mode=False))
         if not notifier.add(message.channel_url):
-            raise DeliveryError(f"not a usable Apprise URL ({channel_url(message.channel_url)})")
+            raise DeliveryError(
+                f"not a usable Apprise URL ({channel_url(message.channel_url)})", code=FailureReason.INVALID_CONFIG
+            )
         listing = message.listing
         body = "\n\n".join(
             part for part in (
@@ -136,11 +138,13 @@ class AppriseChannel:
             raise DeliveryError(
                 f"{FailureReason.BLOCKED_ADDRESS}: Apprise was refused a connection to"
                 f" {', '.join(dict.fromkeys(refused))} by the address guard"
-                f" ({channel_url(message.channel_url)})"
+                f" ({channel_url(message.channel_url)})",
+                code=FailureReason.BLOCKED_ADDRESS,
             )
         if not sent:
             raise DeliveryError(
-                f"Apprise could not deliver to {channel_url(message.channel_url)} (its log says why)"
+                f"Apprise could not deliver to {channel_url(message.channel_url)} (its log says why)",
+                code=CHANNEL_ERROR,
             )
 
 

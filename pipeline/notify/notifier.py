@@ -28,6 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine, RowMapping
 
 from pipeline.core.errors import DeliveryError
+from pipeline.core.failures import CHANNEL_BUG, WORKER_STOPPED, FailureReason
 from pipeline.core.kinds import ChannelKind, NotificationStatus
 from pipeline.core.settings import Settings
 from pipeline.net.http import Fetcher
@@ -192,7 +193,8 @@ class Notifier:
             self._record(queue, [
                 Attempt(claim, row["id"], row["attempts"], DeliveryError(
                     f"claimed {row['attempts']} times, no send finished (the worker stopped"
-                    f" while sending); last error: {row['last_error'] or 'none recorded'}"
+                    f" while sending); last error: {row['last_error'] or 'none recorded'}",
+                    code=WORKER_STOPPED,
                 ), now, exhausted=True)
                 for row in abandoned
             ], stats)
@@ -209,13 +211,13 @@ class Notifier:
         started = time.monotonic()
         try:
             if message is None:
-                raise DeliveryError("the user is disabled")
+                raise DeliveryError("the user is disabled", code=FailureReason.INVALID_CONFIG)
             channels[message.channel].send(message)
         except DeliveryError as exc:
             error = exc
         except Exception as exc:  # a channel's bug must not stop the other deliveries
             log.exception("delivery of notification %s crashed", row["id"])
-            error = DeliveryError(f"unexpected {type(exc).__name__}: {exc}")
+            error = DeliveryError(f"unexpected {type(exc).__name__}: {exc}", code=CHANNEL_BUG)
         log.debug("notification %s: %s in %d ms", row["id"], "sent" if error is None else error.message,
                   int((time.monotonic() - started) * 1000))
         return Attempt(claim, row["id"], row["attempts"], error, datetime.now(UTC))
@@ -246,7 +248,7 @@ class Notifier:
             stats.retrying += status == NotificationStatus.FAILED
             stats.dead += status == NotificationStatus.DEAD
             if a.error is not None:
-                stats.errors[a.error.message.split(":")[0][:60]] += 1
+                stats.errors[a.error.code] += 1
                 log.warning("notification %s failed (attempt %d, now %s): %s",
                             a.notification_id, a.attempts, status, a.error.message)
 

@@ -12,9 +12,13 @@ from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 
+from pipeline.core.backoff import BackoffPolicy
+from pipeline.core.failures import PERMANENT
 from pipeline.core.kinds import NotificationStatus
 from pipeline.queue.claim import QueueSpec
 from pipeline.storage import schema
+
+DEFAULT_POLICY = BackoffPolicy()
 
 
 def stale_leases(conn: sa.Connection, queues: tuple[QueueSpec, ...], older_than: timedelta) -> dict[str, int]:
@@ -66,20 +70,31 @@ class FailingSources:
     disabled_by_failures: int  # sources the backoff disabled
 
 
-def failing_sources(conn: sa.Connection, *, min_failures: int = 3) -> FailingSources:
-    """Enabled sources whose last ``min_failures`` or more fetches failed, by failure code;
-    and the sources their failures disabled."""
+def failing_sources(conn: sa.Connection) -> FailingSources:
+    """Enabled sources whose last fetch failed, by failure code (what `pipeline status`
+    shows, and the asset check warns of); and the sources their failures disabled. A
+    source an operator disabled is in neither count, whatever its failures."""
     t = schema.sources
     failing = conn.execute(
         sa.select(t.c.last_failure_reason, sa.func.count())
-        .where(t.c.enabled, t.c.consecutive_failures >= min_failures)
+        .where(t.c.enabled, t.c.consecutive_failures > 0)
         .group_by(t.c.last_failure_reason)
     ).all()
     disabled = conn.execute(
-        sa.select(sa.func.count()).select_from(t)
-        .where(sa.not_(t.c.enabled), t.c.consecutive_failures > 0)
+        sa.select(sa.func.count()).select_from(t).where(disabled_by_failures(t))
     ).scalar_one()
     return FailingSources({str(reason): int(n) for reason, n in failing}, int(disabled))
+
+
+def disabled_by_failures(t: sa.Table, policy: BackoffPolicy = DEFAULT_POLICY) -> sa.ColumnElement[bool]:
+    """Sources the backoff disabled: off, with as many failures in a row of a permanent
+    code as the policy disables at (pipeline/core/backoff.py). An operator's disable
+    (``sources disable``) leaves fewer, or the fetch would have disabled it first."""
+    return sa.and_(
+        sa.not_(t.c.enabled),
+        t.c.consecutive_failures >= policy.disable_after,
+        t.c.last_failure_reason.in_(sorted(reason.value for reason in PERMANENT)),
+    )
 
 
 def dead_notifications(conn: sa.Connection) -> int:

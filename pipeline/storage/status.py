@@ -66,15 +66,21 @@ def _count(conn: sa.Connection, table: sa.Table, *where: sa.ColumnElement[bool])
     return int(conn.execute(sa.select(sa.func.count()).select_from(table).where(*where)).scalar_one())
 
 
+def oldest_waiting(conn: sa.Connection, spec: QueueSpec, now: sa.ColumnElement[datetime]) -> datetime | None:
+    """When the queue's oldest waiting row became due (its ``index_on`` column): two
+    mins, over the free rows and over the expired leases, each on one partial index."""
+    when = spec.index_on[0]
+    oldest_free = conn.execute(sa.select(sa.func.min(when)).where(spec.free(), *spec.ready_at(now))).scalar()
+    oldest_expired = conn.execute(sa.select(sa.func.min(when)).where(spec.expired(now))).scalar()
+    return min((v for v in (oldest_free, oldest_expired) if v is not None), default=None)
+
+
 def _queue_status(conn: sa.Connection, spec: QueueSpec, now: sa.ColumnElement[datetime]) -> QueueStatus:
     """Three counts and a min, each over one of the queue's two partial indexes."""
     t = spec.table
     free = [spec.free(), *spec.ready_at(now)]
     expired = _count(conn, t, spec.expired(now))
-    when = spec.index_on[0]
-    oldest_free = conn.execute(sa.select(sa.func.min(when)).where(*free)).scalar()
-    oldest_expired = conn.execute(sa.select(sa.func.min(when)).where(spec.expired(now))).scalar()
-    oldest = min((v for v in (oldest_free, oldest_expired) if v is not None), default=None)
+    oldest = oldest_waiting(conn, spec, now)
     return QueueStatus(
         table=t.name,
         label=QUEUE_LABELS.get(t.name, t.name),
@@ -107,7 +113,7 @@ def collect_status(engine: Engine) -> PipelineStatus:
     s, n, events = schema.sources, schema.notifications, schema.ingestion_events
     with engine.connect() as conn:
         at = conn.execute(sa.select(now)).scalar_one()
-        failing = health.failing_sources(conn, min_failures=1)
+        failing = health.failing_sources(conn)
         hour = conn.execute(
             sa.select(
                 sa.func.count(),
