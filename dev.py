@@ -145,6 +145,9 @@ def up(args: list[str]) -> int:
     if demo:
         # The demo's sources live on 127.0.0.1, which the SSRF guard refuses unless allowed.
         env.setdefault("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
+        # The demo's feeds gain an item a minute: sensors that look every 10 s (instead
+        # of production's 30) keep an item's wait for its run short (bench/freshness.py).
+        env.setdefault("PIPELINE_SENSOR_INTERVAL_SECONDS", "10")
         site = subprocess.Popen([str(BIN / "pipeline"), "demo", "serve"], cwd=ROOT, env=env)
         code = run([str(BIN / "pipeline"), "demo", "seed"], env=env)
         if code != 0 or not answers(f"http://127.0.0.1:{env.get('PIPELINE_DEMO_PORT', '8780')}/"):

@@ -3,7 +3,7 @@
 
 import dagster as dg
 
-from assets.jobs import collect_job
+from assets.jobs import ingest_job
 from assets.policies import STAGE_TAG
 from pipeline.storage import schema
 from resources import PipelineDatabase
@@ -19,7 +19,7 @@ def max_collector_runs() -> int:
 
 @dg.sensor(
     name="due_sources_sensor",
-    target=collect_job,
+    target=ingest_job,
     minimum_interval_seconds=sensor_interval(),
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Looks (one indexed count) for due sources; requests a collector run when "

@@ -4,7 +4,7 @@ the notifier are triggered as the collector is, by an indexed look for their wor
 
 import dagster as dg
 
-from assets.jobs import notify_job, process_job
+from assets.jobs import ingest_job, notify_job, process_job
 from pipeline.storage import schema
 from resources import PipelineDatabase
 from sensors.runs import look_for_work, sensor_interval
@@ -24,7 +24,7 @@ def unprocessed_listings_sensor(
     return look_for_work(
         context, database, stage="processor", asset=dg.AssetKey("listings"),
         queues={"unprocessed_rows": schema.RAW_UNPROCESSED}, work="raw row waits to be processed",
-        run_key_prefix="unprocessed", count_tag="pipeline/unprocessed_rows",
+        run_key_prefix="unprocessed", count_tag="pipeline/unprocessed_rows", yield_to=ingest_job.name,
     )
 
 
@@ -43,5 +43,5 @@ def pending_notifications_sensor(
         context, database, stage="notifier", asset=dg.AssetKey("notifications"),
         queues={"unmatched_listings": schema.LISTINGS_UNMATCHED, "due_notifications": schema.NOTIFICATIONS_DUE},
         work="listing waits to be matched and no notification is due",
-        run_key_prefix="notify", count_tag="pipeline/notifier_work",
+        run_key_prefix="notify", count_tag="pipeline/notifier_work", yield_to=ingest_job.name,
     )

@@ -46,6 +46,7 @@ def max_runs(stage: str) -> int:
 def look_for_work(
     context: dg.SensorEvaluationContext, database: PipelineDatabase, *, stage: str,
     asset: dg.AssetKey, queues: Mapping[str, QueueSpec], work: str, run_key_prefix: str, count_tag: str,
+    yield_to: str | None = None,  # a job whose active runs take this stage's work too
 ) -> dg.SensorResult:
     """One tick of a stage's sensor: observe the stage's backlog on its asset (each
     queue's waiting rows, capped, and the oldest one's age), then request a run when
@@ -63,7 +64,8 @@ def look_for_work(
             ready += waiting
     observation = dg.AssetObservation(asset_key=asset, metadata=observed)
     decision = _request_if_work(
-        context, stage=stage, work=work, ready=ready, run_key_prefix=run_key_prefix, count_tag=count_tag
+        context, stage=stage, work=work, ready=ready, run_key_prefix=run_key_prefix, count_tag=count_tag,
+        yield_to=yield_to,
     )
     if isinstance(decision, dg.SkipReason):
         return dg.SensorResult(skip_reason=decision, asset_events=[observation])
@@ -72,8 +74,13 @@ def look_for_work(
 
 def _request_if_work(
     context: dg.SensorEvaluationContext, *, stage: str, work: str, ready: int,
-    run_key_prefix: str, count_tag: str,
+    run_key_prefix: str, count_tag: str, yield_to: str | None,
 ) -> dg.RunRequest | dg.SkipReason:
+    if yield_to is not None:
+        going = context.instance.get_runs_count(dg.RunsFilter(statuses=ACTIVE, job_name=yield_to))
+        if going:
+            # An ingest run processes and notifies after it collects: it takes this work.
+            return dg.SkipReason(f"{going} {yield_to} run(s) going; they take this work after they collect")
     tags = {STAGE_TAG: stage}
     starting = context.instance.get_runs_count(dg.RunsFilter(statuses=NOT_YET_STARTED, tags=tags))
     if starting:

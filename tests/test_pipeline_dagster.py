@@ -297,3 +297,41 @@ def test_upkeep_purges_finished_runs_past_their_retention():
         assert purge_runs(instance, older_than=timedelta(days=14)) == 0, "all are recent"
         assert purge_runs(instance, older_than=timedelta(0), batch=1) == 2
         assert [r.run_id for r in instance.get_runs()] == ["going"]
+
+
+def test_one_ingest_run_collects_processes_and_notifies(engine, db_url, server, monkeypatch):
+    """What due sources start: the item is delivered by the same run that fetched it,
+    not a sensor tick and a run launch later at each hand-off."""
+    from pipeline.definitions import defs
+
+    monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
+    serve(server, "/feed", rss([("a", "Python developer")]))
+    with engine.begin() as conn:
+        add_source(conn, server.url("/feed"))
+        users.add_user(conn, "alice", webhook=server.url("/hook"), secret=SECRET)
+        users.add_filter(conn, "alice", "python")
+    job = defs.resolve_job_def("ingest")
+    assert job.executor_def is dg.in_process_executor and job.tags[STAGE_TAG] == "collector"
+    result = job.execute_in_process(resources=resources(db_url))
+    assert result.success
+    materialized = [e.asset_key.to_user_string()
+                    for e in result.get_asset_materialization_events()]
+    assert materialized == ["listings_raw", "listings", "notifications"]
+    assert not result.get_asset_check_evaluations(), "the checks run on their own schedule"
+    assert [json.loads(r["body"])["listing"]["title"] for r in server.requests if r["method"] == "POST"] == [
+        "Python developer"]
+
+
+def test_the_processor_and_notifier_sensors_leave_the_work_to_a_running_ingest_run(engine, db_url):
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1:9/x")
+        conn.execute(sa.insert(schema.listings_raw).values(
+            source_id=source, source_item_id="a", url="http://x/a", raw_json={"url": "http://x/a"}, content_hash="h"))
+    with dg.DagsterInstance.ephemeral() as instance:
+        instance.add_run(DagsterRun(job_name="ingest", run_id="r1", status=dg.DagsterRunStatus.STARTED,
+                                    tags={STAGE_TAG: "collector"}))
+        result, _ = tick(unprocessed_listings_sensor, instance, db_url)
+        assert isinstance(result, dg.SkipReason) and "1 ingest run(s) going" in result.skip_message
+        instance.report_run_failed(instance.get_run_by_id("r1"))
+        result, _ = tick(unprocessed_listings_sensor, instance, db_url)
+        assert isinstance(result, dg.RunRequest), "once it has ended, the processor takes the work"

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ("listings_raw", "listings", "notifications")
 SENSORS = ("due_sources_sensor", "unprocessed_listings_sensor", "pending_notifications_sensor")
-JOBS = ("collect", "process", "notify", "health_checks")
+JOBS = ("ingest", "collect", "process", "notify", "health_checks")
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 

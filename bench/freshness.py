@@ -1,0 +1,134 @@
+"""Freshness of the running stack: how long from an item appearing in a demo feed, and
+from its fetch, to its delivery; and how many Dagster runs that takes.
+
+Runs the README's main command, `python3 dev.py up` (the Dagster UI, daemon and sensors
+on the embedded SQLite default, beside the offline demo, whose feeds gain an item every
+1 to 3 minutes), in a state folder of its own for --minutes, then stops it with Ctrl-C
+and reads the records it left:
+
+* appear -> delivered: a notification's ``sent_at`` less its listing's ``published_at``
+  (the demo publishes item k at EPOCH + k * period and lists it from then on);
+* fetch -> delivered: ``sent_at`` less the first ``fetched_at`` of the item's raw row;
+* runs: Dagster's runs in the window, per stage job, and per day at that rate.
+
+Only items that appeared after the stack had delivered its first notification count (the
+feeds' backlog at start is not freshness). Nothing is timed by a test: this is a
+benchmark, and its figures depend on the machine's load; say it with the figures.
+
+    python3 bench/freshness.py --minutes 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def deliveries(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/deliveries.json", timeout=5) as r:
+            return int(json.loads(r.read())["total"])
+    except OSError:
+        return 0
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=8)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="bench-freshness-") as tmp:
+        state = Path(tmp)
+        demo_port, ui_port = free_port(), free_port()
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("DATABASE_URL", "DAGSTER_HOME", "PIPELINE_ALLOW_NETWORKS")}
+        env.update(PIPELINE_STATE_DIR=str(state), PIPELINE_DEMO_PORT=str(demo_port))
+        log = (state / "dev-up.log").open("wb")
+        process = subprocess.Popen([sys.executable, str(ROOT / "dev.py"), "up", "-p", str(ui_port)],
+                                   cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        started = time.monotonic()
+        try:
+            while deliveries(demo_port) == 0:
+                if process.poll() is not None or time.monotonic() - started > 600:
+                    raise SystemExit(f"no delivery; see {state / 'dev-up.log'}")
+                time.sleep(2)
+            window_start = datetime.now(UTC)
+            print(f"first delivery after {time.monotonic() - started:.0f} s; measuring {args.minutes:g} min",
+                  flush=True)
+            time.sleep(args.minutes * 60)
+            window_end = datetime.now(UTC)
+        finally:
+            os.killpg(process.pid, signal.SIGINT)
+            process.wait(120)
+            log.close()
+
+        import sqlalchemy as sa
+
+        sys.path.insert(0, str(ROOT))
+        from pipeline.storage import db, schema
+
+        engine = db.create_engine(f"sqlite:///{state / 'pipeline.db'}")
+        n, listing, raw = schema.notifications, schema.listings, schema.listings_raw
+        first_fetch = (
+            sa.select(raw.c.source_id, raw.c.source_item_id, sa.func.min(raw.c.fetched_at).label("fetched_at"))
+            .group_by(raw.c.source_id, raw.c.source_item_id).subquery()
+        )
+        with engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(listing.c.published_at, first_fetch.c.fetched_at, n.c.sent_at)
+                .join(listing, listing.c.id == n.c.listing_id)
+                .join(first_fetch, sa.and_(first_fetch.c.source_id == listing.c.source_id,
+                                           first_fetch.c.source_item_id == listing.c.source_item_id))
+                .where(n.c.sent_at.is_not(None), listing.c.published_at >= window_start,
+                       listing.c.published_at < window_end)
+            ).all()
+        engine.dispose()
+
+        import dagster as dg
+
+        os.environ["DAGSTER_HOME"] = str(state / "dagster")
+        with dg.DagsterInstance.get() as instance:
+            runs = [record.dagster_run for record in instance.get_run_records(
+                filters=dg.RunsFilter(created_after=window_start, created_before=window_end))]
+        by_job = Counter(run.job_name for run in runs)
+
+    appear = [(sent - published).total_seconds() for published, _, sent in rows]
+    fetch = [(sent - fetched).total_seconds() for _, fetched, sent in rows]
+    minutes = (window_end - window_start).total_seconds() / 60
+    print(f"{len(rows)} items appeared and were delivered in {minutes:.1f} min")
+    if rows:
+        print(f"appear -> delivered: median {statistics.median(appear):.1f} s, p90 {percentile(appear, 90):.1f} s,"
+              f" range {min(appear):.1f}-{max(appear):.1f} s")
+        print(f"fetch -> delivered:  median {statistics.median(fetch):.1f} s, p90 {percentile(fetch, 90):.1f} s,"
+              f" range {min(fetch):.1f}-{max(fetch):.1f} s")
+    print(f"runs: {len(runs)} in the window ({', '.join(f'{j} {c}' for j, c in sorted(by_job.items()))}),"
+          f" {len(runs) / minutes * 60 * 24:,.0f} a day at that rate")
+
+
+if __name__ == "__main__":
+    main()
