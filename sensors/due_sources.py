@@ -1,4 +1,5 @@
-"""``due_sources_sensor``: requests a collector run when sources are due and there is room."""
+"""``due_sources_sensor``: requests an ingest run (collect, process, notify) when sources are
+due and the collector has room."""
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
 import dagster as dg
@@ -22,8 +23,9 @@ def max_collector_runs() -> int:
     target=ingest_job,
     minimum_interval_seconds=sensor_interval(),
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Looks (one indexed count) for due sources; requests a collector run when "
-    "some are due and fewer than PIPELINE_COLLECTOR_MAX_RUNS collector runs are active.",
+    description="Looks (one indexed count) for due sources and records them as an observation; "
+    "requests an ingest run (collect, process, notify) when some are due, no collector run is "
+    "starting and fewer than PIPELINE_COLLECTOR_MAX_RUNS collector runs are active.",
 )
 def due_sources_sensor(context: dg.SensorEvaluationContext, database: PipelineDatabase) -> dg.SensorResult:
     return look_for_work(

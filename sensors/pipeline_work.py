@@ -16,7 +16,8 @@ from sensors.runs import look_for_work, sensor_interval
     minimum_interval_seconds=sensor_interval(),
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Looks (one indexed count) for raw rows not processed yet; requests a processor "
-    "run when there are some and fewer than PIPELINE_PROCESSOR_MAX_RUNS are active.",
+    "run when there are some, no ingest run (which processes them) is going and fewer than "
+    "PIPELINE_PROCESSOR_MAX_RUNS are active.",
 )
 def unprocessed_listings_sensor(
     context: dg.SensorEvaluationContext, database: PipelineDatabase
@@ -34,7 +35,8 @@ def unprocessed_listings_sensor(
     minimum_interval_seconds=sensor_interval(),
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Looks (two indexed counts) for listings not matched yet and notifications due; "
-    "requests a notifier run when there are some and fewer than PIPELINE_NOTIFIER_MAX_RUNS are active.",
+    "requests a notifier run when there are some, no ingest run (which notifies them) is going "
+    "and fewer than PIPELINE_NOTIFIER_MAX_RUNS are active.",
 )
 def pending_notifications_sensor(
     context: dg.SensorEvaluationContext, database: PipelineDatabase
