@@ -39,7 +39,9 @@ def migrate(engine: sa.Engine) -> None:
 
 
 class PostgresDatabases:
-    """Creates and drops databases on one PostgreSQL server."""
+    """Creates and drops databases on one PostgreSQL server; ``close`` drops every one it
+    created that is left (tests that keep theirs to the end once left them behind: two
+    per session, on a server other sessions share)."""
 
     def __init__(self, server_url: str) -> None:
         self.server = db.parse_url(server_url)
@@ -47,6 +49,7 @@ class PostgresDatabases:
         self._names = itertools.count()
         self.prefix = f"pipeline_test_{os.getpid()}"
         self.template: str | None = None
+        self.created: set[str] = set()
 
     def url(self, name: str) -> str:
         return self.server.set(database=name).render_as_string(hide_password=False)
@@ -56,11 +59,13 @@ class PostgresDatabases:
         clause = f" TEMPLATE {template}" if template else ""
         with self.admin.connect() as conn:
             conn.exec_driver_sql(f"CREATE DATABASE {name}{clause}")
+        self.created.add(name)
         return name
 
     def drop(self, name: str) -> None:
         with self.admin.connect() as conn:
             conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        self.created.discard(name)
 
     def migrated(self) -> str:
         """A fresh database at the head revision (cloned from a template made once)."""
@@ -73,8 +78,8 @@ class PostgresDatabases:
         return self.create(template=self.template)
 
     def close(self) -> None:
-        if self.template:
-            self.drop(self.template)
+        for name in sorted(self.created):
+            self.drop(name)
         self.admin.dispose()
 
 

@@ -127,3 +127,21 @@ def test_queue_tables_are_vacuumed_early_on_postgresql(pg_engine):
     for table in ("sources", "listings_raw", "listings", "notifications"):
         assert "autovacuum_vacuum_scale_factor=0.01" in options[table], (table, options[table])
     assert options["users"] is None, "only the queue tables"
+
+
+def test_the_suites_databases_are_all_dropped_at_the_end(pg_server_url):
+    """A test that keeps its database to the end of the session (the chaos and deploy
+    tests) must not leave it on the server."""
+    from tests.conftest import PostgresDatabases
+
+    databases = PostgresDatabases(pg_server_url)
+    databases.prefix += "_leak_check"
+    kept = [databases.migrated(), databases.migrated()]
+    databases.drop(kept[0])
+    databases.close()
+    admin = sa.create_engine(databases.server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        left = conn.execute(sa.text("SELECT datname FROM pg_database WHERE datname LIKE :p"),
+                            {"p": f"{databases.prefix}%"}).scalars().all()
+    admin.dispose()
+    assert left == []
