@@ -16,7 +16,7 @@ Partitions start at PIPELINE_BACKFILL_START (an ISO date, default 2025-01-01).
 import dagster as dg
 from pydantic import Field
 
-from assets.policies import STAGE_TAG
+from assets.policies import STAGE_TAG, run_worker
 from pipeline.catalogue.sources import refetch_sources
 from pipeline.core.settings import Settings
 from pipeline.listings.processor import Processor, reopen_window
@@ -39,7 +39,7 @@ def refetch_chosen_sources(context: dg.OpExecutionContext, config: RefetchConfig
     if not config.source_ids:
         raise dg.Failure("name the sources to re-fetch: source_ids: [1, 2] (`pipeline sources list` shows ids)")
     due, stats = refetch_sources(database.engine, database.settings(), config.source_ids,
-                                 worker=f"dagster:{context.run.run_id}", run_id=context.run.run_id)
+                                 worker=run_worker(context.run.run_id), run_id=context.run.run_id)
     skipped = sorted(set(config.source_ids) - set(due))
     if skipped:
         context.log.warning(f"not re-fetched (no such source, or disabled): {skipped}")
@@ -58,7 +58,7 @@ def reprocess_raw_rows(context: dg.OpExecutionContext, database: PipelineDatabas
     reopened = reopen_window(database.engine, window.start, window.end)
     # As many rows as were reopened, oldest first: the window's own rows, not a full live
     # pass (the processor's sensor runs that); what is left is processed there.
-    stats = Processor(database.engine, database.settings(), worker=f"dagster:{context.run.run_id}").run(
+    stats = Processor(database.engine, database.settings(), worker=run_worker(context.run.run_id)).run(
         max_rows=reopened
     ) if reopened else None
     totals = stats.as_dict() if stats else {}
@@ -79,7 +79,7 @@ class RematchConfig(dg.Config):
 @dg.op(description="Match the listings that arrived on the partition's day again.")
 def rematch_listings(context: dg.OpExecutionContext, config: RematchConfig, database: PipelineDatabase) -> None:
     window = context.partition_time_window
-    created = Notifier(database.engine, database.settings(), worker=f"dagster:{context.run.run_id}").rematch(
+    created = Notifier(database.engine, database.settings(), worker=run_worker(context.run.run_id)).rematch(
         window.start, window.end, any_age=config.any_age
     )
     context.log.info(f"{created} new notifications for listings of {window.start:%Y-%m-%d}")

@@ -2,18 +2,21 @@
 notifications dying. Each reads pipeline/storage/health.py, one cheap query per question.
 
 Thresholds are environment variables (minutes): PIPELINE_STALE_LEASE_MINUTES (10),
-PIPELINE_RAW_BACKLOG_MAX_MINUTES (60).
+PIPELINE_FRESHNESS_MAX_MINUTES (60).
 """
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
+from datetime import timedelta
 
 import dagster as dg
+import sqlalchemy as sa
 
 from assets.policies import by_code
 from pipeline.core.failures import FailureReason
 from pipeline.queue.claim import QueueSpec
 from pipeline.storage import health, schema
+from pipeline.storage.status import waited_seconds
 from resources import PipelineDatabase
 
 
@@ -38,27 +41,43 @@ def _stale_lease_check(asset: str, queues: tuple[QueueSpec, ...], stage: str) ->
     return check
 
 
-def _raw_backlog() -> dg.AssetChecksDefinition:
+def _freshness(asset: str, queues: dict[str, QueueSpec], stage: str) -> dg.AssetChecksDefinition:
     @dg.asset_check(
-        asset="listings", name="raw_backlog_age", blocking=False,
-        description="The oldest raw row not processed yet is younger than "
-        "PIPELINE_RAW_BACKLOG_MAX_MINUTES; raw rows the processor gave up on are counted.",
+        asset=asset, name="freshness", blocking=False,
+        description=f"The {stage}'s oldest waiting work ({', '.join(queues)}) has waited at most "
+        "PIPELINE_FRESHNESS_MAX_MINUTES since it became due: the asset reflects its inputs. "
+        "An idle stage with nothing waiting is fresh, whenever it last materialised.",
     )
-    def raw_backlog_age(database: PipelineDatabase) -> dg.AssetCheckResult:
-        limit = database.settings().raw_backlog_max_minutes
+    def freshness(database: PipelineDatabase) -> dg.AssetCheckResult:
+        limit = database.settings().freshness_max_minutes
         with database.engine.connect() as conn:
-            backlog = health.raw_backlog(conn)
-        age = backlog.age_minutes(datetime.now(UTC))
+            waited = {name: round(waited_seconds(conn, spec) / 60, 1) for name, spec in queues.items()}
+        oldest = max(waited.values())
         return dg.AssetCheckResult(
-            passed=age <= limit and backlog.given_up == 0,
+            passed=oldest <= limit,
             severity=dg.AssetCheckSeverity.WARN,
-            description=(f"oldest unprocessed raw row: {age:.0f} min (limit {limit});"
-                         f" {backlog.given_up} raw rows given up"),
-            metadata={"oldest_unprocessed_minutes": round(age, 1), "limit_minutes": limit,
-                      "given_up_raw_rows": backlog.given_up},
+            description=f"oldest waiting work: {oldest:.0f} min (limit {limit})",
+            metadata={**{f"{name}_oldest_minutes": m for name, m in waited.items()}, "limit_minutes": limit},
         )
 
-    return raw_backlog_age
+    return freshness
+
+
+def _none_counted(
+    asset: str, name: str, what: str, count: Callable[[sa.Connection], int], description: str
+) -> dg.AssetChecksDefinition:
+    """A check that warns while ``count`` finds any ``what`` (given-up raw rows, dead
+    notifications): work the pipeline ended without doing, which needs a person."""
+    @dg.asset_check(asset=asset, name=name, blocking=False, description=description)
+    def check(database: PipelineDatabase) -> dg.AssetCheckResult:
+        with database.engine.connect() as conn:
+            found = count(conn)
+        return dg.AssetCheckResult(
+            passed=found == 0, severity=dg.AssetCheckSeverity.WARN,
+            description=f"{found} {what}" if found else None, metadata={what.replace(" ", "_"): found},
+        )
+
+    return check
 
 
 def _failing_sources() -> dg.AssetChecksDefinition:
@@ -83,28 +102,19 @@ def _failing_sources() -> dg.AssetChecksDefinition:
     return failing_sources
 
 
-def _dead_notifications() -> dg.AssetChecksDefinition:
-    @dg.asset_check(
-        asset="notifications", name="dead_notifications", blocking=False,
-        description="No notification gave up after PIPELINE_DELIVERY_MAX_ATTEMPTS "
-        "(`pipeline notifications requeue --dead` retries them once fixed).",
-    )
-    def dead_notifications(database: PipelineDatabase) -> dg.AssetCheckResult:
-        with database.engine.connect() as conn:
-            dead = health.dead_notifications(conn)
-        return dg.AssetCheckResult(
-            passed=dead == 0, severity=dg.AssetCheckSeverity.WARN,
-            description=f"{dead} dead notifications" if dead else None, metadata={"dead": dead},
-        )
-
-    return dead_notifications
-
-
 ASSET_CHECKS = [
     _stale_lease_check("listings_raw", (schema.SOURCES_DUE,), "collector"),
     _stale_lease_check("listings", (schema.RAW_UNPROCESSED,), "processor"),
     _stale_lease_check("notifications", (schema.LISTINGS_UNMATCHED, schema.NOTIFICATIONS_DUE), "notifier"),
-    _raw_backlog(),
+    _freshness("listings_raw", {"due_sources": schema.SOURCES_DUE}, "collector"),
+    _freshness("listings", {"unprocessed_rows": schema.RAW_UNPROCESSED}, "processor"),
+    _freshness("notifications", {"unmatched_listings": schema.LISTINGS_UNMATCHED,
+                                 "due_notifications": schema.NOTIFICATIONS_DUE}, "notifier"),
+    _none_counted("listings", "given_up_raw_rows", "raw rows given up", health.raw_given_up,
+                  "No raw row was given up by the processor after PIPELINE_RAW_MAX_ATTEMPTS "
+                  "(`pipeline status` counts them; docs/runbook.md, Processing, says what to do)."),
     _failing_sources(),
-    _dead_notifications(),
+    _none_counted("notifications", "dead_notifications", "dead notifications", health.dead_notifications,
+                  "No notification gave up after PIPELINE_DELIVERY_MAX_ATTEMPTS "
+                  "(`pipeline notifications requeue --dead` retries them once fixed)."),
 ]

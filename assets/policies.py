@@ -16,6 +16,12 @@ STEP_RETRY = dg.RetryPolicy(
 STAGE_TAG = "pipeline/stage"
 
 
+def run_worker(run_id: str) -> str:
+    """The worker name a run's claims carry (``claimed_by``): the sensors ask whether a
+    run still holds live leases by it."""
+    return f"dagster:{run_id}"
+
+
 def pass_result(
     context: dg.AssetExecutionContext, metadata: Mapping[str, Any], *, worked: bool
 ) -> Iterator[dg.MaterializeResult[None]]:

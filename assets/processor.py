@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import dagster as dg
 
 from assets.collector import listings_raw
-from assets.policies import STEP_RETRY, pass_result
+from assets.policies import STEP_RETRY, pass_result, run_worker
 from pipeline.listings.processor import Processor
 from pipeline.storage.status import recorded
 from resources import PipelineDatabase
@@ -33,7 +33,7 @@ def listings(
     context: dg.AssetExecutionContext, config: ProcessConfig, database: PipelineDatabase
 ) -> Iterator[dg.MaterializeResult[None]]:
     with recorded(database.engine, "processor"):
-        stats = Processor(database.engine, database.settings(), worker=f"dagster:{context.run.run_id}").run(
+        stats = Processor(database.engine, database.settings(), worker=run_worker(context.run.run_id)).run(
             max_rows=config.max_rows
         )
     totals = stats.as_dict()

@@ -3,23 +3,24 @@
 Backlog: each tick records the stage's waiting work and its oldest item's age as an
 observation of the stage's asset, so the UI plots them over time.
 Room: no run of the stage still starting (it will claim the work), and fewer active
-runs tagged with the stage than PIPELINE_<STAGE>_MAX_RUNS (default 2).
+runs tagged with the stage than PIPELINE_<STAGE>_MAX_RUNS (default 2). A run counts only
+while it progresses: an event within PIPELINE_STALE_LEASE_MINUTES, or a live lease.
 Work: a capped count over the claim queues' own partial indexes (``WorkQueue.count_ready``),
 so a tick costs the same whatever the size of the tables. One request per tick at most:
 the cursor counts the ticks that asked, and the run_key makes a retried tick a no-op.
 """
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
+import time
 from collections.abc import Mapping
 
 import dagster as dg
-import sqlalchemy as sa
 
-from assets.policies import STAGE_TAG
+from assets.policies import STAGE_TAG, run_worker
 from pipeline.core.settings import Settings
 from pipeline.queue.claim import QueueSpec
-from pipeline.storage import schema
-from pipeline.storage.status import oldest_waiting
+from pipeline.storage import health
+from pipeline.storage.status import waited_seconds
 from resources import PipelineDatabase
 
 # A run that has not reached its step yet: it has claimed nothing so far.
@@ -54,17 +55,14 @@ def look_for_work(
     observed: dict[str, float | int] = {}
     ready = 0
     with database.engine.connect() as conn:
-        now_sql = schema.now_sql(conn.dialect.name)
-        now = conn.execute(sa.select(now_sql)).scalar_one()
         for name, spec in queues.items():
             waiting = database.queue(spec).count_ready(cap=COUNT_CAP)
-            oldest = oldest_waiting(conn, spec, now_sql)
             observed[f"{name}_waiting"] = waiting
-            observed[f"{name}_oldest_age_seconds"] = round((now - oldest).total_seconds(), 1) if oldest else 0.0
+            observed[f"{name}_oldest_age_seconds"] = waited_seconds(conn, spec)
             ready += waiting
     observation = dg.AssetObservation(asset_key=asset, metadata=observed)
     decision = _request_if_work(
-        context, stage=stage, work=work, ready=ready, run_key_prefix=run_key_prefix, count_tag=count_tag,
+        context, database, stage=stage, work=work, ready=ready, run_key_prefix=run_key_prefix, count_tag=count_tag,
         yield_to=yield_to,
     )
     if isinstance(decision, dg.SkipReason):
@@ -72,22 +70,67 @@ def look_for_work(
     return dg.SensorResult(run_requests=[decision], asset_events=[observation])
 
 
+def wall_clock() -> float:
+    """The sensors' clock, in seconds since the epoch (a test moves it)."""
+    return time.time()
+
+
+def _last_sign_of_life(instance: dg.DagsterInstance, record: dg.RunRecord) -> float:
+    """When the run last did something Dagster saw: a change of status or an event."""
+    latest = record.update_timestamp.timestamp()
+    events = instance.get_records_for_run(record.dagster_run.run_id, ascending=False, limit=1).records
+    return max([latest, *(event.timestamp for event in events)])
+
+
+def _runs(
+    context: dg.SensorEvaluationContext, database: PipelineDatabase, filters: dg.RunsFilter
+) -> tuple[int, list[str]]:
+    """How many of the runs ``filters`` selects are progressing, and the ids of those that
+    are not: active in Dagster's records, yet no event for PIPELINE_STALE_LEASE_MINUTES
+    and no live lease held (a run whose process was killed stays STARTED for ever under
+    the default run launcher, which cannot check a run worker's health). A queued run is
+    waiting its turn, and counts."""
+    quiet_limit = database.settings().stale_lease_minutes * 60
+    progressing, stalled = 0, []
+    for record in context.instance.get_run_records(filters=filters):
+        run = record.dagster_run
+        if run.status == dg.DagsterRunStatus.QUEUED or (
+            wall_clock() - _last_sign_of_life(context.instance, record) <= quiet_limit
+        ):
+            progressing += 1
+            continue
+        with database.engine.connect() as conn:
+            alive = health.holds_live_lease(conn, run_worker(run.run_id))
+        if alive:
+            progressing += 1
+        else:
+            stalled.append(run.run_id)
+    return progressing, stalled
+
+
 def _request_if_work(
-    context: dg.SensorEvaluationContext, *, stage: str, work: str, ready: int,
+    context: dg.SensorEvaluationContext, database: PipelineDatabase, *, stage: str, work: str, ready: int,
     run_key_prefix: str, count_tag: str, yield_to: str | None,
 ) -> dg.RunRequest | dg.SkipReason:
+    stalled: list[str] = []
     if yield_to is not None:
-        going = context.instance.get_runs_count(dg.RunsFilter(statuses=ACTIVE, job_name=yield_to))
+        going, stalled = _runs(context, database, dg.RunsFilter(statuses=ACTIVE, job_name=yield_to))
         if going:
             # An ingest run processes and notifies after it collects: it takes this work.
             return dg.SkipReason(f"{going} {yield_to} run(s) going; they take this work after they collect")
     tags = {STAGE_TAG: stage}
-    starting = context.instance.get_runs_count(dg.RunsFilter(statuses=NOT_YET_STARTED, tags=tags))
+    starting, stuck = _runs(context, database, dg.RunsFilter(statuses=NOT_YET_STARTED, tags=tags))
     if starting:
         # It will claim the work this tick would ask for: asking again now only queues an
         # empty run behind it.
         return dg.SkipReason(f"{starting} {stage} run(s) queued or starting; they will take the work")
-    active = context.instance.get_runs_count(dg.RunsFilter(statuses=ACTIVE, tags=tags))
+    active, stuck_started = _runs(context, database, dg.RunsFilter(statuses=ACTIVE, tags=tags))
+    stalled = sorted({*stalled, *stuck, *stuck_started})
+    if stalled:
+        context.log.warning(
+            f"not counted, not progressing (no event for PIPELINE_STALE_LEASE_MINUTES, no live lease): "
+            f"runs {', '.join(stalled)}; run monitoring or an operator should end them"
+        )
     limit = max_runs(stage)
     if active >= limit:
         return dg.SkipReason(f"{active} {stage} runs active, the limit is {limit}")

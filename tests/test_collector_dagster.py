@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import dagster as dg
@@ -9,7 +10,9 @@ import pytest
 from dagster._core.storage.dagster_run import DagsterRun
 
 from assets.collector import listings_raw
+from assets.policies import run_worker
 from resources import PipelineDatabase
+from sensors import runs
 from sensors.due_sources import STAGE_TAG, due_sources_sensor
 from tests.helpers import add_source, now
 from tests.http_server import LocalServer
@@ -131,3 +134,26 @@ def test_an_empty_pass_records_an_observation_not_a_materialisation(engine, db_u
     [observation] = result.asset_observations_for_node("listings_raw")
     metadata = {k: v.value for k, v in observation.metadata.items()}
     assert metadata["claimed"] == 0 and metadata["failed_timeout"] == 0, "every failure code, zero-filled"
+
+
+@pytest.mark.parametrize("status", [dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING])
+def test_a_run_that_stopped_progressing_holds_no_slot(engine, db_url, monkeypatch, status):
+    """A run whose process was killed stays STARTED (or STARTING) in Dagster's records for
+    ever under the default run launcher. With no event for PIPELINE_STALE_LEASE_MINUTES
+    and no live lease, the sensor does not count it; a live lease keeps it counted."""
+    monkeypatch.setenv("PIPELINE_COLLECTOR_MAX_RUNS", "1")
+    with engine.begin() as conn:
+        add_source(conn, "http://127.0.0.1:9/now")
+    with dg.DagsterInstance.ephemeral() as instance:
+        instance.add_run(DagsterRun(job_name="collect", run_id="r1", status=status, tags={STAGE_TAG: "collector"}))
+        result, _ = evaluate(instance, db_url)
+        assert isinstance(result, dg.SkipReason), "a run that just started is counted"
+        later = time.time() + 11 * 60
+        monkeypatch.setattr(runs, "wall_clock", lambda: later)
+        result, _ = evaluate(instance, db_url)
+        assert isinstance(result, dg.RunRequest), "11 minutes without an event or a lease: not counted"
+        with engine.begin() as conn:
+            add_source(conn, "http://127.0.0.1:9/held", claimed_by=run_worker("r1"), claim_token="t",
+                       locked_until=now() + timedelta(minutes=5))
+        result, _ = evaluate(instance, db_url)
+        assert isinstance(result, dg.SkipReason), "a run whose lease is renewed is alive, events or not"

@@ -98,9 +98,38 @@ def test_the_checks_fail_when_something_is_wrong(engine, db_url):
     checks = checks_of(result)
     assert checks == {
         "listings_raw:expired_leases_reclaimed": False, "listings:expired_leases_reclaimed": True,
-        "notifications:expired_leases_reclaimed": True, "listings:raw_backlog_age": False,
+        "notifications:expired_leases_reclaimed": True, "listings:freshness": False,
         "listings_raw:failing_sources": False, "notifications:dead_notifications": False,
+        "listings_raw:freshness": True, "notifications:freshness": True, "listings:given_up_raw_rows": True,
     }
+    [raw_freshness] = [e for e in result.get_asset_check_evaluations()
+                       if (e.asset_key.to_user_string(), e.check_name) == ("listings", "freshness")]
+    assert 299 <= raw_freshness.metadata["unprocessed_rows_oldest_minutes"].value <= 301
+
+
+def test_the_freshness_checks_judge_the_oldest_waiting_work_of_each_stage(engine, db_url, monkeypatch):
+    """Fresh means nothing has waited too long, whatever the last materialisation: an idle
+    stage is fresh; an overdue source, a listing unmatched or a notification due for
+    longer than PIPELINE_FRESHNESS_MAX_MINUTES is stale; a given-up raw row is counted."""
+    monkeypatch.setenv("PIPELINE_FRESHNESS_MAX_MINUTES", "30")
+    checks = dg.AssetSelection.all_asset_checks()
+    assert all(checks_of(dg.materialize(ASSET_CHECKS, resources=resources(db_url), selection=checks)).values())
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1:9/x", next_fetch_at=now() - timedelta(minutes=45))
+        add_source(conn, "http://127.0.0.1:9/soon", next_fetch_at=now() + timedelta(minutes=5))
+        conn.execute(sa.insert(schema.listings).values(
+            source_id=source, source_item_id="l", url="http://x/l", content_hash="h",
+            updated_at=now() - timedelta(minutes=20)))
+        conn.execute(sa.insert(schema.listings_raw).values(
+            source_id=source, source_item_id="bad", url="http://x/2", raw_json={}, content_hash="h",
+            processed_at=now(), last_error="no title", attempts=5))
+    result = checks_of(dg.materialize(ASSET_CHECKS, resources=resources(db_url), selection=checks))
+    assert (result["listings_raw:freshness"], result["listings:freshness"], result["notifications:freshness"],
+            result["listings:given_up_raw_rows"]) == (False, True, True, False)
+    with engine.begin() as conn:
+        conn.execute(sa.update(schema.listings).values(updated_at=now() - timedelta(minutes=31)))
+    result = checks_of(dg.materialize(ASSET_CHECKS, resources=resources(db_url), selection=checks))
+    assert result["notifications:freshness"] is False
 
 
 def tick(sensor, instance: dg.DagsterInstance, db_url: str, cursor: str | None = None):

@@ -14,13 +14,13 @@ from pipeline.core.settings import Settings
 
 def test_the_dagster_layers_settings_have_their_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("PIPELINE_SENSOR_INTERVAL_SECONDS", "PIPELINE_COLLECTOR_MAX_RUNS",
-                 "PIPELINE_STALE_LEASE_MINUTES", "PIPELINE_RAW_BACKLOG_MAX_MINUTES",
+                 "PIPELINE_STALE_LEASE_MINUTES", "PIPELINE_FRESHNESS_MAX_MINUTES",
                  "PIPELINE_BACKFILL_START"):
         monkeypatch.delenv(name, raising=False)
     settings = Settings.from_env()
     assert settings.sensor_interval_seconds == 30
     assert [settings.max_runs(s) for s in ("collector", "processor", "notifier")] == [2, 2, 2]
-    assert (settings.stale_lease_minutes, settings.raw_backlog_max_minutes) == (10, 60)
+    assert (settings.stale_lease_minutes, settings.freshness_max_minutes) == (10, 60)
     assert settings.backfill_start == date(2025, 1, 1)
 
 

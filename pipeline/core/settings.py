@@ -33,7 +33,7 @@ MIN_SENSOR_INTERVAL_SECONDS = 5
 DEFAULT_MAX_RUNS = 2
 STAGES = ("collector", "processor", "notifier")
 DEFAULT_STALE_LEASE_MINUTES = 10
-DEFAULT_RAW_BACKLOG_MAX_MINUTES = 60
+DEFAULT_FRESHNESS_MAX_MINUTES = 60
 DEFAULT_BACKFILL_START = date(2025, 1, 1)
 DEFAULT_RUN_RETENTION_DAYS = 14  # Dagster runs (and their event logs) kept this long
 
@@ -132,7 +132,8 @@ class Settings:
     # runs of each stage its sensor lets be active at once, in the order of STAGES
     stage_max_runs: tuple[int, ...] = (DEFAULT_MAX_RUNS,) * len(STAGES)
     stale_lease_minutes: int = DEFAULT_STALE_LEASE_MINUTES
-    raw_backlog_max_minutes: int = DEFAULT_RAW_BACKLOG_MAX_MINUTES
+    # the freshness checks warn when a stage's oldest waiting work has waited longer
+    freshness_max_minutes: int = DEFAULT_FRESHNESS_MAX_MINUTES
     backfill_start: date = DEFAULT_BACKFILL_START
     run_retention_days: int = DEFAULT_RUN_RETENTION_DAYS
 
@@ -173,9 +174,7 @@ class Settings:
                 _int_env(f"PIPELINE_{stage.upper()}_MAX_RUNS", DEFAULT_MAX_RUNS) for stage in STAGES
             ),
             stale_lease_minutes=_int_env("PIPELINE_STALE_LEASE_MINUTES", DEFAULT_STALE_LEASE_MINUTES),
-            raw_backlog_max_minutes=_int_env(
-                "PIPELINE_RAW_BACKLOG_MAX_MINUTES", DEFAULT_RAW_BACKLOG_MAX_MINUTES
-            ),
+            freshness_max_minutes=_int_env("PIPELINE_FRESHNESS_MAX_MINUTES", DEFAULT_FRESHNESS_MAX_MINUTES),
             backfill_start=_date_env("PIPELINE_BACKFILL_START", DEFAULT_BACKFILL_START),
             run_retention_days=_int_env("PIPELINE_RUN_RETENTION_DAYS", DEFAULT_RUN_RETENTION_DAYS),
         )

@@ -1,14 +1,14 @@
 """How the pipeline is doing, for the asset checks and `pipeline status`.
 
 Each question is one cheap query: over a queue's partial indexes where it can (stale
-leases, the raw backlog), or over small partial indexes (failed raw rows, dead
+leases), or over small partial indexes (failed raw rows, dead
 notifications). Failing sources are counted over the sources table itself.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import sqlalchemy as sa
 
@@ -32,28 +32,6 @@ def stale_leases(conn: sa.Connection, queues: tuple[QueueSpec, ...], older_than:
         query = sa.select(sa.func.count()).select_from(t).where(spec.expired(cutoff))
         counts[f"{t.name}.{spec.name}"] = int(conn.execute(query).scalar_one())
     return counts
-
-
-@dataclass(frozen=True)
-class RawBacklog:
-    oldest_fetched_at: datetime | None  # of the raw rows not processed yet
-    given_up: int  # raw rows the processor gave up on (processed, with an error)
-
-    def age_minutes(self, now: datetime) -> float:
-        if self.oldest_fetched_at is None:
-            return 0.0
-        return max(0.0, (now - self.oldest_fetched_at).total_seconds() / 60)
-
-
-def raw_backlog(conn: sa.Connection) -> RawBacklog:
-    t, spec = schema.listings_raw, schema.RAW_UNPROCESSED
-    # Two reads, each served by one of the queue's partial indexes.
-    free = conn.execute(
-        sa.select(t.c.fetched_at).where(spec.free()).order_by(t.c.fetched_at, t.c.id).limit(1)
-    ).scalar()
-    leased = conn.execute(sa.select(sa.func.min(t.c.fetched_at)).where(spec.leased())).scalar()
-    oldest = min((v for v in (free, leased) if v is not None), default=None)
-    return RawBacklog(oldest, raw_given_up(conn))
 
 
 def raw_given_up(conn: sa.Connection) -> int:
@@ -100,3 +78,15 @@ def disabled_by_failures(t: sa.Table, policy: BackoffPolicy = DEFAULT_POLICY) ->
 def dead_notifications(conn: sa.Connection) -> int:
     t = schema.notifications
     return int(conn.execute(sa.select(sa.func.count()).select_from(t).where(t.c.status == NotificationStatus.DEAD)).scalar_one())
+
+
+def holds_live_lease(conn: sa.Connection, worker: str) -> bool:
+    """Does ``worker`` hold work whose lease still runs, in any claim queue? A worker
+    renews its leases while it works (pipeline/queue/workpool.py's heartbeat), so a
+    worker that holds one is alive; one whose process died holds none within a lease."""
+    now = schema.now_sql(conn.dialect.name)
+    for spec in schema.QUEUES:
+        held = sa.select(spec.table.c.id).where(spec.held(now), spec.table.c.claimed_by == worker).limit(1)
+        if conn.execute(held).first() is not None:
+            return True
+    return False

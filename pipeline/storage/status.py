@@ -75,6 +75,16 @@ def oldest_waiting(conn: sa.Connection, spec: QueueSpec, now: sa.ColumnElement[d
     return min((v for v in (oldest_free, oldest_expired) if v is not None), default=None)
 
 
+def waited_seconds(conn: sa.Connection, spec: QueueSpec) -> float:
+    """How long the queue's oldest waiting row has waited since it became due, by the
+    database clock (0.0 when none waits): what the sensors observe on every tick and
+    the freshness checks judge."""
+    now_sql = schema.now_sql(conn.dialect.name)
+    now = conn.execute(sa.select(now_sql)).scalar_one()
+    oldest = oldest_waiting(conn, spec, now_sql)
+    return round(max(0.0, (now - oldest).total_seconds()), 1) if oldest else 0.0
+
+
 def _queue_status(conn: sa.Connection, spec: QueueSpec, now: sa.ColumnElement[datetime]) -> QueueStatus:
     """Three counts and a min, each over one of the queue's two partial indexes."""
     t = spec.table
