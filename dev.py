@@ -21,6 +21,7 @@ import sys
 import time
 import urllib.request
 import venv
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -82,22 +83,68 @@ def ensure_venv(extras: str) -> None:
     stamp.touch()
 
 
-def run(argv: list[str], env: dict[str, str] | None = None) -> int:
+def run(
+    argv: list[str], env: dict[str, str] | None = None, *,
+    before_stop: Callable[[], object] | None = None, after_exit: Callable[[int], object] | None = None,
+) -> int:
     """Run a command in a process group of its own and pass each SIGINT this process gets
     on to that group, once: Ctrl-C (SIGINT to dev.py's group) and ``kill -INT`` to dev.py
     alone then do the same, one clean shutdown (the command's own group never gets the
     terminal's SIGINT as well, which made dagster dev abort its shutdown). On Linux the
-    command also gets SIGTERM if dev.py dies without passing anything on (SIGKILL)."""
+    command also gets SIGTERM if dev.py dies without passing anything on (SIGKILL).
+    ``before_stop`` runs first, on the first SIGINT (a second one skips it); ``after_exit``
+    gets the group's id once the command has exited, however it ended."""
     process = subprocess.Popen(
         argv, cwd=ROOT, env=env, start_new_session=True,
         preexec_fn=_die_with_parent,  # noqa: PLW1509 -- dev.py starts no thread
     )
+    try:
+        return _wait(process, before_stop)
+    finally:
+        if after_exit is not None:
+            after_exit(process.pid)
+
+
+def _wait(process: subprocess.Popen[bytes], before_stop: Callable[[], object] | None) -> int:
     while True:
         try:
             return process.wait()
         except KeyboardInterrupt:
             if process.poll() is None:
+                if before_stop is not None:
+                    stopping, before_stop = before_stop, None
+                    try:
+                        stopping()
+                    except KeyboardInterrupt:
+                        pass  # a second Ctrl-C: stop now
                 os.killpg(process.pid, signal.SIGINT)
+
+
+def end_runs(step: str, env: dict[str, str]) -> None:
+    """``sensors/shutdown.py``: terminate the Dagster runs in flight (before dagster dev
+    stops), or mark those left as canceled (after): a shutdown leaves no run FAILED or
+    STARTED, and no run process behind."""
+    if step == "terminate":
+        say("Ctrl-C: terminating the runs in flight, then stopping Dagster")
+    subprocess.run([str(BIN / "python"), "-m", "sensors.shutdown", step], cwd=ROOT, env=env, check=False)
+
+
+def after_dagster(pgid: int, env: dict[str, str]) -> None:
+    """Once dagster dev has exited: no process of its group left, no run left active."""
+    kill_group(pgid)
+    end_runs("mark", env)
+
+
+def kill_group(pgid: int, timeout: float = 10.0) -> None:
+    """SIGKILL what is left of a process group (a run process the stop left behind) and
+    wait until it is gone."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
 
 
 def _die_with_parent() -> None:
@@ -158,7 +205,8 @@ def up(args: list[str]) -> int:
         say(f"starting the Dagster UI on http://127.0.0.1:{port} (Ctrl-C stops it)")
         return run(
             [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", "3000", *args],
-            env=env,
+            env=env, before_stop=lambda: end_runs("terminate", env),
+            after_exit=lambda pgid: after_dagster(pgid, env),
         )
     finally:
         if site is not None:

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import dagster as dg
 
-from assets.policies import STEP_RETRY, by_code, pass_result, run_worker
+from assets.policies import STEP_RETRY, by_code, ends_when_terminated, pass_result, run_worker
 from pipeline.core.failures import FailureReason
 from pipeline.fetching.collector import Collector
 from pipeline.storage.status import recorded
@@ -33,7 +33,7 @@ def listings_raw(
     context: dg.AssetExecutionContext, config: CollectConfig, database: PipelineDatabase
 ) -> Iterator[dg.MaterializeResult[None]]:
     run_id = context.run.run_id
-    with recorded(database.engine, "collector"):
+    with ends_when_terminated(), recorded(database.engine, "collector"):
         stats = Collector(
             database.engine, database.settings(), worker=run_worker(run_id), run_id=run_id
         ).run(max_sources=config.max_sources, concurrency=config.concurrency)

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import dagster as dg
 
-from assets.policies import STEP_RETRY, by_code, pass_result, run_worker
+from assets.policies import STEP_RETRY, by_code, ends_when_terminated, pass_result, run_worker
 from assets.processor import listings
 from pipeline.core.failures import DELIVERY_CODES
 from pipeline.notify.notifier import Notifier
@@ -35,7 +35,7 @@ def notifications(
     context: dg.AssetExecutionContext, config: NotifyConfig, database: PipelineDatabase
 ) -> Iterator[dg.MaterializeResult[None]]:
     run_id = context.run.run_id
-    with recorded(database.engine, "notifier"):
+    with ends_when_terminated(), recorded(database.engine, "notifier"):
         stats = Notifier(database.engine, database.settings(), worker=run_worker(run_id), run_id=run_id).run(
             max_listings=config.max_listings, max_notifications=config.max_notifications
         )

@@ -2,6 +2,7 @@
 (the sensors count a stage's active runs by it), and how a pass's result is recorded."""
 
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import dagster as dg
@@ -20,6 +21,19 @@ def run_worker(run_id: str) -> str:
     """The worker name a run's claims carry (``claimed_by``): the sensors ask whether a
     run still holds live leases by it."""
     return f"dagster:{run_id}"
+
+
+@contextmanager
+def ends_when_terminated() -> Iterator[None]:
+    """A stage pass interrupted by a termination (the UI's Terminate, dev.py's Ctrl-C) ends
+    the step at once, failed without a retry, so the run ends CANCELED: Dagster applies
+    the step's retry policy to interruptions too, which kept a terminated run waiting to
+    retry until its process was killed. The pass's claims come back when their lease
+    runs out; the rows it finished are stored."""
+    try:
+        yield
+    except dg.DagsterExecutionInterruptedError as interrupted:
+        raise dg.Failure("interrupted: the run was terminated", allow_retries=False) from interrupted
 
 
 def pass_result(

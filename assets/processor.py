@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import dagster as dg
 
 from assets.collector import listings_raw
-from assets.policies import STEP_RETRY, pass_result, run_worker
+from assets.policies import STEP_RETRY, ends_when_terminated, pass_result, run_worker
 from pipeline.listings.processor import Processor
 from pipeline.storage.status import recorded
 from resources import PipelineDatabase
@@ -32,7 +32,7 @@ class ProcessConfig(dg.Config):
 def listings(
     context: dg.AssetExecutionContext, config: ProcessConfig, database: PipelineDatabase
 ) -> Iterator[dg.MaterializeResult[None]]:
-    with recorded(database.engine, "processor"):
+    with ends_when_terminated(), recorded(database.engine, "processor"):
         stats = Processor(database.engine, database.settings(), worker=run_worker(context.run.run_id)).run(
             max_rows=config.max_rows
         )

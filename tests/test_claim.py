@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from datetime import timedelta
 
@@ -372,3 +373,35 @@ def test_count_ready_counts_free_and_expired_rows_up_to_a_cap(engine, source_id)
     queue.complete(claim, {"processed_at": now()}, ids=ids[:1])
     time.sleep(1.2)
     assert queue.count_ready() == 5, "the expired lease is ready again"
+
+
+def test_a_pass_that_fails_does_not_wait_for_its_work_in_flight(engine, source_id):
+    """A pass ended by an exception (a terminated run's interrupt, a lost database)
+    returns at once: the work still running is abandoned, unwritten, and its lease,
+    no longer extended, runs out for another claim. It once waited for every job."""
+    from pipeline.queue.workpool import work_claimed
+
+    with engine.begin() as conn:
+        add_raw_rows(conn, source_id, 2)
+    gate, finished = threading.Event(), threading.Event()
+
+    def work(job):
+        claim, row_id = job
+        if row_id == min(claim.ids):
+            gate.wait(60)  # the slow one: still running when the pass fails
+            finished.set()
+        return row_id
+
+    def write(results):
+        raise RuntimeError("the database went away")
+
+    try:
+        with pytest.raises(RuntimeError, match="went away"):
+            work_claimed(
+                raw_queue(engine, strategy_for(engine.dialect.name)), "w1", threads=2,
+                start=lambda claim: [(claim, row_id) for row_id in claim.ids],
+                held=lambda job: job, work=work, write=write, write_window=0.0,
+            )
+        assert not finished.is_set(), "the pass returned while the slow job was still running"
+    finally:
+        gate.set()

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from functools import partial
@@ -27,7 +28,7 @@ import pytest
 import sqlalchemy as sa
 
 from pipeline.storage import db, schema
-from tests.helpers import wait_until
+from tests.helpers import add_source, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -118,6 +119,21 @@ class Quickstart:
         else:
             os.kill(self.process.pid, signal.SIGINT)
         return self.process.wait(timeout)
+
+    def processes(self) -> list[int]:
+        """Every process started with this stack's state folder in its environment, in
+        whatever process group: dagster dev's, and the runs' that its code server starts."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:  # gone, or not ours to read
+                continue
+            if f"PIPELINE_STATE_DIR={self.state}".encode() in environ.split(b"\0"):
+                found.append(int(entry.name))
+        return found
 
     def kill(self) -> None:
         if self.process is not None and self.alive():
@@ -221,10 +237,30 @@ def test_a_real_browser_sees_the_lineage_and_the_running_sensors(quickstart: Qui
         wait_until("the stage jobs by name", lambda: all(name in body() for name in JOBS), timeout=60, every=1)
         _dismiss_welcome(browser)
         browser.save_screenshot(str(screenshots / "jobs.png"))
+
+        # The backlog the sensors observe on every tick is plotted over time, beside the
+        # pass metadata, on the asset's page.
+        browser.get(f"{quickstart.ui}/assets/listings_raw?view=overview")
+        wait_until("the Plots view of the asset's metadata", partial(_click, browser, "Plots"), timeout=60, every=1)
+        wait_until("the observation plots", lambda: all(
+            key in body() for key in ("due_sources_waiting", "due_sources_oldest_age_seconds", "failed_timeout")
+        ), timeout=60, every=1)
+        browser.save_screenshot(str(screenshots / "observation-plots.png"))
+
+        # Each asset has a freshness check, judged by how long its work has waited.
+        browser.get(f"{quickstart.ui}/assets/notifications?view=checks")
+        wait_until("the checks", lambda: all(
+            name in body() for name in ("freshness", "expired_leases_reclaimed", "dead_notifications")
+        ), timeout=60, every=1)
+        _dismiss_welcome(browser)
+        browser.find_element(By.XPATH, "//*[normalize-space(text())='freshness']").click()
+        wait_until("the freshness check's description", lambda: "has waited at most" in body(), timeout=60, every=1)
+        browser.save_screenshot(str(screenshots / "checks.png"))
     finally:
         browser.quit()
     print(f"screenshots: {screenshots}")
-    assert (screenshots / "lineage.png").stat().st_size > 10_000
+    for shot in ("lineage", "automation", "jobs", "observation-plots", "checks"):
+        assert (screenshots / f"{shot}.png").stat().st_size > 10_000, shot
 
 
 def _switched_on(browser: Any, sensor: str) -> bool:
@@ -241,6 +277,26 @@ def _switched_on(browser: Any, sensor: str) -> bool:
         return bool(row.find_elements(By.CSS_SELECTOR, "input[type=checkbox]")[-1].is_selected())
     except (NoSuchElementException, StaleElementReferenceException):
         return False
+
+
+def _click(browser: Any, label: str) -> bool:
+    """Click the button labelled ``label``; False while it is not on the page yet, or
+    is covered (by the first-visit dialog: dismissed here)."""
+    from selenium.common.exceptions import (
+        ElementClickInterceptedException,
+        NoSuchElementException,
+        StaleElementReferenceException,
+    )
+    from selenium.webdriver.common.by import By
+
+    try:
+        browser.find_element(By.XPATH, f"//button[normalize-space()='{label}']").click()
+    except (NoSuchElementException, StaleElementReferenceException):
+        return False
+    except ElementClickInterceptedException:
+        _dismiss_welcome(browser)
+        return False
+    return True
 
 
 def _dismiss_welcome(browser: Any) -> None:
@@ -276,3 +332,44 @@ def test_ctrl_c_stops_everything_and_a_restart_carries_on(quickstart: Quickstart
     assert quickstart.interrupt(group=False) == 0, quickstart.tail()
     wait_until("every process of the group to exit after a SIGINT to dev.py alone",
                lambda: not quickstart.alive(), timeout=60, every=1)
+
+
+def test_ctrl_c_during_a_run_ends_it_canceled_and_leaves_no_process(quickstart: Quickstart) -> None:
+    """A run in flight when Ctrl-C comes (its fetch hangs here) is terminated as the UI's
+    Terminate does: it ends CANCELED, not FAILED, and not STARTED for ever; its process
+    does not outlive dev.py; a restart fetches the source again."""
+    import dagster as dg
+
+    from tests.http_server import LocalServer
+    from tests.test_collector import rss
+
+    gate = threading.Event()
+    server = LocalServer().start()
+    body = rss([("slow-1", "Slow item")])
+
+    def slow(handler: Any) -> None:
+        gate.wait(120)  # until the test ends: the fetch is in flight when Ctrl-C comes
+        handler.reply(200, body, {"Content-Type": "application/rss+xml"})
+
+    server.routes["/slow"] = slow
+    try:
+        quickstart.start()
+        wait_until("the UI", quickstart.location_loaded, timeout=180)
+        with quickstart.engine.begin() as conn:
+            add_source(conn, server.url("/slow"))
+        wait_until("the slow source's fetch to start", lambda: any(r["path"] == "/slow" for r in server.requests),
+                   timeout=120)
+        assert quickstart.interrupt(timeout=120) == 0, quickstart.tail()
+        wait_until("every process the stack started to exit (the run's too)",
+                   lambda: not quickstart.alive() and not quickstart.processes(), timeout=60, every=1)
+        with dg.DagsterInstance.from_config(str(quickstart.state / "dagster")) as instance:
+            statuses = {r.dagster_run.run_id: r.dagster_run.status for r in instance.get_run_records()}
+        assert dg.DagsterRunStatus.CANCELED in statuses.values(), statuses
+        assert set(statuses.values()) <= {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.CANCELED}, statuses
+        with quickstart.engine.connect() as conn:
+            fetched = conn.execute(sa.select(schema.sources.c.last_fetched_at)
+                                   .where(schema.sources.c.url == server.url("/slow"))).scalar_one()
+        assert fetched is None, "the interrupted fetch stored nothing: its claim comes back"
+    finally:
+        gate.set()
+        server.stop()

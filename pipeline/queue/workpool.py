@@ -11,8 +11,9 @@ thread, in one call of ``write`` (one transaction), so per-transaction costs are
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from typing import TypeVar
 
 from pipeline.queue.claim import Claim, Heartbeat, WorkQueue
@@ -58,7 +59,7 @@ def work_claimed(
     claimed = 0
     with (
         Heartbeat(queue, max_work_seconds=max_work_seconds) as heartbeat,
-        ThreadPoolExecutor(threads, thread_name_prefix=f"{queue.spec.name}-work") as pool,
+        _pool(threads, f"{queue.spec.name}-work") as pool,
     ):
         running: dict[Future[Result], tuple[Claim, int]] = {}
         ready: list[Result] = []
@@ -114,6 +115,21 @@ def work_claimed(
                 ready = []
             if not running and not ready and not (more and remaining != 0):
                 return claimed
+
+
+@contextmanager
+def _pool(threads: int, name: str) -> Iterator[ThreadPoolExecutor]:
+    """A thread pool that a pass which ends by an exception (an interrupt: the run was
+    terminated; the database went away) does not wait for: the work in flight is
+    abandoned, its results unwritten, and its leases, no longer extended, run out for
+    another claim to take it. A pass that ends normally has waited for all its work."""
+    pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
 
 def _drain_then_run_alone(
