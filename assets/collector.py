@@ -1,20 +1,27 @@
-"""The ``listings_raw`` asset: one collector pass (pipeline/fetching/collector.py) per run."""
+"""The ``listings_raw`` asset: a collector pass (pipeline/fetching/collector.py) per run,
+or, in an ingest run that lingers, a pass each time sources come due."""
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
+import time
 from collections.abc import Iterator
 
 import dagster as dg
 
-from assets.policies import STEP_RETRY, by_code, ends_when_terminated, pass_result, run_worker
-from pipeline.core.failures import FailureReason
-from pipeline.fetching.collector import Collector
-from pipeline.storage.status import recorded
+from assets import passes
+from assets.policies import STEP_RETRY, ends_when_terminated
+from pipeline.storage.status import next_due_in
 from resources import PipelineDatabase
+
+# A lingering run looks for due sources at least this often (one refreshed by hand).
+POLL_SECONDS = 5.0
 
 
 class CollectConfig(dg.Config):
-    max_sources: int | None = None  # claim at most this many sources in this run
+    max_sources: int | None = None  # claim at most this many sources in a pass
     concurrency: int | None = None  # fetches at once; default PIPELINE_CONCURRENCY
+    # Keep taking sources as they come due for this long (ingest runs the sensor starts:
+    # PIPELINE_INGEST_LINGER_SECONDS), processing and notifying after each pass.
+    linger_seconds: int = 0
 
 
 @dg.asset(
@@ -27,18 +34,45 @@ class CollectConfig(dg.Config):
     owners=["team:pipeline"],
     description="Raw items of due sources: fetches every due source once, stores new and "
     "changed items, reschedules each source (cadence or backoff). A pass that claims no "
-    "source records an observation, not a materialisation.",
+    "source records an observation, not a materialisation. An ingest run lingers: while "
+    "a source comes due within its linger, it processes and notifies what it collected, "
+    "waits for that source and collects again, one run instead of one per fetch.",
 )
 def listings_raw(
     context: dg.AssetExecutionContext, config: CollectConfig, database: PipelineDatabase
 ) -> Iterator[dg.MaterializeResult[None]]:
     run_id = context.run.run_id
-    with ends_when_terminated(), recorded(database.engine, "collector"):
-        stats = Collector(
-            database.engine, database.settings(), worker=run_worker(run_id), run_id=run_id
-        ).run(max_sources=config.max_sources, concurrency=config.concurrency)
-    totals = stats.as_dict()
-    context.log.info(f"collector totals: {totals}")
-    metadata = {k: v for k, v in totals.items() if v is not None and k != "failed_by_reason"}
-    metadata.update(by_code("failed_", stats.failed, (reason.value for reason in FailureReason)))
-    yield from pass_result(context, metadata, worked=stats.claimed > 0)
+    deadline = time.monotonic() + config.linger_seconds
+
+    def collect() -> passes.Pass:
+        return passes.collect(database, run_id, max_sources=config.max_sources, concurrency=config.concurrency)
+
+    with ends_when_terminated():
+        done: passes.Pass | None = collect()
+        while config.linger_seconds > 0 and (wait := _due_within(database, deadline)) is not None:
+            if done is not None:
+                # Lingering: this pass's items go through now, as the steps after this
+                # one would take them, before the run waits for the next source.
+                passes.log(context, done)
+                for follow in (passes.process(database, run_id), passes.notify(database, run_id)):
+                    if follow.worked:
+                        passes.log(context, follow)
+                done = None
+            if wait > 0:
+                context.log.debug(f"lingering: the next source is due in {wait:.0f} s")
+                time.sleep(min(wait, POLL_SECONDS))
+                continue
+            done = collect()
+            if not done.worked:
+                time.sleep(POLL_SECONDS)  # it was due, but another worker took it first
+    if done is not None:
+        # The last pass is the step's own result; the steps after it process and notify it.
+        yield from passes.result(context, done)
+
+
+def _due_within(database: PipelineDatabase, deadline: float) -> float | None:
+    """Seconds until the next source comes due, when that is before ``deadline``
+    (monotonic); None when none comes due before it."""
+    with database.engine.connect() as conn:
+        due_in = next_due_in(conn)
+    return due_in if due_in is not None and due_in <= deadline - time.monotonic() else None

@@ -55,9 +55,9 @@ health_checks_job = dg.define_asset_job(
 health_checks_schedule = dg.ScheduleDefinition(
     name="health_checks_schedule",
     job=health_checks_job,
-    cron_schedule="*/5 * * * *",
+    cron_schedule="*/15 * * * *",
     default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Runs the asset checks every 5 minutes, apart from the stage runs.",
+    description="Runs the asset checks every 15 minutes, apart from the stage runs.",
 )
 
 STAGE_JOBS = [collect_job, process_job, notify_job]

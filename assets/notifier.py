@@ -5,11 +5,8 @@ from collections.abc import Iterator
 
 import dagster as dg
 
-from assets.policies import STEP_RETRY, by_code, ends_when_terminated, pass_result, run_worker
-from assets.processor import listings
-from pipeline.core.failures import DELIVERY_CODES
-from pipeline.notify.notifier import Notifier
-from pipeline.storage.status import recorded
+from assets import passes
+from assets.policies import STEP_RETRY, ends_when_terminated
 from resources import PipelineDatabase
 
 
@@ -20,7 +17,7 @@ class NotifyConfig(dg.Config):
 
 @dg.asset(
     name="notifications",
-    deps=[listings],
+    deps=["listings"],
     group_name="pipeline",
     pool="notifier",
     retry_policy=STEP_RETRY,
@@ -34,13 +31,7 @@ class NotifyConfig(dg.Config):
 def notifications(
     context: dg.AssetExecutionContext, config: NotifyConfig, database: PipelineDatabase
 ) -> Iterator[dg.MaterializeResult[None]]:
-    run_id = context.run.run_id
-    with ends_when_terminated(), recorded(database.engine, "notifier"):
-        stats = Notifier(database.engine, database.settings(), worker=run_worker(run_id), run_id=run_id).run(
-            max_listings=config.max_listings, max_notifications=config.max_notifications
-        )
-    totals = stats.as_dict()
-    context.log.info(f"notifier totals: {totals}")
-    metadata = {k: v for k, v in totals.items() if k != "errors"}
-    metadata.update(by_code("errors_", stats.errors, DELIVERY_CODES))
-    yield from pass_result(context, metadata, worked=stats.listings_matched + stats.claimed > 0)
+    with ends_when_terminated():
+        done = passes.notify(database, context.run.run_id, max_listings=config.max_listings,
+                             max_notifications=config.max_notifications)
+    yield from passes.result(context, done)

@@ -1,9 +1,9 @@
-"""What every stage's runs share: the step retry policy, the tag that names a run's stage
-(the sensors count a stage's active runs by it), and how a pass's result is recorded."""
+"""What every stage's runs share: the step retry policy, the tags that name a run's stage
+(the sensors count a stage's active runs by it) and how long an ingest run lingers, the
+worker name its claims carry, and how a terminated pass ends."""
 
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
 
 import dagster as dg
 
@@ -15,6 +15,9 @@ STEP_RETRY = dg.RetryPolicy(
 )
 
 STAGE_TAG = "pipeline/stage"
+# On an ingest run the due sources sensor starts: when (ISO 8601, UTC) it stops taking
+# sources as they come due (PIPELINE_INGEST_LINGER_SECONDS after its request).
+LINGER_TAG = "pipeline/linger_until"
 
 
 def run_worker(run_id: str) -> str:
@@ -34,18 +37,6 @@ def ends_when_terminated() -> Iterator[None]:
         yield
     except dg.DagsterExecutionInterruptedError as interrupted:
         raise dg.Failure("interrupted: the run was terminated", allow_retries=False) from interrupted
-
-
-def pass_result(
-    context: dg.AssetExecutionContext, metadata: Mapping[str, Any], *, worked: bool
-) -> Iterator[dg.MaterializeResult[None]]:
-    """A stage pass that did work materialises its asset; an empty pass (nothing was
-    claimed) records an observation instead, so the asset's history shows work done and
-    its plots still get a point per run. The asset is declared ``output_required=False``."""
-    if worked:
-        yield dg.MaterializeResult(metadata=dict(metadata))
-    else:
-        context.log_event(dg.AssetObservation(asset_key=context.asset_key, metadata=dict(metadata)))
 
 
 def by_code(prefix: str, counts: Mapping[str, int], codes: Iterable[str]) -> dict[str, int]:

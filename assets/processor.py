@@ -5,10 +5,8 @@ from collections.abc import Iterator
 
 import dagster as dg
 
-from assets.collector import listings_raw
-from assets.policies import STEP_RETRY, ends_when_terminated, pass_result, run_worker
-from pipeline.listings.processor import Processor
-from pipeline.storage.status import recorded
+from assets import passes
+from assets.policies import STEP_RETRY, ends_when_terminated
 from resources import PipelineDatabase
 
 
@@ -18,7 +16,7 @@ class ProcessConfig(dg.Config):
 
 @dg.asset(
     name="listings",
-    deps=[listings_raw],
+    deps=["listings_raw"],
     group_name="pipeline",
     pool="processor",
     retry_policy=STEP_RETRY,
@@ -32,10 +30,6 @@ class ProcessConfig(dg.Config):
 def listings(
     context: dg.AssetExecutionContext, config: ProcessConfig, database: PipelineDatabase
 ) -> Iterator[dg.MaterializeResult[None]]:
-    with ends_when_terminated(), recorded(database.engine, "processor"):
-        stats = Processor(database.engine, database.settings(), worker=run_worker(context.run.run_id)).run(
-            max_rows=config.max_rows
-        )
-    totals = stats.as_dict()
-    context.log.info(f"processor totals: {totals}")
-    yield from pass_result(context, totals, worked=stats.claimed > 0)
+    with ends_when_terminated():
+        done = passes.process(database, context.run.run_id, max_rows=config.max_rows)
+    yield from passes.result(context, done)

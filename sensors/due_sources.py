@@ -25,11 +25,14 @@ def max_collector_runs() -> int:
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Looks (one indexed count) for due sources and records them as an observation; "
     "requests an ingest run (collect, process, notify) when some are due, no collector run is "
-    "starting and fewer than PIPELINE_COLLECTOR_MAX_RUNS collector runs are active.",
+    "starting, no ingest run lingers waiting for them, and fewer than PIPELINE_COLLECTOR_MAX_RUNS "
+    "collector runs are active. The run lingers PIPELINE_INGEST_LINGER_SECONDS (300), taking "
+    "sources as they come due: one run instead of one per fetch.",
 )
 def due_sources_sensor(context: dg.SensorEvaluationContext, database: PipelineDatabase) -> dg.SensorResult:
     return look_for_work(
         context, database, stage="collector", asset=dg.AssetKey("listings_raw"),
         queues={"due_sources": schema.SOURCES_DUE}, work="source is due",
         run_key_prefix="due-sources", count_tag="pipeline/due_sources",
+        linger_seconds=database.settings().ingest_linger_seconds,
     )

@@ -13,10 +13,11 @@ the cursor counts the ticks that asked, and the run_key makes a retried tick a n
 
 import time
 from collections.abc import Mapping
+from datetime import UTC, datetime
 
 import dagster as dg
 
-from assets.policies import STAGE_TAG, run_worker
+from assets.policies import LINGER_TAG, STAGE_TAG, run_worker
 from pipeline.core.settings import Settings
 from pipeline.queue.claim import QueueSpec
 from pipeline.storage import health
@@ -48,6 +49,7 @@ def look_for_work(
     context: dg.SensorEvaluationContext, database: PipelineDatabase, *, stage: str,
     asset: dg.AssetKey, queues: Mapping[str, QueueSpec], work: str, run_key_prefix: str, count_tag: str,
     yield_to: str | None = None,  # a job whose active runs take this stage's work too
+    linger_seconds: int = 0,  # runs requested keep taking work as it comes due this long
 ) -> dg.SensorResult:
     """One tick of a stage's sensor: observe the stage's backlog on its asset (each
     queue's waiting rows, capped, and the oldest one's age), then request a run when
@@ -63,7 +65,7 @@ def look_for_work(
     observation = dg.AssetObservation(asset_key=asset, metadata=observed)
     decision = _request_if_work(
         context, database, stage=stage, work=work, ready=ready, run_key_prefix=run_key_prefix, count_tag=count_tag,
-        yield_to=yield_to,
+        yield_to=yield_to, linger_seconds=linger_seconds,
     )
     if isinstance(decision, dg.SkipReason):
         return dg.SensorResult(skip_reason=decision, asset_events=[observation])
@@ -110,7 +112,7 @@ def _runs(
 
 def _request_if_work(
     context: dg.SensorEvaluationContext, database: PipelineDatabase, *, stage: str, work: str, ready: int,
-    run_key_prefix: str, count_tag: str, yield_to: str | None,
+    run_key_prefix: str, count_tag: str, yield_to: str | None, linger_seconds: int,
 ) -> dg.RunRequest | dg.SkipReason:
     stalled: list[str] = []
     if yield_to is not None:
@@ -124,6 +126,9 @@ def _request_if_work(
         # It will claim the work this tick would ask for: asking again now only queues an
         # empty run behind it.
         return dg.SkipReason(f"{starting} {stage} run(s) queued or starting; they will take the work")
+    lingering = _lingering(context, database, tags)
+    if lingering:
+        return dg.SkipReason(f"run {lingering} lingers, waiting for work: it takes the work as it comes due")
     active, stuck_started = _runs(context, database, dg.RunsFilter(statuses=ACTIVE, tags=tags))
     stalled = sorted({*stalled, *stuck, *stuck_started})
     if stalled:
@@ -138,7 +143,28 @@ def _request_if_work(
         return dg.SkipReason(f"no {work}")
     tick = int(context.cursor or "0") + 1
     context.update_cursor(str(tick))
+    tags = {STAGE_TAG: stage, count_tag: str(ready) + ("+" if ready >= COUNT_CAP else "")}
+    if not linger_seconds:
+        return dg.RunRequest(run_key=f"{run_key_prefix}-{tick}", tags=tags)
+    until = datetime.fromtimestamp(wall_clock() + linger_seconds, UTC)
     return dg.RunRequest(
         run_key=f"{run_key_prefix}-{tick}",
-        tags={STAGE_TAG: stage, count_tag: str(ready) + ("+" if ready >= COUNT_CAP else "")},
+        tags={**tags, LINGER_TAG: until.isoformat(timespec="seconds")},
+        run_config={"ops": {"listings_raw": {"config": {"linger_seconds": linger_seconds}}}},
     )
+
+
+def _lingering(context: dg.SensorEvaluationContext, database: PipelineDatabase, tags: dict[str, str]) -> str | None:
+    """An active run of the stage that lingers (its LINGER_TAG is still ahead) and is
+    waiting, holding no lease: it takes the work as it comes due, within seconds
+    (assets/collector.py); another run would only wait beside it. A lingering run that is
+    busy (a long pass) leaves room for another, up to the stage's limit."""
+    for record in context.instance.get_run_records(filters=dg.RunsFilter(statuses=ACTIVE, tags=tags)):
+        until = record.dagster_run.tags.get(LINGER_TAG)
+        if until is None or datetime.fromisoformat(until).timestamp() <= wall_clock():
+            continue
+        with database.engine.connect() as conn:
+            busy = health.holds_live_lease(conn, run_worker(record.dagster_run.run_id))
+        if not busy:
+            return record.dagster_run.run_id
+    return None

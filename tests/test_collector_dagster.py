@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 import pytest
 from dagster._core.storage.dagster_run import DagsterRun
 
 from assets.collector import listings_raw
-from assets.policies import run_worker
+from assets.policies import LINGER_TAG, run_worker
 from resources import PipelineDatabase
 from sensors import runs
 from sensors.due_sources import STAGE_TAG, due_sources_sensor
@@ -157,3 +157,39 @@ def test_a_run_that_stopped_progressing_holds_no_slot(engine, db_url, monkeypatc
                        locked_until=now() + timedelta(minutes=5))
         result, _ = evaluate(instance, db_url)
         assert isinstance(result, dg.SkipReason), "a run whose lease is renewed is alive, events or not"
+
+
+def test_the_sensor_starts_lingering_ingest_runs_and_leaves_due_sources_to_one_that_waits(
+    engine, db_url, monkeypatch
+):
+    """Requested runs linger PIPELINE_INGEST_LINGER_SECONDS (a tag says until when). While
+    one lingers waiting (no lease held) it takes due sources within seconds: the sensor
+    asks for no other. One busy with a long pass leaves room for another, up to the
+    limit; one whose linger is over counts as any active run."""
+    monkeypatch.setenv("PIPELINE_INGEST_LINGER_SECONDS", "300")
+    with engine.begin() as conn:
+        add_source(conn, "http://127.0.0.1:9/now")
+    with dg.DagsterInstance.ephemeral() as instance:
+        request, _ = evaluate(instance, db_url)
+        assert isinstance(request, dg.RunRequest)
+        assert request.run_config == {"ops": {"listings_raw": {"config": {"linger_seconds": 300}}}}
+        until = request.tags[LINGER_TAG]
+        assert datetime.fromisoformat(until) > datetime.now(UTC)
+        instance.add_run(DagsterRun(job_name="ingest", run_id="r1", status=dg.DagsterRunStatus.STARTED,
+                                    tags={STAGE_TAG: "collector", LINGER_TAG: until}))
+        result, _ = evaluate(instance, db_url)
+        assert isinstance(result, dg.SkipReason) and "r1 lingers" in result.skip_message
+        with engine.begin() as conn:
+            add_source(conn, "http://127.0.0.1:9/slow", claimed_by=run_worker("r1"), claim_token="t",
+                       locked_until=now() + timedelta(minutes=5))
+        result, _ = evaluate(instance, db_url)
+        assert isinstance(result, dg.RunRequest), "r1 is busy fetching: a second run may take the rest"
+        later = time.time() + 400
+        monkeypatch.setattr(runs, "wall_clock", lambda: later)
+        monkeypatch.setenv("PIPELINE_COLLECTOR_MAX_RUNS", "1")
+        result, _ = evaluate(instance, db_url)
+        assert isinstance(result, dg.SkipReason) and "1 collector runs active" in result.skip_message
+    monkeypatch.setenv("PIPELINE_INGEST_LINGER_SECONDS", "0")
+    with dg.DagsterInstance.ephemeral() as instance:
+        request, _ = evaluate(instance, db_url)
+        assert isinstance(request, dg.RunRequest) and not request.run_config and LINGER_TAG not in request.tags

@@ -351,6 +351,32 @@ def test_one_ingest_run_collects_processes_and_notifies(engine, db_url, server, 
         "Python developer"]
 
 
+def test_a_lingering_ingest_run_takes_sources_as_they_come_due(engine, db_url, server, monkeypatch):
+    """An ingest run the sensor starts lingers: it delivers what its first pass fetched,
+    waits for the next source to come due (here 2 s later), fetches, processes and
+    notifies it too, and ends when no source comes due within its linger: one run
+    instead of one per fetch, each item delivered by the pass that fetched it."""
+    from pipeline.definitions import defs
+
+    monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
+    serve(server, "/a", rss([("a", "Python developer")]))
+    serve(server, "/b", rss([("b", "Python engineer")]))
+    with engine.begin() as conn:
+        add_source(conn, server.url("/a"))
+        add_source(conn, server.url("/b"), next_fetch_at=now() + timedelta(seconds=2))
+        users.add_user(conn, "alice", webhook=server.url("/hook"), secret=SECRET)
+        users.add_filter(conn, "alice", "python")
+    config = {"ops": {"listings_raw": {"config": {"linger_seconds": 600}}}}
+    result = defs.resolve_job_def("ingest").execute_in_process(run_config=config, resources=resources(db_url))
+    assert result.success
+    materialized = [e.asset_key.to_user_string() for e in result.get_asset_materialization_events()]
+    assert materialized == ["listings_raw", "listings", "notifications"] * 2, "a pass each, then the chain"
+    delivered = [json.loads(r["body"])["listing"]["title"] for r in server.requests if r["method"] == "POST"]
+    assert delivered == ["Python developer", "Python engineer"]
+    fetches = [r["path"] for r in server.requests if r["method"] == "GET"]
+    assert fetches == ["/a", "/b"], "each source once: their next fetch is an hour away, past the linger"
+
+
 def test_the_processor_and_notifier_sensors_leave_the_work_to_a_running_ingest_run(engine, db_url):
     with engine.begin() as conn:
         source = add_source(conn, "http://127.0.0.1:9/x")

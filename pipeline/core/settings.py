@@ -34,6 +34,7 @@ DEFAULT_MAX_RUNS = 2
 STAGES = ("collector", "processor", "notifier")
 DEFAULT_STALE_LEASE_MINUTES = 10
 DEFAULT_FRESHNESS_MAX_MINUTES = 60
+DEFAULT_INGEST_LINGER_SECONDS = 300
 DEFAULT_BACKFILL_START = date(2025, 1, 1)
 DEFAULT_RUN_RETENTION_DAYS = 14  # Dagster runs (and their event logs) kept this long
 
@@ -129,6 +130,8 @@ class Settings:
     raw_retention_days: int = DEFAULT_RAW_RETENTION_DAYS  # processed raw rows kept this long
     event_retention_days: int = DEFAULT_EVENT_RETENTION_DAYS  # ingestion_events kept this long
     sensor_interval_seconds: int = DEFAULT_SENSOR_INTERVAL_SECONDS
+    # an ingest run the sensor starts keeps taking sources as they come due this long
+    ingest_linger_seconds: int = DEFAULT_INGEST_LINGER_SECONDS
     # runs of each stage its sensor lets be active at once, in the order of STAGES
     stage_max_runs: tuple[int, ...] = (DEFAULT_MAX_RUNS,) * len(STAGES)
     stale_lease_minutes: int = DEFAULT_STALE_LEASE_MINUTES
@@ -169,6 +172,9 @@ class Settings:
             sensor_interval_seconds=_int_env(
                 "PIPELINE_SENSOR_INTERVAL_SECONDS", DEFAULT_SENSOR_INTERVAL_SECONDS,
                 minimum=MIN_SENSOR_INTERVAL_SECONDS,
+            ),
+            ingest_linger_seconds=_int_env(
+                "PIPELINE_INGEST_LINGER_SECONDS", DEFAULT_INGEST_LINGER_SECONDS, minimum=0
             ),
             stage_max_runs=tuple(
                 _int_env(f"PIPELINE_{stage.upper()}_MAX_RUNS", DEFAULT_MAX_RUNS) for stage in STAGES

@@ -75,6 +75,18 @@ def oldest_waiting(conn: sa.Connection, spec: QueueSpec, now: sa.ColumnElement[d
     return min((v for v in (oldest_free, oldest_expired) if v is not None), default=None)
 
 
+def next_due_in(conn: sa.Connection) -> float | None:
+    """Seconds until the next source comes due, by the database clock: 0.0 when one is
+    due now (or its lease ran out), None when no enabled source waits (all held)."""
+    spec = schema.SOURCES_DUE
+    now_sql = schema.now_sql(conn.dialect.name)
+    if conn.execute(sa.select(spec.table.c.id).where(spec.expired(now_sql)).limit(1)).first() is not None:
+        return 0.0
+    now, due = conn.execute(sa.select(
+        now_sql, sa.func.min(sa.func.coalesce(spec.table.c.next_fetch_at, now_sql))).where(spec.free())).one()
+    return None if due is None else max(0.0, (due - now).total_seconds())
+
+
 def waited_seconds(conn: sa.Connection, spec: QueueSpec) -> float:
     """How long the queue's oldest waiting row has waited since it became due, by the
     database clock (0.0 when none waits): what the sensors observe on every tick and

@@ -1,0 +1,77 @@
+"""Each stage's pass as a run records it: the pass itself (pipeline/), its totals as
+metadata (failure codes zero-filled, so plots have no gaps) and whether it did work.
+
+The assets record one pass each; a lingering ``ingest`` run (assets/collector.py)
+records many, each as soon as it ends.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+
+from assets.policies import by_code, run_worker
+from pipeline.core.failures import DELIVERY_CODES, FailureReason
+from pipeline.fetching.collector import Collector
+from pipeline.listings.processor import Processor
+from pipeline.notify.notifier import Notifier
+from pipeline.storage.status import recorded
+from resources import PipelineDatabase
+
+
+@dataclass(frozen=True)
+class Pass:
+    asset: dg.AssetKey
+    metadata: dict[str, Any]
+    worked: bool  # claimed something: a materialisation; else an observation
+
+
+def collect(
+    database: PipelineDatabase, run_id: str, *, max_sources: int | None = None, concurrency: int | None = None
+) -> Pass:
+    with recorded(database.engine, "collector"):
+        stats = Collector(database.engine, database.settings(), worker=run_worker(run_id), run_id=run_id).run(
+            max_sources=max_sources, concurrency=concurrency
+        )
+    totals = stats.as_dict()
+    metadata = {k: v for k, v in totals.items() if v is not None and k != "failed_by_reason"}
+    metadata.update(by_code("failed_", stats.failed, (reason.value for reason in FailureReason)))
+    return Pass(dg.AssetKey("listings_raw"), metadata, worked=stats.claimed > 0)
+
+
+def process(database: PipelineDatabase, run_id: str, *, max_rows: int | None = None) -> Pass:
+    with recorded(database.engine, "processor"):
+        stats = Processor(database.engine, database.settings(), worker=run_worker(run_id)).run(max_rows=max_rows)
+    return Pass(dg.AssetKey("listings"), stats.as_dict(), worked=stats.claimed > 0)
+
+
+def notify(
+    database: PipelineDatabase, run_id: str, *,
+    max_listings: int | None = None, max_notifications: int | None = None,
+) -> Pass:
+    with recorded(database.engine, "notifier"):
+        stats = Notifier(database.engine, database.settings(), worker=run_worker(run_id), run_id=run_id).run(
+            max_listings=max_listings, max_notifications=max_notifications
+        )
+    metadata = {k: v for k, v in stats.as_dict().items() if k != "errors"}
+    metadata.update(by_code("errors_", stats.errors, DELIVERY_CODES))
+    return Pass(dg.AssetKey("notifications"), metadata, worked=stats.listings_matched + stats.claimed > 0)
+
+
+def result(context: dg.AssetExecutionContext, done: Pass) -> Iterator[dg.MaterializeResult[None]]:
+    """The step's own record of its pass: a pass that did work materialises the asset; an
+    empty one records an observation instead, so the asset's history shows work done
+    and its plots still get a point per run (the asset is ``output_required=False``)."""
+    context.log.info(f"{done.asset.to_user_string()} pass: {done.metadata}")
+    if done.worked:
+        yield dg.MaterializeResult(metadata=dict(done.metadata))
+    else:
+        log(context, done)
+
+
+def log(context: dg.AssetExecutionContext, done: Pass) -> None:
+    """A pass recorded as an event of the run (a lingering run's passes before its last,
+    and the passes it makes of the stages after it): the same record as ``result``."""
+    event = dg.AssetMaterialization if done.worked else dg.AssetObservation
+    context.log_event(event(asset_key=done.asset, metadata=dict(done.metadata)))
