@@ -4,11 +4,12 @@ or, in an ingest run that lingers, a pass each time sources come due."""
 
 import time
 from collections.abc import Iterator
+from datetime import datetime
 
 import dagster as dg
 
 from assets import passes
-from assets.policies import STEP_RETRY, ends_when_terminated
+from assets.policies import LINGER_TAG, STEP_RETRY, ends_when_terminated
 from pipeline.storage.status import next_due_in
 from resources import PipelineDatabase
 
@@ -43,6 +44,9 @@ def listings_raw(
 ) -> Iterator[dg.MaterializeResult[None]]:
     run_id = context.run.run_id
     deadline = time.monotonic() + config.linger_seconds
+    if until := context.run.tags.get(LINGER_TAG):
+        # Requested by the sensor: linger no longer than the tag it reads says.
+        deadline = min(deadline, time.monotonic() + datetime.fromisoformat(until).timestamp() - time.time())
 
     def collect() -> passes.Pass:
         return passes.collect(database, run_id, max_sources=config.max_sources, concurrency=config.concurrency)
@@ -58,8 +62,9 @@ def listings_raw(
                     if follow.worked:
                         passes.log(context, follow)
                 done = None
+                if wait > 0:
+                    context.log.info(f"lingering: the next source is due in {wait:.0f} s")
             if wait > 0:
-                context.log.debug(f"lingering: the next source is due in {wait:.0f} s")
                 time.sleep(min(wait, POLL_SECONDS))
                 continue
             done = collect()

@@ -14,7 +14,7 @@ from assets import ASSET_CHECKS
 from assets.backfills import refetch_sources_job, rematch_window_job, reprocess_window_job
 from assets.collector import listings_raw
 from assets.notifier import notifications
-from assets.policies import STAGE_TAG
+from assets.policies import LINGER_TAG, STAGE_TAG
 from assets.processor import listings
 from pipeline.catalogue import sources, users
 from pipeline.storage import schema
@@ -351,23 +351,34 @@ def test_one_ingest_run_collects_processes_and_notifies(engine, db_url, server, 
         "Python developer"]
 
 
+def one_due_now_and_one_in_2_s(engine: sa.Engine, server: LocalServer, first: str, second: str) -> None:
+    """Source /a due now, /b in 2 s, each with one item titled as given; both come due
+    again an hour after their fetch."""
+    serve(server, "/a", rss([("a", first)]))
+    serve(server, "/b", rss([("b", second)]))
+    with engine.begin() as conn:
+        add_source(conn, server.url("/a"))
+        add_source(conn, server.url("/b"), next_fetch_at=now() + timedelta(seconds=2))
+
+
+def ingest_lingering(db_url: str, seconds: int, tags: dict[str, str] | None = None) -> dg.ExecuteInProcessResult:
+    from pipeline.definitions import defs
+
+    config = {"ops": {"listings_raw": {"config": {"linger_seconds": seconds}}}}
+    return defs.resolve_job_def("ingest").execute_in_process(run_config=config, resources=resources(db_url), tags=tags)
+
+
 def test_a_lingering_ingest_run_takes_sources_as_they_come_due(engine, db_url, server, monkeypatch):
     """An ingest run the sensor starts lingers: it delivers what its first pass fetched,
     waits for the next source to come due (here 2 s later), fetches, processes and
     notifies it too, and ends when no source comes due within its linger: one run
     instead of one per fetch, each item delivered by the pass that fetched it."""
-    from pipeline.definitions import defs
-
     monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
-    serve(server, "/a", rss([("a", "Python developer")]))
-    serve(server, "/b", rss([("b", "Python engineer")]))
+    one_due_now_and_one_in_2_s(engine, server, "Python developer", "Python engineer")
     with engine.begin() as conn:
-        add_source(conn, server.url("/a"))
-        add_source(conn, server.url("/b"), next_fetch_at=now() + timedelta(seconds=2))
         users.add_user(conn, "alice", webhook=server.url("/hook"), secret=SECRET)
         users.add_filter(conn, "alice", "python")
-    config = {"ops": {"listings_raw": {"config": {"linger_seconds": 600}}}}
-    result = defs.resolve_job_def("ingest").execute_in_process(run_config=config, resources=resources(db_url))
+    result = ingest_lingering(db_url, 600)
     assert result.success
     materialized = [e.asset_key.to_user_string() for e in result.get_asset_materialization_events()]
     assert materialized == ["listings_raw", "listings", "notifications"] * 2, "a pass each, then the chain"
@@ -375,6 +386,17 @@ def test_a_lingering_ingest_run_takes_sources_as_they_come_due(engine, db_url, s
     assert delivered == ["Python developer", "Python engineer"]
     fetches = [r["path"] for r in server.requests if r["method"] == "GET"]
     assert fetches == ["/a", "/b"], "each source once: their next fetch is an hour away, past the linger"
+
+
+def test_an_ingest_run_lingers_no_longer_than_its_tag_says(engine, db_url, server, monkeypatch):
+    """The sensor tags the run with when its linger ends, and counts on it: the run never
+    lingers past that, however long its config would let it."""
+    monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
+    one_due_now_and_one_in_2_s(engine, server, "A", "B")
+    over = (datetime.now(UTC) - timedelta(seconds=1)).isoformat(timespec="seconds")
+    result = ingest_lingering(db_url, 600, tags={LINGER_TAG: over})
+    assert result.success
+    assert [r["path"] for r in server.requests if r["method"] == "GET"] == ["/a"]
 
 
 def test_the_processor_and_notifier_sensors_leave_the_work_to_a_running_ingest_run(engine, db_url):
