@@ -15,7 +15,7 @@ pgqueuer is not a project dependency: install it in a separate environment, e.g.
     python3 -m venv .bench-venv && .bench-venv/bin/pip install -e . -r bench/requirements.txt
     .bench-venv/bin/python bench/claim_throughput.py --database-url postgresql://postgres@127.0.0.1:5432/test
 
-The benchmark creates (and drops) its own database ``bench_claim`` on that server.
+The benchmark creates (and drops) its own database ``bench_claim_<pid>_<random>`` on that server.
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.scratch import unique_name
 from pipeline.queue.claim import WorkQueue
 from pipeline.storage import db, migrate, schema
 
-DB_NAME = "bench_claim"
+DB_NAME = unique_name("bench_claim")
 ROWS_FOR_BATCH = {1: 4_000, 10: 20_000, 100: 100_000}
 LEASE = "300 seconds"
 
@@ -198,7 +199,7 @@ def main() -> int:
     parser.add_argument(
         "--database-url",
         default=os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"),
-        help="a PostgreSQL server where the benchmark may create the database bench_claim",
+        help="a PostgreSQL server where the benchmark may create a database (bench_claim_...)",
     )
     parser.add_argument("--workers", default="1,4,8")
     parser.add_argument("--batches", default="1,10,100")

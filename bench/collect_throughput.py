@@ -41,12 +41,13 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.scratch import unique_name
 from pipeline.core.settings import Settings
 from pipeline.fetching import politeness
 from pipeline.fetching.collector import Collector
 from pipeline.storage import db, migrate, schema
 
-DB_NAME = "bench_collect"
+DB_NAME = unique_name("bench_collect")
 ITEMS = 25
 
 

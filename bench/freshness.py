@@ -7,7 +7,7 @@ on the embedded SQLite default, beside the offline demo, whose feeds gain an ite
 and reads the records it left:
 
 * appear -> delivered: a notification's ``sent_at`` less its listing's ``published_at``
-  (the demo publishes item k at EPOCH + k * period and lists it from then on);
+  (the demo publishes item k at a moment drawn in its k-th period and lists it from then on);
 * fetch -> delivered: ``sent_at`` less the first ``fetched_at`` of the item's raw row;
 * runs: Dagster's runs in the window, per stage job, and per day at that rate.
 

@@ -17,7 +17,7 @@ than the naive loop.
 
     .bench-venv/bin/python bench/match_throughput.py --database-url postgresql://postgres@127.0.0.1:5432/test
 
-The benchmark creates (and drops) its own database ``bench_match`` on that server, and a
+The benchmark creates (and drops) its own database ``bench_match_<pid>_<random>`` on that server, and a
 SQLite file in a temporary folder.
 """
 
@@ -36,12 +36,13 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.scratch import unique_name
 from pipeline.core.settings import Settings
 from pipeline.notify.matching import Filter, FilterIndex, ListingText, words
 from pipeline.notify.notifier import Notifier, NotifyStats
 from pipeline.storage import db, migrate, schema
 
-DB_NAME = "bench_match"
+DB_NAME = unique_name("bench_match")
 SOURCES = 50
 USERS = 1_000
 CATEGORIES = ("jobs", "news", "video", "events", "sales")

@@ -32,11 +32,12 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.scratch import unique_name
 from pipeline.queue.claim import WorkQueue
 from pipeline.storage import db, migrate, schema
 
-TEMPLATE = "bench_process_template"
-RUN_DB = "bench_process_run"
+TEMPLATE = unique_name("bench_process_template")
+RUN_DB = unique_name("bench_process_run")
 SUMMARY = (
     "<p>We are hiring a <b>senior engineer</b> to work on our data platform &amp; APIs."
     " You will design pipelines, review code and mentor others.</p>"

@@ -45,11 +45,13 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.scratch import unique_name
 from pipeline.fetching.politeness import PoliteQueue
 from pipeline.queue.claim import WorkQueue
 from pipeline.storage import db, migrate, schema
 
 DUE = 500
+SMALL_DB, LARGE_DB = unique_name("bench_scale_small"), unique_name("bench_scale_large")
 UNPROCESSED = 5_000
 GROUPS = 1_000  # politeness groups (hosts) the catalogue spreads over
 QUEUE_OPTIONS = ("autovacuum_vacuum_scale_factor", "autovacuum_vacuum_threshold",
@@ -223,8 +225,8 @@ def main() -> int:
         with sa.create_engine(db.parse_url(base)).connect() as conn:
             print("  " + conn.exec_driver_sql("SELECT version()").scalar_one().split(" on ")[0]
                   + ", autovacuum " + conn.exec_driver_sql("SHOW autovacuum").scalar_one(), flush=True)
-        small = build(base, "bench_scale_small", args.small, args.small * args.raw_per_source)
-        large = build(base, "bench_scale_large", args.large, args.large * args.raw_per_source)
+        small = build(base, SMALL_DB, args.small, args.small * args.raw_per_source)
+        large = build(base, LARGE_DB, args.large, args.large * args.raw_per_source)
         compare(small, large, args.repeats)
         if args.churn_seconds > 0:
             # Each phase starts from a compacted table, so neither inherits the other's space.
@@ -239,7 +241,7 @@ def main() -> int:
         large.dispose()
         admin = sa.create_engine(db.parse_url(base), isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
-            for name in ("bench_scale_small", "bench_scale_large"):
+            for name in (SMALL_DB, LARGE_DB):
                 conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         admin.dispose()
     return 0

@@ -94,3 +94,20 @@ def test_the_receiver_refuses_a_bad_signature_and_drops_a_repeat(site):
 def test_the_demo_site_must_be_a_loopback_root(url):
     with pytest.raises(ValueError, match="demo site"):
         parse_site(url)
+
+
+def test_items_appear_off_the_beat_yet_in_order_and_latest_agrees() -> None:
+    """Item k appears somewhere in its period, drawn once: on average one a period, but
+    a fetch on the same cadence is not locked to one phase of the feed."""
+    from datetime import timedelta
+    from itertools import pairwise
+
+    from pipeline.demo.content import EPOCH, JOBS
+
+    moments = [JOBS.published(k) for k in range(200)]
+    assert all(EPOCH + k * JOBS.period <= m < EPOCH + (k + 1) * JOBS.period for k, m in enumerate(moments))
+    gaps = [b - a for a, b in pairwise(moments)]
+    assert min(gaps) > timedelta(0) and len({round(g.total_seconds()) for g in gaps}) > 20, "in order, unevenly"
+    for k in (5, 50, 150):
+        for now in (moments[k], moments[k + 1] - timedelta(microseconds=1)):
+            assert JOBS.latest(now) == k

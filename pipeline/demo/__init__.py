@@ -7,7 +7,8 @@ channel read by the youtube adapter), and a user "demo" whose filters match some
 what they publish, delivered by signed webhook back to this site. Its home page lists
 the deliveries it received, with their signatures checked.
 
-Content is a function of the clock: item k of a feed appears at EPOCH + k * period, so
-the feeds gain items while the demo runs, and a restart carries on where it left off.
+Content is a function of the clock: item k of a feed appears at a moment drawn once in
+the k-th period after EPOCH, so the feeds gain items while the demo runs (off any beat),
+and a restart carries on where it left off.
 Nothing here reaches beyond 127.0.0.1.
 """

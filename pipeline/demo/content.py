@@ -47,8 +47,11 @@ _VIDEOS = ("Intro to Dagster assets", "PostgreSQL indexes, explained", "Python a
 
 @dataclass(frozen=True)
 class Feed:
-    """One of the site's feeds: item k appears at EPOCH + k * period; the newest ``shown``
-    are listed."""
+    """One of the site's feeds: item k appears at a moment of its own in
+    [EPOCH + k * period, EPOCH + (k + 1) * period), drawn at random once (seeded by k), so
+    items come at ``period`` on average but off any beat: a fetch on the same cadence
+    is not locked to one phase of the feed (every item waiting the same time). The
+    newest ``shown`` are listed."""
 
     path: str
     period: timedelta
@@ -57,10 +60,11 @@ class Feed:
     content_type: str
 
     def latest(self, now: datetime) -> int:
-        return int((now - EPOCH) / self.period)
+        k = int((now - EPOCH) / self.period)
+        return k if self.published(k) <= now else k - 1
 
     def published(self, k: int) -> datetime:
-        return EPOCH + k * self.period
+        return EPOCH + (k + _rng(self.path, k).random()) * self.period
 
 
 def _rng(kind: str, k: int) -> random.Random:
