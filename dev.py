@@ -182,9 +182,16 @@ def up(args: list[str]) -> int:
     demo = "--no-demo" not in args
     args = [a for a in args if a != "--no-demo"]
     env = dict(os.environ)
+    # dev.py's own instance (.state/dagster) gets the dev dagster.yaml, and its runs in
+    # flight are ended on Ctrl-C; a DAGSTER_HOME given from outside is used as it is: its
+    # dagster.yaml is its owner's, and it may hold runs that other daemons launched.
+    own_instance = "DAGSTER_HOME" not in env
     dagster_home = Path(env.setdefault("DAGSTER_HOME", str(STATE / "dagster")))
-    dagster_home.mkdir(parents=True, exist_ok=True)
-    (dagster_home / "dagster.yaml").write_text(DEV_INSTANCE)
+    if own_instance:
+        dagster_home.mkdir(parents=True, exist_ok=True)
+        (dagster_home / "dagster.yaml").write_text(DEV_INSTANCE)
+    else:
+        say(f"using DAGSTER_HOME={dagster_home} as it is (its dagster.yaml, its runs)")
     code = run([str(BIN / "pipeline"), "db", "upgrade"], env=env)
     if code != 0:
         return code
@@ -205,8 +212,8 @@ def up(args: list[str]) -> int:
         say(f"starting the Dagster UI on http://127.0.0.1:{port} (Ctrl-C stops it)")
         return run(
             [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", "3000", *args],
-            env=env, before_stop=lambda: end_runs("terminate", env),
-            after_exit=lambda pgid: after_dagster(pgid, env),
+            env=env, before_stop=(lambda: end_runs("terminate", env)) if own_instance else None,
+            after_exit=(lambda pgid: after_dagster(pgid, env)) if own_instance else kill_group,
         )
     finally:
         if site is not None:

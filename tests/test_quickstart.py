@@ -373,3 +373,27 @@ def test_ctrl_c_during_a_run_ends_it_canceled_and_leaves_no_process(quickstart: 
     finally:
         gate.set()
         server.stop()
+
+
+def test_a_dagster_home_given_from_outside_is_used_as_it_is(tmp_path: Path) -> None:
+    """dev.py writes its dev dagster.yaml, and ends runs in flight on Ctrl-C, only in its
+    own instance: a DAGSTER_HOME a user gives may be shared with other daemons."""
+    home = tmp_path / "their-dagster-home"
+    home.mkdir()
+    theirs = "telemetry:\n  enabled: false\n# their own settings\n"
+    (home / "dagster.yaml").write_text(theirs)
+    (tmp_path / "state").mkdir()
+    app = Quickstart(tmp_path / "state")
+    app.env["DAGSTER_HOME"] = str(home)
+    app.start()
+    try:
+        wait_until("the UI", app.location_loaded, timeout=180)
+        assert (home / "dagster.yaml").read_text() == theirs
+        assert f"using DAGSTER_HOME={home} as it is" in app.tail()
+        assert app.interrupt() == 0, app.tail()
+        assert "terminating the runs in flight" not in app.tail()
+        wait_until("every process the stack started to exit", lambda: not app.alive() and not app.processes(),
+                   timeout=60, every=1)
+    finally:
+        app.kill()
+        app.engine.dispose()
