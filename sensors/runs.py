@@ -13,6 +13,7 @@ the cursor counts the ticks that asked, and the run_key makes a retried tick a n
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import dagster as dg
@@ -84,30 +85,49 @@ def _last_sign_of_life(instance: dg.DagsterInstance, record: dg.RunRecord) -> fl
     return max([latest, *(event.timestamp for event in events)])
 
 
-def _runs(
-    context: dg.SensorEvaluationContext, database: PipelineDatabase, filters: dg.RunsFilter
-) -> tuple[int, list[str]]:
-    """How many of the runs ``filters`` selects are progressing, and the ids of those that
-    are not: active in Dagster's records, yet no event for PIPELINE_STALE_LEASE_MINUTES
-    and no live lease held (a run whose process was killed stays STARTED for ever under
-    the default run launcher, which cannot check a run worker's health). A queued run is
-    waiting its turn, and counts."""
+@dataclass
+class _Runs:
+    """The active runs one query selected, as a stage's sensor counts them."""
+
+    active: int = 0  # progressing (queued, or an event within the limit, or a live lease)
+    starting: int = 0  # of those, not at their step yet: they will claim the work
+    lingering: str | None = None  # a run lingering, waiting for work (no lease held)
+    stalled: list[str] = field(default_factory=list)  # active in Dagster, not progressing
+
+
+def _runs(context: dg.SensorEvaluationContext, database: PipelineDatabase, filters: dg.RunsFilter) -> _Runs:
+    """Read the active runs ``filters`` selects once, and count them. A run progresses while
+    it is queued (waiting its turn), logged an event within PIPELINE_STALE_LEASE_MINUTES,
+    or holds a live lease; one that does not is stalled (a run whose process was killed
+    stays STARTED for ever under the default run launcher, which cannot check a run
+    worker's health). A run lingers while its LINGER_TAG is still ahead; one that holds
+    no lease is waiting, and takes the work as it comes due within seconds
+    (assets/collector.py): another run would only wait beside it, while a lingering run
+    busy with a long pass leaves room for another, up to the stage's limit."""
     quiet_limit = database.settings().stale_lease_minutes * 60
-    progressing, stalled = 0, []
+    found = _Runs()
+    live_lease: dict[str, bool] = {}
+
+    def holds_lease(run_id: str) -> bool:
+        if run_id not in live_lease:
+            with database.engine.connect() as conn:
+                live_lease[run_id] = health.holds_live_lease(conn, run_worker(run_id))
+        return live_lease[run_id]
+
     for record in context.instance.get_run_records(filters=filters):
         run = record.dagster_run
-        if run.status == dg.DagsterRunStatus.QUEUED or (
-            wall_clock() - _last_sign_of_life(context.instance, record) <= quiet_limit
-        ):
-            progressing += 1
-            continue
-        with database.engine.connect() as conn:
-            alive = health.holds_live_lease(conn, run_worker(run.run_id))
-        if alive:
-            progressing += 1
+        until = run.tags.get(LINGER_TAG)
+        if (found.lingering is None and until is not None
+                and datetime.fromisoformat(until).timestamp() > wall_clock() and not holds_lease(run.run_id)):
+            found.lingering = run.run_id
+        if (run.status == dg.DagsterRunStatus.QUEUED
+                or wall_clock() - _last_sign_of_life(context.instance, record) <= quiet_limit
+                or holds_lease(run.run_id)):
+            found.active += 1
+            found.starting += run.status in NOT_YET_STARTED
         else:
-            stalled.append(run.run_id)
-    return progressing, stalled
+            found.stalled.append(run.run_id)
+    return found
 
 
 def _request_if_work(
@@ -116,29 +136,27 @@ def _request_if_work(
 ) -> dg.RunRequest | dg.SkipReason:
     stalled: list[str] = []
     if yield_to is not None:
-        going, stalled = _runs(context, database, dg.RunsFilter(statuses=ACTIVE, job_name=yield_to))
-        if going:
+        going = _runs(context, database, dg.RunsFilter(statuses=ACTIVE, job_name=yield_to))
+        if going.active:
             # An ingest run processes and notifies after it collects: it takes this work.
-            return dg.SkipReason(f"{going} {yield_to} run(s) going; they take this work after they collect")
-    tags = {STAGE_TAG: stage}
-    starting, stuck = _runs(context, database, dg.RunsFilter(statuses=NOT_YET_STARTED, tags=tags))
-    if starting:
+            return dg.SkipReason(f"{going.active} {yield_to} run(s) going; they take this work after they collect")
+        stalled = going.stalled
+    runs = _runs(context, database, dg.RunsFilter(statuses=ACTIVE, tags={STAGE_TAG: stage}))
+    if runs.starting:
         # It will claim the work this tick would ask for: asking again now only queues an
         # empty run behind it.
-        return dg.SkipReason(f"{starting} {stage} run(s) queued or starting; they will take the work")
-    lingering = _lingering(context, database, tags)
-    if lingering:
-        return dg.SkipReason(f"run {lingering} lingers, waiting for work: it takes the work as it comes due")
-    active, stuck_started = _runs(context, database, dg.RunsFilter(statuses=ACTIVE, tags=tags))
-    stalled = sorted({*stalled, *stuck, *stuck_started})
+        return dg.SkipReason(f"{runs.starting} {stage} run(s) queued or starting; they will take the work")
+    if runs.lingering:
+        return dg.SkipReason(f"run {runs.lingering} lingers, waiting for work: it takes the work as it comes due")
+    stalled = sorted({*stalled, *runs.stalled})
     if stalled:
         context.log.warning(
             f"not counted, not progressing (no event for PIPELINE_STALE_LEASE_MINUTES, no live lease): "
             f"runs {', '.join(stalled)}; run monitoring or an operator should end them"
         )
     limit = max_runs(stage)
-    if active >= limit:
-        return dg.SkipReason(f"{active} {stage} runs active, the limit is {limit}")
+    if runs.active >= limit:
+        return dg.SkipReason(f"{runs.active} {stage} runs active, the limit is {limit}")
     if ready == 0:
         return dg.SkipReason(f"no {work}")
     tick = int(context.cursor or "0") + 1
@@ -153,18 +171,3 @@ def _request_if_work(
         run_config={"ops": {"listings_raw": {"config": {"linger_seconds": linger_seconds}}}},
     )
 
-
-def _lingering(context: dg.SensorEvaluationContext, database: PipelineDatabase, tags: dict[str, str]) -> str | None:
-    """An active run of the stage that lingers (its LINGER_TAG is still ahead) and is
-    waiting, holding no lease: it takes the work as it comes due, within seconds
-    (assets/collector.py); another run would only wait beside it. A lingering run that is
-    busy (a long pass) leaves room for another, up to the stage's limit."""
-    for record in context.instance.get_run_records(filters=dg.RunsFilter(statuses=ACTIVE, tags=tags)):
-        until = record.dagster_run.tags.get(LINGER_TAG)
-        if until is None or datetime.fromisoformat(until).timestamp() <= wall_clock():
-            continue
-        with database.engine.connect() as conn:
-            busy = health.holds_live_lease(conn, run_worker(record.dagster_run.run_id))
-        if not busy:
-            return record.dagster_run.run_id
-    return None
