@@ -1,12 +1,21 @@
-"""Claim-and-complete throughput of pipeline/queue/claim.py on PostgreSQL, beside two baselines.
+"""Claim-and-complete throughput and CPU per row on PostgreSQL: the project beside the
+minimal loop (the ceiling) and pgqueuer.
 
-For 1, 4 and 8 worker processes and batch sizes 1, 10 and 100, each system drains the
-same number of queued rows; the figure is rows (or jobs) per second of wall time, the
-median of --repeat runs (3 by default), the systems taking turns.
+For each number of worker processes and batch size, each system drains the same
+number of queued rows (claim a batch, complete it, claim the next); reported per system:
+rows per second of wall time and CPU per row, client (the worker processes' own
+accounting) and server (every process of the PostgreSQL cluster, from /proc), each the
+median of --repeat runs, the systems taking turns.
 
-* project  -- ``WorkQueue.claim`` + ``WorkQueue.complete`` (SQLAlchemy Core, psycopg 3).
-* raw      -- the ceiling: the same CTE claim and batch completion, hand-written SQL sent
-              by a bare psycopg loop with prepared statements.
+* minimal  -- the ceiling: the project's claim (the same CTE, leases, fencing token and
+              attempt count) prepared by a bare psycopg loop, returning only ``id``; the
+              completion of batch k (fenced, returning the ids it finished) pipelined
+              with the claim of batch k+1: one round trip and one commit per batch.
+* project  -- what a stage runs: ``WorkQueue.claim`` once, then
+              ``WorkQueue.complete_and_claim`` per batch, returning the columns of the
+              queue's order and attempts (the stage's own columns otherwise).
+* separate -- the project's ``claim`` then ``complete`` (two round trips, two commits
+              per batch): what the pipelining is worth.
 * pgqueuer -- its own worker loop (``QueueManager.run(mode=drain)``) on the same
               database, with a no-op entrypoint and the same batch size.
 
@@ -15,7 +24,8 @@ pgqueuer is not a project dependency: install it in a separate environment, e.g.
     python3 -m venv .bench-venv && .bench-venv/bin/pip install -e . -r bench/requirements.txt
     .bench-venv/bin/python bench/claim_throughput.py --database-url postgresql://postgres@127.0.0.1:5432/test
 
-The benchmark creates (and drops) its own database ``bench_claim_<pid>_<random>`` on that server.
+The benchmark creates (and drops, however it ends) its own database
+``bench_claim_<pid>_<random>`` on that server.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import os
 import statistics
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,16 +47,24 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.scratch import unique_name
+from bench.scratch import (
+    ServerCpu,
+    commit,
+    load,
+    scratch_database,
+    unique_name,
+    wait_for_backends_gone,
+)
 from pipeline.queue.claim import WorkQueue
 from pipeline.storage import db, migrate, schema
 
 DB_NAME = unique_name("bench_claim")
 ROWS_FOR_BATCH = {1: 4_000, 10: 20_000, 100: 100_000}
-LEASE = "300 seconds"
+SYSTEMS = ("minimal", "project", "separate", "pgqueuer")
 
-# The ceiling: what pipeline/queue/claim.py sends, written by hand.
-RAW_CLAIM = """
+# The ceiling's SQL: the project's claim (pipeline/queue/sql/listings_raw.unprocessed.postgresql.sql)
+# written by hand, returning only the ids, and its fenced completion.
+MIN_CLAIM = """
 WITH expired AS MATERIALIZED (
     SELECT id FROM listings_raw
     WHERE processed_at IS NULL AND locked_until IS NOT NULL AND locked_until <= now()
@@ -57,53 +76,74 @@ free AS MATERIALIZED (
 c AS MATERIALIZED (
     SELECT id FROM expired UNION ALL SELECT id FROM free LIMIT %(n)s)
 UPDATE listings_raw t
-SET locked_until = now() + interval '300 seconds', claimed_by = %(worker)s, claim_token = %(token)s
+SET attempts = t.attempts + 1, locked_until = now() + interval '300 seconds',
+    claimed_by = %(worker)s, claim_token = %(token)s
 FROM c WHERE t.id = c.id
-RETURNING t.*
+RETURNING t.id
 """
-RAW_COMPLETE = """
+MIN_COMPLETE = """
 UPDATE listings_raw
 SET processed_at = now(), locked_until = NULL, claimed_by = NULL, claim_token = NULL
 WHERE id = ANY(%(ids)s) AND claim_token = %(token)s AND claimed_by = %(worker)s
 RETURNING id
 """
 
+Result = tuple[int, float, float]  # rows completed, wall-clock end, client CPU seconds
 
-def wait_until(start_at: float) -> None:
+
+def wait_until(start_at: float) -> float:
     time.sleep(max(0.0, start_at - time.time()))
+    return time.process_time()
 
 
-def project_worker(url: str, worker: str, batch: int, start_at: float) -> tuple[int, float]:
-    engine = db.create_engine(url, pool_size=1)
-    queue = WorkQueue(engine, schema.RAW_UNPROCESSED)
-    queue.release(queue.claim("warm-up", 1))  # connect and compile before the clock starts
-    done = 0
-    wait_until(start_at)
-    while claim := queue.claim(worker, batch):
-        done += len(queue.complete(claim, {"processed_at": datetime.now(UTC)}).done)
-    finished = time.time()
-    engine.dispose()
-    return done, finished
-
-
-def raw_worker(url: str, worker: str, batch: int, start_at: float) -> tuple[int, float]:
-    import uuid
-
+def minimal_worker(url: str, worker: str, batch: int, start_at: float) -> Result:
     done = 0
     with psycopg.connect(url, autocommit=True, prepare_threshold=0) as conn:
-        wait_until(start_at)
-        while True:
-            token = uuid.uuid4().hex
-            params = {"n": batch, "worker": worker, "token": token}
-            ids = [row[0] for row in conn.execute(RAW_CLAIM, params)]
-            if not ids:
-                break
-            completed = conn.execute(RAW_COMPLETE, {"ids": ids, "token": token, "worker": worker})
+        cpu = wait_until(start_at)
+        token = uuid.uuid4().hex
+        ids = [r[0] for r in conn.execute(MIN_CLAIM, {"n": batch, "worker": worker, "token": token})]
+        while ids:
+            following = uuid.uuid4().hex
+            with conn.pipeline():  # one round trip, one implicit transaction
+                completed = conn.execute(MIN_COMPLETE, {"ids": ids, "token": token, "worker": worker})
+                claimed = conn.execute(MIN_CLAIM, {"n": batch, "worker": worker, "token": following})
             done += len(completed.fetchall())
-    return done, time.time()
+            ids, token = [r[0] for r in claimed.fetchall()], following
+        return done, time.time(), time.process_time() - cpu
 
 
-def pgqueuer_worker(url: str, worker: str, batch: int, start_at: float) -> tuple[int, float]:
+def _queue(url: str) -> WorkQueue:
+    engine = db.create_engine(url, pool_size=1)
+    queue = WorkQueue(engine, schema.RAW_UNPROCESSED, columns=())
+    queue.release(queue.claim("warm-up", 1))  # connect before the clock starts
+    return queue
+
+
+def project_worker(url: str, worker: str, batch: int, start_at: float) -> Result:
+    queue = _queue(url)
+    done = 0
+    cpu = wait_until(start_at)
+    claim = queue.claim(worker, batch)
+    while claim:
+        fenced, claim = queue.complete_and_claim(claim, {"processed_at": datetime.now(UTC)}, batch)
+        done += len(fenced.done)
+    result = done, time.time(), time.process_time() - cpu
+    queue.engine.dispose()
+    return result
+
+
+def separate_worker(url: str, worker: str, batch: int, start_at: float) -> Result:
+    queue = _queue(url)
+    done = 0
+    cpu = wait_until(start_at)
+    while claim := queue.claim(worker, batch):
+        done += len(queue.complete(claim, {"processed_at": datetime.now(UTC)}).done)
+    result = done, time.time(), time.process_time() - cpu
+    queue.engine.dispose()
+    return result
+
+
+def pgqueuer_worker(url: str, worker: str, batch: int, start_at: float) -> Result:
     import asyncpg
     from pgqueuer import AsyncpgDriver, QueueManager
     from pgqueuer.queries import Queries
@@ -111,7 +151,7 @@ def pgqueuer_worker(url: str, worker: str, batch: int, start_at: float) -> tuple
 
     done = 0
 
-    async def main() -> float:
+    async def main() -> tuple[float, float]:
         nonlocal done
         conn = await asyncpg.connect(url)
         qm = QueueManager(Queries(AsyncpgDriver(conn)))
@@ -122,23 +162,30 @@ def pgqueuer_worker(url: str, worker: str, batch: int, start_at: float) -> tuple
             done += 1
 
         await asyncio.sleep(max(0.0, start_at - time.time()))
+        cpu = time.process_time()
         await qm.run(batch_size=batch, mode=QueueExecutionMode.drain)
-        return time.time()
+        finished, spent = time.time(), time.process_time() - cpu
+        await conn.close()
+        return finished, spent
 
-    finished = asyncio.run(main())
-    return done, finished
+    finished, spent = asyncio.run(main())
+    return done, finished, spent
 
 
-def run_workers(
-    target: Callable[[str, str, int, float], tuple[int, float]], url: str, workers: int, batch: int
-) -> tuple[int, float]:
+WORKERS: dict[str, Callable[[str, str, int, float], Result]] = {
+    "minimal": minimal_worker, "project": project_worker, "separate": separate_worker,
+    "pgqueuer": pgqueuer_worker,
+}
+
+
+def run_workers(system: str, url: str, workers: int, batch: int) -> tuple[int, float, float]:
     spawn = multiprocessing.get_context("spawn")
-    start_at = time.time() + 4.0
+    start_at = time.time() + 4.0  # every process started and connected by then
     with spawn.Pool(workers) as pool:
-        results = pool.starmap(target, [(url, f"w{i}", batch, start_at) for i in range(workers)])
-    total = sum(done for done, _ in results)
-    elapsed = max(finished for _, finished in results) - start_at
-    return total, elapsed
+        results = pool.starmap(WORKERS[system], [(url, f"w{i}", batch, start_at) for i in range(workers)])
+    total = sum(done for done, _, _ in results)
+    elapsed = max(finished for _, finished, _ in results) - start_at
+    return total, elapsed, sum(cpu for _, _, cpu in results)
 
 
 def fill_raw(engine: sa.Engine, source_id: int, rows: int) -> None:
@@ -156,6 +203,7 @@ def fill_raw(engine: sa.Engine, source_id: int, rows: int) -> None:
 def vacuum(engine: sa.Engine, table: str) -> None:
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql(f"VACUUM ANALYZE {table}")
+        conn.exec_driver_sql("CHECKPOINT")  # every run starts with the same dirty pages: none
 
 
 def fill_pgqueuer(url: str, rows: int) -> None:
@@ -172,6 +220,7 @@ def fill_pgqueuer(url: str, rows: int) -> None:
             n = min(10_000, rows - start)
             await queries.enqueue(["bench"] * n, [None] * n, [0] * n)
         await conn.execute("VACUUM ANALYZE pgqueuer")
+        await conn.execute("CHECKPOINT")
         await conn.close()
 
     asyncio.run(main())
@@ -194,6 +243,66 @@ def install_pgqueuer(url: str) -> bool:
     return True
 
 
+def measure(args: argparse.Namespace, url: str, systems: list[str]) -> None:
+    sa_url = url
+    driver_url = db.parse_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    engine = db.create_engine(sa_url)
+    migrate.upgrade(engine)
+    with engine.begin() as conn:
+        source_id = conn.execute(
+            sa.insert(schema.sources)
+            .values(name="bench", url="http://127.0.0.1/bench", source_type="rss")
+            .returning(schema.sources.c.id)
+        ).scalar_one()
+    if "pgqueuer" in systems and not install_pgqueuer(driver_url):
+        print("pgqueuer: not measured (not installed here)")
+        systems.remove("pgqueuer")
+    server = ServerCpu(engine)
+    if not server.available:
+        print("server CPU: not measured (the PostgreSQL server is not on this host)")
+    with engine.connect() as conn:
+        version = conn.exec_driver_sql("SHOW server_version").scalar_one()
+        sync = conn.exec_driver_sql("SHOW synchronous_commit").scalar_one()
+    print(f"PostgreSQL {version} (synchronous_commit {sync}), {os.cpu_count()} CPUs,"
+          f" {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, commit {commit()}, load before {load()}")
+    print("rows/s of wall time; CPU us per row: client + server = total; median of"
+          f" {args.repeat} interleaved runs; ratios to minimal")
+    for workers in [int(w) for w in args.workers.split(",")]:
+        for batch in [int(b) for b in args.batches.split(",")]:
+            rows = ROWS_FOR_BATCH.get(batch, 20_000)
+            rate: dict[str, list[float]] = {s: [] for s in systems}
+            client: dict[str, list[float]] = {s: [] for s in systems}
+            total: dict[str, list[float]] = {s: [] for s in systems}
+            for _ in range(args.repeat):
+                for system in systems:
+                    if system == "pgqueuer":
+                        fill_pgqueuer(driver_url, rows)
+                    else:
+                        fill_raw(engine, source_id, rows)
+                    before = server.seconds()
+                    done, elapsed, client_cpu = run_workers(
+                        system, driver_url if system in ("minimal", "pgqueuer") else sa_url, workers, batch)
+                    wait_for_backends_gone(engine, DB_NAME)
+                    after = server.seconds()
+                    assert done == rows, f"{system}: {done} of {rows} rows completed"
+                    rate[system].append(done / elapsed)
+                    client[system].append(client_cpu / done * 1e6)
+                    if before is not None and after is not None:
+                        total[system].append((client_cpu + after - before) / done * 1e6)
+            print(f"\n{workers} worker(s) x batch {batch}, {rows:,} rows, load {load()}")
+            print(f"  {'system':<9} {'rows/s':>8} {'ratio':>6} {'client':>7} {'server':>7} {'total':>7} {'ratio':>6}")
+            base_rate = statistics.median(rate["minimal"]) if "minimal" in systems else None
+            base_cpu = statistics.median(total["minimal"]) if "minimal" in systems and total["minimal"] else None
+            for system in systems:
+                r, c = statistics.median(rate[system]), statistics.median(client[system])
+                t = statistics.median(total[system]) if total[system] else None
+                line = f"  {system:<9} {r:>8,.0f} {r / base_rate if base_rate else float('nan'):>6.2f} {c:>7.1f}"
+                if t is not None:
+                    line += f" {t - c:>7.1f} {t:>7.1f} {t / base_cpu if base_cpu else float('nan'):>6.2f}"
+                print(line, flush=True)
+    engine.dispose()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -203,71 +312,21 @@ def main() -> int:
     )
     parser.add_argument("--workers", default="1,4,8")
     parser.add_argument("--batches", default="1,10,100")
-    parser.add_argument("--skip-pgqueuer", action="store_true")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per figure; the median is shown")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"a subset of {','.join(SYSTEMS)}")
+    parser.add_argument("--repeat", type=int, default=5, help="runs per figure; the median is shown")
     args = parser.parse_args()
+    systems = [s for s in args.systems.split(",") if s]
+    unknown = set(systems) - set(SYSTEMS)
+    if unknown:
+        parser.error(f"unknown system(s) {', '.join(sorted(unknown))}: choose from {', '.join(SYSTEMS)}")
 
     server = db.parse_url(args.database_url)
     admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        conn.exec_driver_sql(f"CREATE DATABASE {DB_NAME}")
-    url = server.set(database=DB_NAME)
-    sa_url = url.render_as_string(hide_password=False)
-    driver_url = url.set(drivername="postgresql").render_as_string(hide_password=False)
-    engine = db.create_engine(sa_url)
-    migrate.upgrade(engine)
-    with engine.begin() as conn:
-        source_id = conn.execute(
-            sa.insert(schema.sources)
-            .values(name="bench", url="http://127.0.0.1/bench", source_type="rss")
-            .returning(schema.sources.c.id)
-        ).scalar_one()
-    with_pgqueuer = not args.skip_pgqueuer and install_pgqueuer(driver_url)
-    if not with_pgqueuer:
-        print("pgqueuer: not measured (not installed here, or --skip-pgqueuer)")
-    with engine.connect() as conn:
-        version = conn.exec_driver_sql("SHOW server_version").scalar_one()
-    print(f"PostgreSQL {version}, {os.cpu_count()} CPUs, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
-    header = f"{'workers':>7} {'batch':>5} {'rows':>7} {'project':>9} {'raw':>9} {'proj/raw':>8}"
-    if with_pgqueuer:
-        header += f" {'pgqueuer':>9} {'proj/pgq':>8}"
-    print(header + "   (rows/s)")
-
-    systems: list[tuple[str, Callable[..., tuple[int, float]], str]] = [
-        ("project", project_worker, sa_url),
-        ("raw", raw_worker, driver_url),
-    ]
-    if with_pgqueuer:
-        systems.append(("pgqueuer", pgqueuer_worker, driver_url))
-    for workers in [int(w) for w in args.workers.split(",")]:
-        for batch in [int(b) for b in args.batches.split(",")]:
-            rows = ROWS_FOR_BATCH.get(batch, 20_000)
-            samples: dict[str, list[float]] = {name: [] for name, _, _ in systems}
-            # Interleaved repeats, median kept: this machine's noise is larger than
-            # the differences of interest (the same run varies by +-20%).
-            for _ in range(args.repeat):
-                for name, target, conn_url in systems:
-                    if name == "pgqueuer":
-                        fill_pgqueuer(driver_url, rows)
-                    else:
-                        fill_raw(engine, source_id, rows)
-                    done, elapsed = run_workers(target, conn_url, workers, batch)
-                    assert done == rows, f"{name}: {done} of {rows} rows completed"
-                    samples[name].append(done / elapsed)
-            rates = {name: statistics.median(values) for name, values in samples.items()}
-            line = (
-                f"{workers:>7} {batch:>5} {rows:>7} {rates['project']:>9.0f} {rates['raw']:>9.0f}"
-                f" {rates['project'] / rates['raw']:>8.2f}"
-            )
-            if with_pgqueuer:
-                line += f" {rates['pgqueuer']:>9.0f} {rates['project'] / rates['pgqueuer']:>8.2f}"
-            print(line, flush=True)
-
-    engine.dispose()
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-    admin.dispose()
+    try:
+        with scratch_database(admin, DB_NAME):
+            measure(args, server.set(database=DB_NAME).render_as_string(hide_password=False), systems)
+    finally:
+        admin.dispose()
     return 0
 
 

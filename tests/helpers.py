@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,6 +29,41 @@ def wait_until(what: str, check: Callable[[], Any], timeout: float, every: float
             raise AssertionError(f"{what}: not within {timeout:.0f} s")
         time.sleep(every)
     return value
+
+
+@contextmanager
+def wire_messages(engine: sa.Engine) -> Iterator[list[str]]:
+    """The PostgreSQL protocol messages (libpq's own trace, ``F`` sent, ``B`` received)
+    of every connection ``engine``'s pool lends inside the block, whether SQLAlchemy or
+    the driver alone sends them; the list is filled when the block ends. Each
+    ``ReadyForQuery`` is one round trip that waited for the server."""
+    from psycopg.pq import Trace
+
+    lines: list[str] = []
+    traced: list[tuple[Any, Any]] = []
+
+    def trace(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+        out = tempfile.TemporaryFile()  # noqa: SIM115 -- closed when the block ends
+        dbapi_conn.pgconn.trace(out.fileno())
+        dbapi_conn.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS | Trace.REGRESS_MODE)
+        traced.append((dbapi_conn, out))
+
+    sa.event.listen(engine, "checkout", trace)
+    try:
+        yield lines
+    finally:
+        sa.event.remove(engine, "checkout", trace)
+        for dbapi_conn, out in traced:
+            if not dbapi_conn.closed:
+                dbapi_conn.pgconn.untrace()
+            out.seek(0)
+            # One message per entry: a statement's text may span lines of the trace.
+            lines.extend(m for m in re.split(r"\n(?=[FB]\t)", out.read().decode().strip()) if m)
+            out.close()
+
+
+def round_trips(lines: Sequence[str]) -> int:
+    return sum(1 for line in lines if "\tReadyForQuery" in line)
 
 
 def add_source(conn: sa.Connection, url: str = "http://127.0.0.1/feed", **values: Any) -> int:

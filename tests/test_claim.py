@@ -11,8 +11,8 @@ import pytest
 import sqlalchemy as sa
 
 from pipeline.queue.claim import RowCompletion, Strategy, WorkQueue, strategy_for
-from pipeline.storage import schema
-from tests.helpers import add_raw_rows, add_source, now, raw_states
+from pipeline.storage import db, schema
+from tests.helpers import add_raw_rows, add_source, now, raw_states, round_trips, wire_messages
 
 # Every test runs on both databases, with the database's own strategy and with the
 # portable default that any other SQLAlchemy dialect would get.
@@ -186,7 +186,7 @@ def test_completion_inside_the_callers_transaction_rolls_back_with_it(
 
 def test_a_batch_completes_in_one_statement(engine, strategy, source_id):
     with engine.begin() as conn:
-        add_raw_rows(conn, source_id, 50)
+        add_raw_rows(conn, source_id, 51)
     queue = raw_queue(engine, strategy)
     claim = queue.claim("a", 50)
     statements: list[str] = []
@@ -195,6 +195,14 @@ def test_a_batch_completes_in_one_statement(engine, strategy, source_id):
         if statement.lstrip().upper().startswith("UPDATE"):
             statements.append(statement)
 
+    if strategy is Strategy.POSTGRES:  # sent by the driver itself: count on the wire
+        warm = queue.claim("b", 1)
+        queue.complete(warm, {"processed_at": now()})  # prepares the statement (a round trip)
+        with wire_messages(engine) as lines:
+            assert len(queue.complete(claim, {"processed_at": now()}).done) == 50
+        assert round_trips(lines) == 1
+        assert sum(1 for line in lines if line.startswith("F\t") and "\tExecute\t" in line) == 1
+        return
     sa.event.listen(engine, "before_cursor_execute", count)
     try:
         assert len(queue.complete(claim, {"processed_at": now()}).done) == 50
@@ -272,18 +280,44 @@ def test_postgres_claim_is_one_round_trip(pg_engine):
         source_id = add_source(conn)
         add_raw_rows(conn, source_id, 10)
     queue = raw_queue(engine, Strategy.POSTGRES)
-    queue.claim("warm-up", 1)  # first use may check the connection
-    statements: list[str] = []
-    listener = lambda *args: statements.append(args[2])
-    sa.event.listen(engine, "before_cursor_execute", listener)
-    try:
+    with wire_messages(engine) as first:
+        queue.claim("warm-up", 1)  # prepares the claim on the server
+    with wire_messages(engine) as lines:
         claim = queue.claim("a", 5)
-    finally:
-        sa.event.remove(engine, "before_cursor_execute", listener)
     assert len(claim) == 5
-    assert len(statements) == 1
-    assert "FOR NO KEY UPDATE SKIP LOCKED" in statements[0] and "RETURNING" in statements[0]
-    assert " IN (SELECT" not in statements[0].upper()
+    assert round_trips(lines) == 1, lines
+    assert [line.split("\t")[2] for line in lines if line.startswith("F")] == [
+        "Bind", "Describe", "Execute", "Sync"], lines  # the prepared statement, no BEGIN
+    parse = [line for line in first if "\tParse\t" in line]
+    assert len(parse) == 1 and "FOR NO KEY UPDATE SKIP LOCKED" in parse[0] and "RETURNING" in parse[0]
+    assert " IN (SELECT" not in parse[0].upper()
+
+
+def test_complete_and_claim_is_one_round_trip_and_one_transaction(pg_engine):
+    """A batch's completion and the next claim go together: one wait for the server,
+    one commit; the completion is fenced as ever and the claim takes the next rows."""
+    engine = pg_engine
+    with engine.begin() as conn:
+        ids = add_raw_rows(conn, add_source(conn), 6)
+    queue = raw_queue(engine, Strategy.POSTGRES)
+    first = queue.claim("a", 3)
+    stolen = first.ids[0]
+    with engine.begin() as conn:  # another worker took one row over
+        conn.execute(sa.update(schema.listings_raw).where(schema.listings_raw.c.id == stolen)
+                     .values(claim_token="someone-else"))
+    with wire_messages(engine) as lines:
+        fenced, following = queue.complete_and_claim(first, {"processed_at": now()}, 3)
+    assert round_trips(lines) == 1, lines
+    sent = [line.split("\t")[2] for line in lines if line.startswith("F")]
+    assert sent.count("Execute") == 2 and sent.count("Sync") == 1 and "Query" not in sent, sent
+    assert fenced.done == first.ids[1:] and fenced.lost == [stolen]
+    assert following.ids == ids[3:] and following.worker == "a" and following.token != first.token
+    with engine.connect() as conn:
+        states = raw_states(conn, ids)
+    assert all(states[i]["processed_at"] is not None for i in first.ids[1:])
+    assert all(states[i]["claim_token"] == following.token for i in following.ids)
+    fenced, last = queue.complete_and_claim(following, {"processed_at": now()}, 3)
+    assert fenced.done == following.ids and not last
 
 
 def test_skip_locked_passes_over_rows_another_transaction_holds(pg_engine):
@@ -405,3 +439,37 @@ def test_a_pass_that_fails_does_not_wait_for_its_work_in_flight(engine, source_i
         assert not finished.is_set(), "the pass returned while the slow job was still running"
     finally:
         gate.set()
+
+
+def test_driver_errors_reach_the_caller_as_sqlalchemys_and_a_broken_connection_leaves_the_pool(pg_engine):
+    """The claim and completion sent by psycopg itself fail as every other statement
+    does (sa.exc.DBAPIError, which the stages and retry policies handle), and a
+    connection the server dropped is not lent again."""
+    engine = db.create_engine(pg_engine.url.render_as_string(hide_password=False), pool_size=1)
+    try:
+        with engine.begin() as conn:
+            add_raw_rows(conn, add_source(conn), 3)
+        queue = raw_queue(engine, Strategy.POSTGRES)
+        claim = queue.claim("a", 1)
+        with engine.connect() as conn:  # the pool's only connection: the one the claim used
+            backend = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        with pg_engine.connect() as admin:
+            admin.exec_driver_sql(f"SELECT pg_terminate_backend({backend})")
+        with pytest.raises(sa.exc.OperationalError) as caught:
+            queue.complete(claim, {"processed_at": now()})
+        assert caught.value.connection_invalidated
+        assert queue.complete(claim, {"processed_at": now()}).done == claim.ids  # a new connection
+        with pytest.raises(sa.exc.DataError):  # the server refuses the value: not a broken link
+            queue.claim("a" * 10, 2**40)
+        assert queue.claim("a", 1)  # the connection is still good and back in autocommit-off
+        with engine.begin() as conn:
+            assert conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one() != backend
+    finally:
+        engine.dispose()
+    # No server at all (a restart in progress): the pool's connect fails the same way.
+    nowhere = db.create_engine("postgresql://postgres@127.0.0.1:1/none", connect_args={"connect_timeout": 2})
+    with pytest.raises(sa.exc.OperationalError):
+        raw_queue(nowhere, Strategy.POSTGRES).claim("a", 1)
+    with pytest.raises(sa.exc.OperationalError):
+        raw_queue(nowhere, Strategy.POSTGRES).complete_and_claim(claim, {"processed_at": now()}, 1)
+    nowhere.dispose()

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine, RowMapping
+from sqlalchemy.engine import Engine
 
 from pipeline.core.backoff import (
     BackoffPolicy,
@@ -43,7 +43,7 @@ from pipeline.fetching.decide import after_failure, after_success
 from pipeline.fetching.politeness import PoliteQueue, defer, ensure_groups
 from pipeline.fetching.registry import adapter_for
 from pipeline.net.http import Fetcher
-from pipeline.queue.claim import Claim, RowCompletion, WorkQueue
+from pipeline.queue.claim import Claim, Row, RowCompletion, WorkQueue
 from pipeline.queue.workpool import work_claimed
 from pipeline.storage import schema
 from pipeline.storage.bulk import insert_rows, on_conflict_insert
@@ -147,7 +147,7 @@ class Collector:
             )
         return stats
 
-    def _start(self, queue: WorkQueue, claim: Claim, stats: CollectStats) -> list[tuple[Claim, RowMapping]]:
+    def _start(self, queue: WorkQueue, claim: Claim, stats: CollectStats) -> list[tuple[Claim, Row]]:
         """Record the claimed sources as started (before any request leaves: a fetch
         that reached its host always has its started event); the ones whose earlier
         holders all died before finishing (claimed too often) end here as a failure,
@@ -168,7 +168,7 @@ class Collector:
 
     # -- fetching (on the pool's threads) ------------------------------------------------
 
-    def _fetch(self, claim: Claim, row: RowMapping, fetcher: Fetcher) -> Fetched:
+    def _fetch(self, claim: Claim, row: Row, fetcher: Fetcher) -> Fetched:
         source: Mapping[str, Any] = dict(row)
         started = time.monotonic()
         outcome: Outcome | None = None
@@ -281,7 +281,7 @@ class Collector:
 
     # -- telemetry ----------------------------------------------------------------------
 
-    def _record_started(self, sources: Sequence[RowMapping]) -> None:
+    def _record_started(self, sources: Sequence[Row]) -> None:
         if not sources:
             return
         rows = [

@@ -23,13 +23,13 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Engine, RowMapping
+from sqlalchemy.engine import Engine
 
 from pipeline.core.errors import NormaliseError
 from pipeline.core.settings import Settings
 from pipeline.core.urls import item_key
 from pipeline.listings.normalize import Listing, normalise
-from pipeline.queue.claim import UNCLAIMED, Claim, Heartbeat, RowCompletion, WorkQueue
+from pipeline.queue.claim import UNCLAIMED, Claim, Heartbeat, Row, RowCompletion, WorkQueue
 from pipeline.queue.recordset import json_rows, recordset
 from pipeline.storage import schema
 
@@ -39,6 +39,8 @@ _COLUMNS = (
     "source_id", "source_item_id", "url", "title", "summary", "author", "published_at",
     "categories", "content_hash", "raw_id", "item_key",
 )
+# What the processor reads of a claimed raw row (besides its id, order and attempts).
+_CLAIMED = ("source_id", "source_item_id", "url", "raw_json")
 _CONTENT = ("url", "title", "summary", "author", "published_at", "categories", "content_hash", "item_key")
 
 
@@ -71,7 +73,8 @@ class Processor:
         """Process claimed batches until none is left or ``max_rows`` were claimed;
         ``progress`` is told each batch's size once it is written."""
         stats = ProcessStats()
-        queue = WorkQueue(self.engine, schema.RAW_UNPROCESSED, lease_seconds=self.settings.lease_seconds)
+        queue = WorkQueue(self.engine, schema.RAW_UNPROCESSED, lease_seconds=self.settings.lease_seconds,
+                          columns=_CLAIMED)
         upsert = _upsert_statement(self.engine.dialect.name)
         isolating = False  # suspects came back: claim one row at a time until they are done
         with Heartbeat(queue) as heartbeat:
@@ -102,8 +105,8 @@ class Processor:
         rows are written one by one so only the refused one fails."""
         now = datetime.now(UTC)
         categories = self._source_categories({row["source_id"] for row in claim.rows})
-        good: list[tuple[RowMapping, Listing]] = []
-        bad: list[tuple[RowMapping, str]] = []
+        good: list[tuple[Row, Listing]] = []
+        bad: list[tuple[Row, str]] = []
         limit = self.settings.raw_max_attempts
         for row in claim.rows:  # oldest first, so a later row of the same item wins
             if queue.spec.exhausted(row, limit):
@@ -150,12 +153,12 @@ class Processor:
 
     def _write(
         self, conn: sa.Connection, queue: WorkQueue, claim: Claim, upsert: sa.Insert,
-        good: Sequence[tuple[RowMapping, Listing]], now: datetime, stats: ProcessStats,
+        good: Sequence[tuple[Row, Listing]], now: datetime, stats: ProcessStats,
     ) -> None:
         """Mark ``good`` processed (fenced) and upsert the listings of the rows still held."""
         if not good:
             return
-        latest: dict[tuple[int, str], tuple[RowMapping, Listing]] = {}
+        latest: dict[tuple[int, str], tuple[Row, Listing]] = {}
         for row, listing in good:
             key = (row["source_id"], row["source_item_id"])
             if key in latest:
@@ -189,7 +192,7 @@ class Processor:
 
     def _record_failures(
         self, conn: sa.Connection, queue: WorkQueue, claim: Claim,
-        bad: Sequence[tuple[RowMapping, str]], now: datetime, stats: ProcessStats,
+        bad: Sequence[tuple[Row, str]], now: datetime, stats: ProcessStats,
     ) -> None:
         give_up, retry = [], []
         for row, error in bad:
@@ -233,7 +236,7 @@ def reopen_window(engine: Engine, start: datetime, end: datetime) -> int:
     return int(result.rowcount)
 
 
-def _listing_row(row: RowMapping, listing: Listing) -> dict[str, Any]:
+def _listing_row(row: Row, listing: Listing) -> dict[str, Any]:
     return {
         "source_id": row["source_id"],
         "source_item_id": row["source_item_id"],

@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine, RowMapping
+from sqlalchemy.engine import Engine
 
 from pipeline.core.errors import DeliveryError
 from pipeline.core.failures import CHANNEL_BUG, WORKER_STOPPED, FailureReason
@@ -40,7 +40,7 @@ from pipeline.notify.delivery import (
     delivery_retry_at,
 )
 from pipeline.notify.matching import Filter, FilterIndex, ListingText, Match
-from pipeline.queue.claim import Claim, RowCompletion, WorkQueue
+from pipeline.queue.claim import Claim, Row, RowCompletion, WorkQueue
 from pipeline.queue.workpool import work_claimed
 from pipeline.storage import schema
 from pipeline.storage.bulk import ANY_UNIQUE_KEY, insert_ignoring_conflicts
@@ -182,7 +182,7 @@ class Notifier:
 
     def _messages(
         self, queue: WorkQueue, claim: Claim, stats: NotifyStats
-    ) -> list[tuple[Claim, RowMapping, Message | None]]:
+    ) -> list[tuple[Claim, Row, Message | None]]:
         """The claimed notifications' messages; those claimed more often than
         ``delivery_max_attempts`` (every earlier sender died before recording an outcome)
         are dead at once, unsent."""
@@ -204,7 +204,7 @@ class Notifier:
         return [(claim, row, by_id.get(row["id"])) for row in rows]
 
     def _send(
-        self, job: tuple[Claim, RowMapping, Message | None], channels: Mapping[str, Channel]
+        self, job: tuple[Claim, Row, Message | None], channels: Mapping[str, Channel]
     ) -> Attempt:
         claim, row, message = job
         error: DeliveryError | None = None
@@ -335,7 +335,7 @@ def _insert_notifications(
     return insert_ignoring_conflicts(conn, schema.notifications, rows, ANY_UNIQUE_KEY)
 
 
-def _texts(rows: Sequence[RowMapping]) -> Iterator[ListingText]:
+def _texts(rows: Sequence[Row]) -> Iterator[ListingText]:
     for row in rows:
         yield ListingText(
             id=row["id"], source_id=row["source_id"], title=row["title"], summary=row["summary"],

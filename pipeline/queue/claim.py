@@ -18,7 +18,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum
@@ -26,13 +27,15 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.engine import Connection, Engine, RowMapping
+from sqlalchemy.engine import Connection, Engine
 
 from pipeline.queue.recordset import json_rows, recordset
 
 log = logging.getLogger(__name__)
 
 Predicate = sa.ColumnElement[bool]
+# A claimed row: its columns by name (a dict from the driver on PostgreSQL's fast path).
+Row = Mapping[Any, Any]
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ class OrderTerm:
             return term.nulls_last()
         return term
 
-    def sort(self, rows: list[RowMapping]) -> None:
+    def sort(self, rows: list[Row]) -> None:
         """Stable in-place sort of ``rows`` by this term alone, as the database orders it."""
         # Databases put NULLs last in ascending order unless told otherwise (PostgreSQL
         # and the SQL standard); sorting with reverse=True flips where they land.
@@ -91,9 +94,9 @@ class QueueSpec:
     # Rows whose earlier holder may have died while working on them (``attempts`` > 1
     # with no outcome recorded): ``WorkQueue.isolate`` has them worked on one at a time,
     # so work that kills its worker uses up its own attempts, not its neighbours'.
-    suspect: Callable[[RowMapping], bool] | None = None
+    suspect: Callable[[Row], bool] | None = None
 
-    def exhausted(self, row: RowMapping, max_attempts: int) -> bool:
+    def exhausted(self, row: Row, max_attempts: int) -> bool:
         """True when ``row`` was claimed more than ``max_attempts`` times without being
         finished: every earlier holder stopped (killed, cut off, lease lost) before it
         completed. Its stage must end it now (given up, dead) rather than try again."""
@@ -142,7 +145,7 @@ class QueueSpec:
             ),
         ]
 
-    def sort(self, rows: Iterable[RowMapping]) -> list[RowMapping]:
+    def sort(self, rows: Iterable[Row]) -> list[Row]:
         ordered = list(rows)
         for term in reversed(self.order):
             term.sort(ordered)
@@ -162,7 +165,7 @@ class Claim:
     queue: str
     worker: str
     token: str
-    rows: list[RowMapping]
+    rows: list[Row]
 
     @property
     def ids(self) -> list[int]:
@@ -190,6 +193,16 @@ class Fenced:
 
     done: list[int]
     lost: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _DriverStatement:
+    """A fenced write as the driver runs it: its SQL, the values of its fixed parameters,
+    and each set column's conversion (None when the driver takes the value as it is)."""
+
+    sql: str
+    fixed: dict[str, Any]
+    convert: Mapping[str, Callable[[Any], Any] | None]
 
 
 def sql_now(
@@ -228,6 +241,12 @@ class WorkQueue:
 
     Each statement is built once per queue, with bound parameters, and reused: a claim
     costs one execution, not a rebuild of the SQL (see bench/claim_throughput.py).
+
+    On PostgreSQL the hot statements (the claim, and a completion whose values need no
+    conversion by SQLAlchemy) are sent by psycopg itself, compiled once and prepared on
+    the server, on a connection from the engine's pool: SQLAlchemy's per-statement work
+    was most of a claim's client CPU (bench/RESULTS.md). ``complete_and_claim`` sends a
+    batch's completion and the next claim in one round trip and one commit.
     """
 
     def __init__(
@@ -237,13 +256,17 @@ class WorkQueue:
         *,
         lease_seconds: int = 300,
         strategy: Strategy | None = None,
+        columns: Iterable[str] | None = None,
     ) -> None:
+        """``columns``: what a claim returns besides what the queue itself reads (``id``,
+        the columns of its order, its attempts); every column when None."""
         if lease_seconds < 1:
             raise ValueError(f"lease_seconds must be at least 1, got {lease_seconds}")
         self.engine = engine
         self.spec = spec
         self.lease = timedelta(seconds=lease_seconds)
         self.strategy = strategy or strategy_for(engine.dialect.name)
+        self.columns = self._returned(columns)
         # A claim, and a fenced write the caller does not put in its own transaction,
         # is one statement: atomic by itself, so on PostgreSQL it runs in autocommit
         # (one round trip, no BEGIN/COMMIT). SQLite keeps BEGIN IMMEDIATE: there, a
@@ -252,19 +275,74 @@ class WorkQueue:
         self._one_statement = engine if self.strategy is Strategy.SQLITE else self._autocommit
         self._time_type = spec.table.c.locked_until.type
         self._claim_stmt = self._build_claim()
-        # PostgreSQL runs the claim as SQL compiled once: it skips SQLAlchemy's per-call
-        # cache lookup and per-row type processing (about a fifth of the client CPU of a
-        # claim, bench/RESULTS.md). That is safe because pipeline/storage/db.py pins every
-        # PostgreSQL session to UTC and psycopg decodes JSON itself.
-        self._claim_sql = (
-            str(self._claim_stmt.compile(dialect=engine.dialect))
-            if self.strategy is Strategy.POSTGRES
-            else None
-        )
+        # PostgreSQL runs the claim as SQL compiled once, by the driver: it skips
+        # SQLAlchemy's per-call work and per-row type processing. That is safe because
+        # pipeline/storage/db.py pins every PostgreSQL session to UTC and psycopg decodes
+        # JSON itself.
+        self._claim_sql = self._driver_sql(self._claim_stmt)[0] if self.strategy is Strategy.POSTGRES else None
         self._fenced: dict[tuple[str, ...], sa.Update] = {}
+        self._fenced_sql: dict[tuple[str, ...], _DriverStatement] = {}
         # The unlocked candidate query (portable claims) and the sensor's capped count.
         self._chosen = self._chosen_ids()
         self._count_stmt = sa.select(sa.func.count()).select_from(self._chosen.subquery())
+
+    def _returned(self, columns: Iterable[str] | None) -> tuple[sa.Column[Any], ...]:
+        t, spec = self.spec.table, self.spec
+        if columns is None:
+            return tuple(t.c)
+        names = ["id", *(term.column.name for term in spec.order)]
+        if spec.attempts is not None:
+            names.append(spec.attempts.name)
+        for name in columns:
+            if name not in t.c:
+                raise ValueError(f"{t.name} has no column {name!r} for a claim to return")
+            names.append(name)
+        return tuple(t.c[name] for name in dict.fromkeys(names))
+
+    # -- the driver's own path (PostgreSQL) ---------------------------------------------
+
+    def _driver_sql(self, stmt: sa.Update) -> tuple[str, dict[str, Any]]:
+        """``stmt`` as the text psycopg runs, and the values of its fixed parameters."""
+        compiled = stmt.compile(dialect=self.engine.dialect)
+        return str(compiled), dict(compiled.params)
+
+    @contextmanager
+    def _driver(self) -> Iterator[Any]:
+        """A psycopg connection from the engine's pool, in autocommit while it is lent.
+
+        Its errors reach the caller as SQLAlchemy's (``sa.exc.DBAPIError``), as every
+        other statement's do, and a connection the error broke leaves the pool.
+        """
+        dbapi_error = self.engine.dialect.loaded_dbapi.Error
+        try:
+            raw = self.engine.raw_connection()  # unlike Engine.connect, it does not wrap errors
+        except dbapi_error as exc:
+            raise sa.exc.DBAPIError.instance(None, None, exc, dbapi_error, hide_parameters=True) from exc
+        pg = raw.driver_connection
+        assert pg is not None
+        try:
+            pg.autocommit = True
+            yield pg
+        except dbapi_error as exc:
+            broken = bool(pg.closed or pg.broken or self.engine.dialect.is_disconnect(exc, pg, None))
+            if broken:
+                # As SQLAlchemy does on a disconnect: every connection of the pool made
+                # before this one is stale too (a server restart), and is replaced.
+                self.engine.pool._invalidate(raw, exc)
+            raise sa.exc.DBAPIError.instance(
+                None, None, exc, dbapi_error, hide_parameters=True, connection_invalidated=broken
+            ) from exc
+        finally:
+            if not pg.closed:
+                if pg.info.transaction_status == pg.info.transaction_status.IDLE:
+                    pg.autocommit = False  # as the pool lends it to everyone else
+                else:
+                    raw.invalidate()
+            raw.close()
+
+    def _rows(self, cursor: Any) -> list[Row]:
+        names = [d.name for d in cursor.description]
+        return [dict(zip(names, values, strict=True)) for values in cursor.fetchall()]
 
     # -- time ---------------------------------------------------------------------------
 
@@ -300,25 +378,50 @@ class WorkQueue:
 
     def claim(self, worker: str, limit: int) -> Claim:
         """Lease up to ``limit`` ready rows to ``worker``; never more than ``limit``."""
+        token, params = self._claim_params(worker, limit)
+        if self.strategy is Strategy.PORTABLE:
+            rows: Sequence[Row] = self._claim_portable(params)
+        elif self._claim_sql is not None:
+            with self._driver() as pg:
+                rows = self._rows(pg.execute(self._claim_sql, params, prepare=True))
+        else:
+            with self._one_statement.begin() as conn:
+                rows = conn.execute(self._claim_stmt, params).mappings().all()
+        return Claim(self.spec.name, worker, token, self.spec.sort(rows))
+
+    def _claim_params(self, worker: str, limit: int) -> tuple[str, dict[str, Any]]:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         token = uuid.uuid4().hex
-        params = {
+        return token, {
             "claim_limit": limit,
             "claim_worker": worker,
             "claim_token": token,
             **self._time_params(self.lease),
         }
-        if self.strategy is Strategy.PORTABLE:
-            rows = self._claim_portable(params)
-        else:
-            with self._one_statement.begin() as conn:
-                if self._claim_sql is not None:
-                    result = conn.exec_driver_sql(self._claim_sql, params)
-                else:
-                    result = conn.execute(self._claim_stmt, params)
-                rows = result.mappings().all()
-        return Claim(self.spec.name, worker, token, self.spec.sort(rows))
+
+    def complete_and_claim(
+        self, claim: Claim, values: Mapping[str, Any], limit: int, *, ids: Sequence[int] | None = None
+    ) -> tuple[Fenced, Claim]:
+        """``complete`` then ``claim`` for the same worker: on PostgreSQL in one round
+        trip and one transaction (psycopg's pipeline mode), so a worker that finishes a
+        batch and takes the next waits for the database once and commits once. If the
+        completion fails, the next claim is not taken either."""
+        _refuse_claim_columns(values, "the completion clears")
+        driver = self._complete_sql(values)
+        wanted = list(claim.ids if ids is None else ids)
+        if self._claim_sql is None or driver is None or not wanted:
+            return self.complete(claim, values, ids=ids), self.claim(claim.worker, limit)
+        token, params = self._claim_params(claim.worker, limit)
+        with self._driver() as pg:
+            with pg.pipeline():
+                completed = pg.execute(driver.sql, self._complete_params(driver, claim, wanted, values),
+                                       prepare=True)
+                claimed = pg.execute(self._claim_sql, params, prepare=True)
+            done = [row[0] for row in completed.fetchall()]
+            rows = self._rows(claimed)
+        fenced = self._fenced_outcome(claim, wanted, done, "completion", quiet=False)
+        return fenced, Claim(self.spec.name, claim.worker, token, self.spec.sort(rows))
 
     def count_ready(self, cap: int = 1000) -> int:
         """How many rows a claim could take now, counted up to ``cap``.
@@ -406,7 +509,7 @@ class WorkQueue:
                 sa.update(t)
                 .where(t.c.id == chosen.c.id)
                 .values(self._lease_values())
-                .returning(*t.c)
+                .returning(*self.columns)
             )
         if self.strategy is Strategy.SQLITE:
             # UPDATE t SET <lease> WHERE id IN (<expired> UNION ALL <free> LIMIT n)
@@ -416,7 +519,7 @@ class WorkQueue:
                 sa.update(t)
                 .where(t.c.id.in_(self._chosen_ids()))
                 .values(self._lease_values())
-                .returning(*t.c)
+                .returning(*self.columns)
             )
         # Portable: take one candidate with an UPDATE that re-checks the criteria and
         # the lease, so a row another worker took in between is skipped (rowcount 0).
@@ -432,7 +535,7 @@ class WorkQueue:
             .values(self._lease_values())
         )
 
-    def _claim_portable(self, params: dict[str, Any]) -> Sequence[RowMapping]:
+    def _claim_portable(self, params: dict[str, Any]) -> Sequence[Row]:
         # Correct on any SQL database, in 1 + N + 1 round trips: read candidates, take
         # each with the guarded UPDATE of _build_claim, read back the rows taken.
         t = self.spec.table
@@ -444,7 +547,7 @@ class WorkQueue:
                     taken.append(row_id)
             if not taken:
                 return []
-            return conn.execute(sa.select(t).where(t.c.id.in_(taken))).mappings().all()
+            return conn.execute(sa.select(*self.columns).where(t.c.id.in_(taken))).mappings().all()
 
     def isolate(self, claim: Claim) -> Claim:
         """``claim`` itself, or, when it holds suspects (``QueueSpec.suspect``), a claim
@@ -541,6 +644,11 @@ class WorkQueue:
         else:
             with self._one_statement.begin() as own:
                 done = own.execute(stmt, params).scalars().all()
+        return self._fenced_outcome(claim, wanted, done, action, quiet=quiet)
+
+    def _fenced_outcome(
+        self, claim: Claim, wanted: Sequence[int], done: Sequence[int], action: str, *, quiet: bool
+    ) -> Fenced:
         lost = sorted(set(wanted) - set(done))
         if lost and not quiet:
             log.warning(
@@ -555,6 +663,33 @@ class WorkQueue:
                 lost[:20],
             )
         return Fenced(done=sorted(done), lost=lost)
+
+    def _complete_sql(self, values: Mapping[str, Any]) -> _DriverStatement | None:
+        """The completion setting ``values`` as driver SQL (PostgreSQL), or None where
+        SQLAlchemy must send it (a SQL expression among the values)."""
+        if self.strategy is not Strategy.POSTGRES or any(
+            isinstance(v, sa.ClauseElement) or name not in self.spec.table.c for name, v in values.items()
+        ):
+            return None
+        key = tuple(sorted(values))
+        statement = self._fenced_sql.get(key)
+        if statement is None:
+            sql, fixed = self._driver_sql(self._fenced_statement(key))
+            t, dialect = self.spec.table, self.engine.dialect
+            # The columns' own conversions (UTC times, JSON), as SQLAlchemy applies them.
+            convert = {name: t.c[name].type._cached_bind_processor(dialect) for name in key}
+            statement = self._fenced_sql[key] = _DriverStatement(sql, fixed, convert)
+        return statement
+
+    def _complete_params(
+        self, statement: _DriverStatement, claim: Claim, ids: Sequence[int], values: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        params = {**statement.fixed, "ids": list(ids), "fence_token": claim.token,
+                  "fence_worker": claim.worker}
+        for name, value in values.items():
+            convert = statement.convert[name]
+            params[f"set_{name}"] = value if convert is None else convert(value)
+        return params
 
     def complete(
         self,
@@ -571,7 +706,17 @@ class WorkQueue:
         results, and write results only for ``Fenced.done``: rows in ``Fenced.lost``
         belong to another worker now.
         """
-        return self._finish(conn, claim, ids, values, "completion")
+        driver = self._complete_sql(values) if conn is None else None
+        if driver is None:
+            return self._finish(conn, claim, ids, values, "completion")
+        _refuse_claim_columns(values, "the completion clears")
+        wanted = list(claim.ids if ids is None else ids)
+        if not wanted:
+            return Fenced(done=[])
+        with self._driver() as pg:
+            cursor = pg.execute(driver.sql, self._complete_params(driver, claim, wanted, values), prepare=True)
+            done = [row[0] for row in cursor.fetchall()]
+        return self._fenced_outcome(claim, wanted, done, "completion", quiet=False)
 
     def complete_each(
         self, completions: Sequence[RowCompletion], *, conn: Connection
