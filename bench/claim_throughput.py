@@ -96,19 +96,27 @@ def wait_until(start_at: float) -> float:
     return time.process_time()
 
 
-def minimal_worker(url: str, worker: str, batch: int, start_at: float) -> Result:
+def pipelined_drain(conn: psycopg.Connection, worker: str, batch: int, write: str) -> int:
+    """The minimal loop on ``conn`` (autocommit): claim with MIN_CLAIM, then send each
+    batch's ``write`` (parameters ``ids``, ``token``, ``worker``) and the next claim in one
+    pipeline: one round trip, one implicit transaction. Returns the rows ``write`` changed."""
     done = 0
+    token = uuid.uuid4().hex
+    ids = [r[0] for r in conn.execute(MIN_CLAIM, {"n": batch, "worker": worker, "token": token})]
+    while ids:
+        following = uuid.uuid4().hex
+        with conn.pipeline():
+            written = conn.execute(write, {"ids": ids, "token": token, "worker": worker})
+            claimed = conn.execute(MIN_CLAIM, {"n": batch, "worker": worker, "token": following})
+        done += written.rowcount
+        ids, token = [r[0] for r in claimed.fetchall()], following
+    return done
+
+
+def minimal_worker(url: str, worker: str, batch: int, start_at: float) -> Result:
     with psycopg.connect(url, autocommit=True, prepare_threshold=0) as conn:
         cpu = wait_until(start_at)
-        token = uuid.uuid4().hex
-        ids = [r[0] for r in conn.execute(MIN_CLAIM, {"n": batch, "worker": worker, "token": token})]
-        while ids:
-            following = uuid.uuid4().hex
-            with conn.pipeline():  # one round trip, one implicit transaction
-                completed = conn.execute(MIN_COMPLETE, {"ids": ids, "token": token, "worker": worker})
-                claimed = conn.execute(MIN_CLAIM, {"n": batch, "worker": worker, "token": following})
-            done += len(completed.fetchall())
-            ids, token = [r[0] for r in claimed.fetchall()], following
+        done = pipelined_drain(conn, worker, batch, MIN_COMPLETE)
         return done, time.time(), time.process_time() - cpu
 
 

@@ -16,7 +16,7 @@ from pipeline.core.backoff import PACIFIC, BackoffPolicy, next_quota_reset, retr
 from pipeline.core.errors import NormaliseError, SourceError
 from pipeline.core.failures import PERMANENT, FailureReason
 from pipeline.core.kinds import SourceType
-from pipeline.core.urls import canonical_host, web_url
+from pipeline.core.urls import canonical_host, canonical_url, item_key, web_url, web_urls
 from pipeline.listings.normalize import (
     CATEGORY_CHARS,
     MAX_CATEGORIES,
@@ -208,3 +208,22 @@ def test_a_web_url_is_never_markup_and_keeps_its_host(scheme, host, rest):
     parts = urlsplit(url)
     assert parts.scheme in ("http", "https") and canonical_host(parts.hostname) is not None
     assert web_url(url) == url, "cleaning a clean URL changes nothing"
+
+
+@given(
+    st.sampled_from(["http://", "https://", "HTTP://", "hTTps://"]),
+    st.one_of(st.sampled_from(["example.com", "Example.COM:80", "127.1:443", "[::1]:8080", "b\u00fccher.example",
+                               "u:p@a_b.c:8080", "x.org:", "[::ffff:127.0.0.1]"]), URL_TEXT),
+    URL_TEXT,
+)
+@settings(max_examples=1000, deadline=None)
+def test_one_parse_gives_the_web_url_and_its_canonical_spelling(scheme, host, rest):
+    """The processor's one-parse path names an item exactly as the two functions do: its
+    key (item_key) may not change with the path taken."""
+    value = scheme + host + rest
+    both = web_urls(value)
+    web = web_url(value)
+    assert (both is None) == (web is None)
+    if both is not None:
+        assert both == (web, canonical_url(web))
+        assert item_key(both[1], "id", canonical=True) == item_key(web, "id")

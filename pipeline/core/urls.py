@@ -10,6 +10,7 @@ trailing slash, ``www.``, query order and tracking parameters can name other res
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import re
@@ -27,6 +28,10 @@ _NUMERIC = re.compile(r"[0-9a-fx.]+\Z")
 _URL_SAFE = "-._~:/?#[]@!$&()*+,;=%"
 
 
+# A pure function of its text, and hosts repeat from item to item (a feed's items share
+# its host): remembered, it costs a dict lookup instead of an IP and IDNA parse per URL,
+# which was a tenth of the processor's CPU per row (bench/RESULTS.md).
+@functools.lru_cache(maxsize=4096)
 def canonical_host(hostname: str) -> str | None:
     """A host as one spelling: an IP address in its standard form (``127.1``,
     ``2130706433`` and ``0x7f.1`` are all ``127.0.0.1``, as the resolver reads them), a
@@ -67,6 +72,13 @@ def web_url(value: object) -> str | None:
     (a listing's link never needs a password); the path, query and fragment keep their
     meaning with every character outside ``_URL_SAFE`` percent-encoded.
     """
+    urls = web_urls(value)
+    return urls[0] if urls else None
+
+
+def web_urls(value: object) -> tuple[str, str] | None:
+    """``web_url(value)`` and its ``canonical_url``, from one parse: the processor's hot
+    path (tests/test_properties.py checks it agrees with the two functions)."""
     if not isinstance(value, str):
         return None
     try:
@@ -74,14 +86,23 @@ def web_url(value: object) -> str | None:
         port = parts.port
     except ValueError:  # a port out of range, a malformed IPv6 literal
         return None
-    if parts.scheme.lower() not in _DEFAULT_PORTS or not parts.hostname:
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname:
         return None
     host = canonical_host(parts.hostname)
     if host is None:
         return None
     netloc = host if port is None else f"{host}:{port}"
     path, query, fragment = (quote(part, safe=_URL_SAFE) for part in (parts.path, parts.query, parts.fragment))
-    return urlunsplit((parts.scheme.lower(), netloc, path or "/", query, fragment))
+    web = urlunsplit((scheme, netloc, path or "/", query, fragment))
+    if port is not None and port != _DEFAULT_PORTS[scheme]:
+        host = f"{host}:{port}"
+    canonical = urlunsplit((scheme, host, _upper_escapes(path) or "/", _upper_escapes(query), ""))
+    return web, canonical
+
+
+def _upper_escapes(text: str) -> str:
+    return _ESCAPE.sub(lambda m: m.group(0).upper(), text) if "%" in text else text
 
 
 def canonical_url(url: str) -> str:
@@ -101,16 +122,15 @@ def canonical_url(url: str) -> str:
     netloc = (f"{userinfo}@" if userinfo else "") + host
     if port is not None and port != _DEFAULT_PORTS.get(scheme):
         netloc += f":{port}"
-    path = _ESCAPE.sub(lambda m: m.group(0).upper(), parts.path) or "/"
-    query = _ESCAPE.sub(lambda m: m.group(0).upper(), parts.query)
-    return urlunsplit((scheme, netloc, path, query, ""))
+    return urlunsplit((scheme, netloc, _upper_escapes(parts.path) or "/", _upper_escapes(parts.query), ""))
 
 
-def item_key(url: str, source_item_id: str) -> str:
+def item_key(url: str, source_item_id: str, *, canonical: bool = False) -> str:
     """The identity of an item for "a user hears about it once": its canonical URL with
     its feed id (guid, Atom id, or what stands in for one). The same entry reached
     through two sources (two spellings of a feed, a mirror, feeds that redirect to one)
     has one key; two entries that share a link but not an id (a page watched for
-    changes, a feed linking every item to its home page) have two."""
-    text = f"{canonical_url(url)}\n{source_item_id}"
+    changes, a feed linking every item to its home page) have two. ``canonical``: the
+    URL is already in its canonical spelling (``web_urls``)."""
+    text = f"{url if canonical else canonical_url(url)}\n{source_item_id}"
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

@@ -18,7 +18,7 @@ from html import escape, unescape
 from typing import Any
 
 from pipeline.core.errors import NormaliseError
-from pipeline.core.urls import web_url
+from pipeline.core.urls import web_urls
 
 TITLE_CHARS = 500
 SUMMARY_CHARS = 5000
@@ -40,6 +40,9 @@ class Listing:
     author: str | None
     published_at: datetime | None
     categories: list[str]
+    # The url's canonical spelling (pipeline/core/urls.py), the item's identity: derived
+    # from ``url``, so not part of the content hash.
+    canonical_url: str
 
     @property
     def content_hash(self) -> str:
@@ -66,9 +69,10 @@ def normalise(
             raise NormaliseError(f"raw_json is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise NormaliseError(f"raw_json must be a JSON object, not {type(raw).__name__}")
-    url = _url(raw.get("url")) or _url(fallback_url)
-    if url is None:
+    urls = _url(raw.get("url")) or _url(fallback_url)
+    if urls is None:
         raise NormaliseError(f"no usable url (an absolute http(s) URL): {raw.get('url')!r}")
+    url, canonical = urls
     title = _bounded(html_to_text(_text(raw.get("title"), "title")), TITLE_CHARS)
     summary = _bounded(html_to_text(_text(raw.get("summary"), "summary")), SUMMARY_CHARS)
     author = _bounded(html_to_text(_text(raw.get("author"), "author")), AUTHOR_CHARS) or None
@@ -79,6 +83,7 @@ def normalise(
         author=author,
         published_at=_published(raw.get("published_at"), now),
         categories=_categories(raw.get("categories"), source_category),
+        canonical_url=canonical,
     )
 
 
@@ -92,10 +97,10 @@ def _text(value: Any, field: str) -> str:
     raise NormaliseError(f"{field} must be text, not {type(value).__name__}")
 
 
-def _url(value: Any) -> str | None:
-    """A listing's link: an absolute http(s) URL with a real host, never markup
-    (pipeline/core/urls.py ``web_url``)."""
-    return web_url(value)
+def _url(value: Any) -> tuple[str, str] | None:
+    """A listing's link, an absolute http(s) URL with a real host, never markup, and its
+    canonical spelling (pipeline/core/urls.py ``web_urls``)."""
+    return web_urls(value)
 
 
 def _bounded(text: str, limit: int) -> str:

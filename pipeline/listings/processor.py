@@ -248,7 +248,7 @@ def _listing_row(row: Row, listing: Listing) -> dict[str, Any]:
         "categories": listing.categories,
         "content_hash": listing.content_hash,
         "raw_id": row["id"],
-        "item_key": item_key(listing.url, row["source_item_id"]),
+        "item_key": item_key(listing.canonical_url, row["source_item_id"], canonical=True),
     }
 
 
