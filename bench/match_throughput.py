@@ -1,24 +1,36 @@
-"""Matching throughput: 10,000 new listings against 10,000 filters, beside a naive loop.
+"""Matching at scale: the time to match a batch of new listings as filters grow from
+10,000 to 1,000,000, the project's index beside a plain inverted index and PostgreSQL.
 
-Measured in the same run, on the same generated listings and filters:
+The corpus: listings whose words follow a Zipf-like law, 10,000 filters of 1-3 keywords
+drawn from the same words (about 20 matching users per listing, out of 1,000), and as
+the filter count grows, filters that cannot match these listings: each holds a word no
+listing holds, and half of them one of the listings' words as well ("python zorblax").
+So the pairs matched stay the same at every scale, and what the figures show is how
+much each system pays for filters that cannot match: a matcher that scales pays nothing.
 
-* naive    -- the reference semantics as a per-filter Python loop: for every filter,
-              every listing, with each listing's words computed once beforehand (so the
-              loop is only the pairs: a generous baseline).
-* index    -- ``FilterIndex.matches`` (pipeline/notify/matching.py) on the same in-memory data,
-              words included.
-* pass     -- the notifier's whole matching pass on a real database
-              (``Notifier.match``: claim unmatched listings, load filters, match, mark
-              matched and insert notifications), on PostgreSQL and on SQLite.
+Measured in the same run, on the same batches of --batch listings (the notifier's
+``match_batch``), the median over the batches of --repeats interleaved rounds:
 
-Both in-memory results are compared pair by pair before any figure is printed, so a fast
-wrong answer cannot pass. The target (issue 4) is index and pass at least 20x faster
-than the naive loop.
+* index     -- ``FilterIndex.matches`` (pipeline/notify/matching.py), built once as the
+               notifier's catalogue builds it at a full reload, after it has seen one
+               batch (the word rarity it files by is learned from the listings it matched).
+* first     -- a plain inverted index built once, each filter filed under its first
+               keyword, the same checks on the candidates (the audit's baseline).
+* postgres  -- matching done by PostgreSQL: the filters' keywords in a table with an
+               index on the word, joined to the batch's (listing, word) pairs sent as two
+               arrays, grouped by (listing, filter) having every keyword, the source,
+               category and age conditions in SQL, one row per (listing, user).
+* naive     -- every filter against every listing (at 10,000 filters only): the
+               reference semantics, not a baseline to beat.
 
-    .bench-venv/bin/python bench/match_throughput.py --database-url postgresql://postgres@127.0.0.1:5432/test
+Every system's pairs are compared with the index's, batch by batch, before any figure is
+printed (and with the naive loop's at 10,000), so a fast wrong answer cannot pass. Also
+reported: the notifier's whole matching pass on PostgreSQL and SQLite at 10,000 filters.
 
-The benchmark creates (and drops) its own database ``bench_match_<pid>_<random>`` on that server, and a
-SQLite file in a temporary folder.
+    .venv/bin/python bench/match_throughput.py --database-url postgresql://postgres@127.0.0.1:5432/test
+
+Databases ``bench_match_<pid>_<random>``, dropped however the run ends; a SQLite file in
+a temporary folder.
 """
 
 from __future__ import annotations
@@ -26,17 +38,20 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import statistics
 import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import psycopg
 import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.scratch import unique_name
+from bench.scratch import ServerCpu, commit, scratch_database, unique_name
+from bench.scratch import load as load_average
 from pipeline.core.settings import Settings
 from pipeline.notify.matching import Filter, FilterIndex, ListingText, words
 from pipeline.notify.notifier import Notifier, NotifyStats
@@ -118,9 +133,99 @@ def naive_loop(filters: list[Filter], listings: list[ListingText]) -> set[tuple[
     return {(user, listing) for user, listing in best}
 
 
-def index_pass(filters: list[Filter], listings: list[ListingText]) -> set[tuple[int, int]]:
-    index = FilterIndex(filters)
-    return {(m.user_id, m.listing_id) for m in index.matches(listings)}
+def far_filters(corpus: Corpus, count: int, seed: int) -> list[Filter]:
+    """``count`` filters that cannot match the corpus's listings: each holds one to two
+    made-up words no listing holds (they end in a digit and "q"), and half of them one of
+    the listings' own keywords too, in a random position."""
+    rng = random.Random(seed)
+    common = sorted({k for f in corpus.filters for k in f.keywords})
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    niche = ["".join(rng.choice(letters) for _ in range(rng.randint(4, 9))) + f"{n % 10}q" for n in range(200_000)]
+    first_id = len(corpus.filters) + 1
+    made = []
+    for i in range(count):
+        keywords = rng.sample(niche, rng.randint(1, 2))
+        if rng.random() < 0.5:
+            keywords.insert(rng.randint(0, len(keywords)), rng.choice(common))
+        made.append(Filter(id=first_id + i, user_id=rng.randint(1, USERS), keywords=tuple(keywords),
+                           created_at=corpus.filters[0].created_at))
+    return made
+
+
+class FirstKeywordIndex:
+    """The audit's plain inverted index: each filter under its first keyword, built once;
+    the same checks on the candidates as the project's (pipeline/notify/matching.py)."""
+
+    def __init__(self, filters: list[Filter]) -> None:
+        self.by_word: dict[str, list[Filter]] = {}
+        for f in filters:
+            self.by_word.setdefault(f.keywords[0], []).append(f)
+
+    def matches(self, listings: list[ListingText]) -> set[tuple[int, int, int]]:
+        best: dict[tuple[int, int], int] = {}
+        for item in listings:
+            text = words(f"{item.title} {item.summary}")
+            categories = {c.casefold() for c in item.categories}
+            for word in text:
+                for f in self.by_word.get(word, ()):
+                    if f.source_id is not None and f.source_id != item.source_id:
+                        continue
+                    if f.created_at and item.ingested_at and item.ingested_at < f.created_at:
+                        continue
+                    if f.category is not None and f.category not in categories:
+                        continue
+                    if all(k in text for k in f.keywords):
+                        key = (f.user_id, item.id)
+                        if key not in best or f.id < best[key]:
+                            best[key] = f.id
+        return {(user, listing, filter_id) for (user, listing), filter_id in best.items()}
+
+
+PG_SCHEMA = """
+CREATE TABLE match_filters (id bigint PRIMARY KEY, user_id bigint NOT NULL, n_keywords int NOT NULL,
+                            source_id bigint, category text, created_at timestamptz);
+CREATE TABLE match_words (word text NOT NULL, filter_id bigint NOT NULL);
+"""
+PG_INDEXES = "CREATE INDEX ON match_words (word) INCLUDE (filter_id); ANALYZE match_filters; ANALYZE match_words"
+PG_MATCH = """
+WITH l AS (SELECT * FROM unnest(%(ids)s::bigint[], %(sources)s::bigint[], %(ingested)s::timestamptz[],
+                                %(categories)s::text[]) AS l(id, source_id, ingested_at, categories)),
+w AS (SELECT * FROM unnest(%(word_listing)s::bigint[], %(word)s::text[]) AS w(listing_id, word)),
+hits AS (SELECT w.listing_id, mw.filter_id, count(*) AS n
+         FROM w JOIN match_words mw ON mw.word = w.word GROUP BY 1, 2)
+SELECT DISTINCT ON (l.id, f.user_id) f.user_id, l.id, f.id
+FROM hits h JOIN match_filters f ON f.id = h.filter_id AND f.n_keywords = h.n
+JOIN l ON l.id = h.listing_id
+WHERE (f.source_id IS NULL OR f.source_id = l.source_id)
+  AND (f.category IS NULL OR f.category = ANY(string_to_array(l.categories, '|')))
+  AND (f.created_at IS NULL OR l.ingested_at >= f.created_at)
+ORDER BY l.id, f.user_id, f.id
+"""
+
+
+def pg_load(conn: psycopg.Connection, filters: list[Filter]) -> None:
+    with conn.cursor().copy("COPY match_filters FROM STDIN") as copy:
+        for f in filters:
+            copy.write_row((f.id, f.user_id, len(f.keywords), f.source_id, f.category, f.created_at))
+    with conn.cursor().copy("COPY match_words FROM STDIN") as copy:
+        for f in filters:
+            for k in f.keywords:
+                copy.write_row((k, f.id))
+
+
+def pg_matches(conn: psycopg.Connection, listings: list[ListingText]) -> set[tuple[int, int, int]]:
+    word_listing, word = [], []
+    for item in listings:
+        text = words(f"{item.title} {item.summary}")
+        word_listing.extend([item.id] * len(text))
+        word.extend(text)
+    params = {
+        "ids": [x.id for x in listings], "sources": [x.source_id for x in listings],
+        "ingested": [x.ingested_at for x in listings],
+        "categories": ["|".join(c.casefold() for c in x.categories) for x in listings],
+        "word_listing": word_listing, "word": word,
+    }
+    return {tuple(row) for row in conn.execute(PG_MATCH, params, prepare=True)}  # type: ignore[misc]
 
 
 def load(engine: sa.Engine, corpus: Corpus) -> None:
@@ -170,51 +275,122 @@ def database_pass(engine: sa.Engine) -> tuple[float, NotifyStats, set[tuple[int,
     return elapsed, stats, pairs
 
 
+def batches(corpus: Corpus, size: int) -> list[list[ListingText]]:
+    return [corpus.listings[i:i + size] for i in range(0, len(corpus.listings), size)]
+
+
+def scale_round(
+    label: str, systems: dict[str, object], parts: list[list[ListingText]], conn: psycopg.Connection,
+    server: ServerCpu, results: dict[str, dict[str, list[float]]],
+) -> None:
+    """One round of every batch through each system in turn; checks they agree."""
+    found: dict[str, list[set[tuple[int, int, int]]]] = {}
+    for name, system in systems.items():
+        times, out = results.setdefault(name, {}).setdefault("ms", []), []
+        cpu_before, server_before = time.process_time(), server.seconds() if name == "postgres" else None
+        for part in parts:
+            started = time.perf_counter()
+            if name == "postgres":
+                out.append(pg_matches(conn, part))
+            elif isinstance(system, FilterIndex):
+                out.append(set(system.matches(part)))  # Match is a (user, listing, filter) tuple
+            else:
+                assert isinstance(system, FirstKeywordIndex)
+                out.append(system.matches(part))
+            times.append((time.perf_counter() - started) * 1000)
+        cpu = time.process_time() - cpu_before
+        if server_before is not None:
+            after = server.seconds()
+            cpu += (after - server_before) if after is not None else 0.0
+        results[name].setdefault("cpu_ms", []).append(cpu / len(parts) * 1000)
+        found[name] = out
+    for name, out in found.items():
+        if out != found["index"]:
+            raise SystemExit(f"MISMATCH at {label}: {name} disagrees with the index")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--database-url",
                         default=os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"))
     parser.add_argument("--listings", type=int, default=10_000)
-    parser.add_argument("--filters", type=int, default=10_000)
+    parser.add_argument("--filters", default="10000,100000,1000000", help="filter counts to measure at")
+    parser.add_argument("--batch", type=int, default=1_000, help="listings per batch (the notifier's match_batch)")
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=4)
+    parser.add_argument("--skip-pass", action="store_true", help="skip the notifier's whole pass")
     args = parser.parse_args()
+    scales = [int(n) for n in args.filters.split(",")]
+    base_count = scales[0]
 
-    print(f"{args.listings:,} listings x {args.filters:,} filters ({USERS:,} users), {os.cpu_count()} CPUs,"
-          f" {datetime.now(UTC):%Y-%m-%d %H:%M} UTC", flush=True)
-    corpus = Corpus(args.listings, args.filters, args.seed)
+    print(f"{args.listings:,} listings in batches of {args.batch:,}; filters {', '.join(f'{n:,}' for n in scales)}"
+          f" ({USERS:,} users); {os.cpu_count()} CPUs, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC,"
+          f" commit {commit()}, load {load_average()}", flush=True)
+    corpus = Corpus(args.listings, base_count, args.seed)
+    parts = batches(corpus, args.batch)
 
     started = time.perf_counter()
     expected = naive_loop(corpus.filters, corpus.listings)
     naive_s = time.perf_counter() - started
-    print(f"naive per-filter loop: {naive_s:8.3f} s, {len(expected):,} (user, listing) matches", flush=True)
-
-    started = time.perf_counter()
-    found = index_pass(corpus.filters, corpus.listings)
-    index_s = time.perf_counter() - started
-    if found != expected:
-        print(f"MISMATCH: index found {len(found)} pairs, naive {len(expected)}", file=sys.stderr)
-        return 1
-    print(f"FilterIndex in memory: {index_s:8.3f} s  naive/index {naive_s / index_s:6.1f}x", flush=True)
+    print(f"naive loop at {base_count:,} filters: {naive_s / len(parts) * 1000:,.0f} ms a batch,"
+          f" {len(expected):,} (user, listing) pairs", flush=True)
 
     admin = sa.create_engine(db.parse_url(args.database_url), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        conn.exec_driver_sql(f"CREATE DATABASE {DB_NAME}")
-    pg_url = db.parse_url(args.database_url).set(database=DB_NAME).render_as_string(hide_password=False)
-    with tempfile.TemporaryDirectory() as folder:
-        for label, url in (("PostgreSQL", pg_url), ("SQLite", f"sqlite:///{folder}/match.db")):
-            engine = db.create_engine(url)
-            load(engine, corpus)
-            elapsed, stats, stored = database_pass(engine)
-            engine.dispose()
-            if stored != expected or stats.listings_matched != args.listings:
-                print(f"MISMATCH on {label}: {len(stored)} notifications stored, {len(expected)} expected",
-                      file=sys.stderr)
-                return 1
-            print(f"notifier match pass, {label + ':':<11} {elapsed:8.3f} s  naive/pass {naive_s / elapsed:6.1f}x"
-                  f"  ({stats.notifications_created:,} notifications inserted)", flush=True)
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+    results: dict[int, dict[str, dict[str, list[float]]]] = {}
+    with scratch_database(admin, DB_NAME):
+        pg_url = db.parse_url(args.database_url).set(database=DB_NAME)
+        driver_url = pg_url.set(drivername="postgresql").render_as_string(hide_password=False)
+        engine = sa.create_engine(pg_url)
+        server = ServerCpu(engine)
+        with psycopg.connect(driver_url, autocommit=True) as conn:
+            conn.execute(PG_SCHEMA)
+            extra = far_filters(corpus, scales[-1] - base_count, args.seed + 1)
+            loaded = 0
+            for scale in scales:
+                filters = corpus.filters + extra[:scale - base_count]
+                conn.execute("DROP INDEX IF EXISTS match_words_word_filter_id_idx")
+                pg_load(conn, filters[loaded:])
+                loaded = len(filters)
+                conn.execute(PG_INDEXES)
+                built = time.perf_counter()
+                index = FilterIndex()
+                index.rarity.observe(words(f"{x.title} {x.summary}") for x in parts[0])  # one batch seen
+                index.add(filters)
+                build_s = time.perf_counter() - built
+                systems = {"index": index, "first": FirstKeywordIndex(filters), "postgres": None}
+                results[scale] = {}
+                for _ in range(args.repeats):
+                    scale_round(f"{scale:,} filters", systems, parts, conn, server, results[scale])
+                pairs = {(m.user_id, m.listing_id) for m in index.matches(corpus.listings)}
+                if pairs != expected:
+                    raise SystemExit(f"MISMATCH at {scale:,} filters: the index and the naive loop disagree")
+                line = f"{scale:>9,} filters (index built in {build_s:.2f} s):"
+                for name in systems:
+                    ms = statistics.median(results[scale][name]["ms"])
+                    cpu = statistics.median(results[scale][name]["cpu_ms"])
+                    line += f"  {name} {ms:,.1f} ms ({cpu:,.1f} ms CPU)"
+                print(line, f" load {load_average()}", flush=True)
+        engine.dispose()
+        first, last = scales[0], scales[-1]
+        print(f"\nms a batch of {args.batch:,}, median; ratio {last:,} / {first:,} filters:")
+        for name in ("index", "first", "postgres"):
+            a, b = (statistics.median(results[n][name]["ms"]) for n in (first, last))
+            print(f"  {name:<9} {a:>9,.1f} -> {b:>9,.1f}   x{b / a:,.2f}")
+
+        if not args.skip_pass:
+            with tempfile.TemporaryDirectory() as folder:
+                for label, url in (("PostgreSQL", pg_url.render_as_string(hide_password=False)),
+                                   ("SQLite", f"sqlite:///{folder}/match.db")):
+                    engine = db.create_engine(url)
+                    load(engine, corpus)
+                    elapsed, stats, stored = database_pass(engine)
+                    engine.dispose()
+                    if stored != expected or stats.listings_matched != args.listings:
+                        raise SystemExit(f"MISMATCH on {label}: {len(stored)} notifications stored,"
+                                         f" {len(expected)} expected")
+                    print(f"notifier match pass at {base_count:,} filters, {label + ':':<11} {elapsed:8.3f} s"
+                          f" ({stats.notifications_created:,} notifications)", flush=True)
+    admin.dispose()
     return 0
 
 

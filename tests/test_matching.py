@@ -109,3 +109,36 @@ def test_the_index_finds_exactly_what_the_naive_loop_finds():
     index = FilterIndex(filters)
     found = {(f.id, item.id) for item in items for f in index.matching(item)}
     assert found == naive(filters, items) and len(found) > 100
+
+
+class _Counted(Filter):
+    """A filter that counts every read of its fields once ``reads`` is armed."""
+
+    reads: list[int] | None = None
+
+    def __getattribute__(self, name: str):
+        counter = type(self).reads
+        if counter is not None and name in ("keywords", "source_id", "category", "created_at", "user_id"):
+            counter.append(object.__getattribute__(self, "id"))
+        return object.__getattribute__(self, name)
+
+
+def test_a_batch_never_touches_the_filters_that_cannot_match_it():
+    """The cost of matching a batch does not grow with the filters it cannot match:
+    they are filed once, when added, and a batch reads only the filters filed under its
+    own words (the index once filed every filter again for every batch)."""
+    near = [Filter(i, i, ("python", "remote")) for i in range(1, 4)]
+    far = [_Counted(100 + i, 5, (f"zz{i}", "python")) for i in range(2_000)]
+    index = FilterIndex()
+    index.rarity.observe([{"python", "remote", "developer"}])  # words seen before: common
+    index.add(far)  # each filed under its word no listing held yet
+    index.add(near)
+    _Counted.reads = []
+    try:
+        found = index.matches([listing("Python developer", "remote", id=1), listing("Rust", id=2)])
+        assert _Counted.reads == [], f"{len(_Counted.reads)} reads of filters that cannot match"
+    finally:
+        _Counted.reads = None
+    assert [(m.user_id, m.listing_id) for m in found] == [(1, 1), (2, 1), (3, 1)]
+    index.add(near)  # a filter read again (the catalogue's overlapping reads) is filed once
+    assert index.size == len(near) + len(far)

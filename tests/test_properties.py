@@ -25,7 +25,7 @@ from pipeline.listings.normalize import (
     html_to_text,
     normalise,
 )
-from pipeline.notify.matching import Filter, FilterIndex, ListingText, words
+from pipeline.notify.matching import _PART, WORD, Filter, FilterIndex, ListingText, words
 from pipeline.storage import schema
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -227,3 +227,20 @@ def test_one_parse_gives_the_web_url_and_its_canonical_spelling(scheme, host, re
     if both is not None:
         assert both == (web, canonical_url(web))
         assert item_key(both[1], "id", canonical=True) == item_key(web, "id")
+
+
+def _words_reference(text: str) -> set[str]:
+    """The word rule as first written, one match at a time (pipeline/notify/matching.py)."""
+    found: set[str] = set()
+    for match in WORD.finditer(text):
+        word = match.group().casefold()
+        found.add(word)
+        if not word.isalnum():
+            found.update(_PART.findall(word))
+    return found
+
+
+@given(st.text(alphabet=st.sampled_from(list("aZ9_ .+#'-,\u00df\u0130\u00e9\u0307\n")), max_size=60))
+@settings(max_examples=500, deadline=None)
+def test_the_faster_word_rule_finds_the_same_words(text):
+    assert words(text) == _words_reference(text)

@@ -6,19 +6,23 @@ restriction names the listing's source, and its category restriction is one of t
 listing's categories. By default a filter applies only to listings that arrived after
 it (``ingested_at >= created_at``): a new filter does not flood its user with history.
 
-Set-based: ``FilterIndex`` files every filter under one of its keywords (for a batch, the
-one the fewest of the batch's listings hold), so a listing is compared only with the
-filters filed under one of its own words, never with every filter
-(bench/match_throughput.py).
+Set-based: ``FilterIndex`` files every filter under one of its keywords, once, when the
+filter joins the index, so a listing is compared only with the filters filed under one of
+its own words, never with every filter; the time to match a batch does not grow with the
+number of filters that cannot match it (bench/match_throughput.py). A filter is filed
+under its rarest keyword by the document frequencies the index has learned from the
+listings it matched (``WordRarity``); unknown words count as rarest, and a tie goes to the
+longest word (longer words are rarer).
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 # A word: letters and digits, joined by inner punctuation ("node.js", "e-mail"), with an
 # optional tail of + or # ("c++", "c#"). A compound word also counts as each of its
@@ -31,12 +35,9 @@ MAX_KEYWORD_CHARS = 100
 
 def words(text: str) -> set[str]:
     """The words of ``text``, case-folded; compound words also as their parts."""
-    found: set[str] = set()
-    for match in WORD.finditer(text):
-        word = match.group().casefold()
-        found.add(word)
-        if not word.isalnum():
-            found.update(_PART.findall(word))
+    found = {word.casefold() for word in set(WORD.findall(text))}
+    for word in [w for w in found if not w.isalnum()]:
+        found.update(_PART.findall(word))
     return found
 
 
@@ -81,56 +82,81 @@ class ListingText:
     ingested_at: datetime | None = None
 
 
-@dataclass(frozen=True)
-class Match:
+class Match(NamedTuple):
+    """One (user, listing) pair to notify, and the filter that matched. A tuple, not a
+    dataclass: a batch makes tens of thousands, and a frozen dataclass's constructor
+    was most of the matcher's time (bench/RESULTS.md, matching)."""
+
     user_id: int
     listing_id: int
     filter_id: int
+
+
+class WordRarity:
+    """In how many listings each word was seen: the index's measure of rarity, learned
+    from the batches it matched. Bounded: past ``max_words`` words, those seen once are
+    forgotten (they are the long tail; a forgotten word counts as rare again)."""
+
+    def __init__(self, max_words: int = 500_000) -> None:
+        self.seen: Counter[str] = Counter()
+        self.max_words = max_words
+
+    def observe(self, listing_words: Iterable[set[str]]) -> None:
+        seen = self.seen
+        for text_words in listing_words:
+            seen.update(text_words)
+        if len(seen) > self.max_words:
+            self.seen = Counter({word: n for word, n in seen.items() if n > 1})
+
+    def rarest(self, keywords: Sequence[str]) -> str:
+        seen = self.seen
+        return min(keywords, key=lambda k: (seen[k], -len(k)))
 
 
 class FilterIndex:
     """Filters filed by one keyword each: a listing meets only the filters filed under one
     of its own words. A filter can only match a listing that holds all its keywords, so
     filing it under any one of them loses nothing; filing it under a rare one means few
-    listings ever look at it."""
+    listings ever look at it. Filing happens once per filter (``add``); matching a batch
+    touches only the filters filed under the batch's words."""
 
-    def __init__(self, filters: Iterable[Filter]) -> None:
-        self._filters = sorted(filters, key=lambda f: f.id)
-        self.size = len(self._filters)
-        self._by_longest: dict[str, list[Filter]] | None = None
+    def __init__(self, filters: Iterable[Filter] = (), *, rarity: WordRarity | None = None) -> None:
+        self.rarity = rarity if rarity is not None else WordRarity()
+        self._by_word: dict[str, list[Filter]] = {}
+        self._ids: set[int] = set()
+        self.add(filters)
 
-    def _filed(self, key: Callable[[tuple[str, ...]], str]) -> dict[str, list[Filter]]:
-        by_word: dict[str, list[Filter]] = {}
-        for f in self._filters:
-            by_word.setdefault(key(f.keywords), []).append(f)
-        return by_word
+    @property
+    def size(self) -> int:
+        return len(self._ids)
+
+    def add(self, filters: Iterable[Filter]) -> None:
+        """File ``filters`` in the index; a filter already in it (by id) is skipped."""
+        for f in filters:
+            if f.id not in self._ids:
+                self._ids.add(f.id)
+                self._by_word.setdefault(self.rarity.rarest(f.keywords), []).append(f)
 
     def matching(self, listing: ListingText, *, any_age: bool = False) -> list[Filter]:
         """The filters that match ``listing``; ``any_age`` also applies filters created
-        after the listing arrived (a backfill asked to). Filed by the longest keyword
-        (longer words are rarer), for lack of a batch to count words in."""
-        if self._by_longest is None:
-            self._by_longest = self._filed(lambda keywords: max(keywords, key=len))
-        return _matching(self._by_longest, listing, words(f"{listing.title} {listing.summary}"), any_age)
+        after the listing arrived (a backfill asked to)."""
+        return _matching(self._by_word, listing, words(f"{listing.title} {listing.summary}"), any_age)
 
     def matches(self, listings: Iterable[ListingText], *, any_age: bool = False) -> list[Match]:
         """One match per (user, listing): a user hears once about a listing however many
-        of their filters match it; the filter named is the oldest (lowest id).
-
-        The batch's words are counted first and each filter is filed under its keyword
-        that the fewest of these listings hold (one that none holds makes the filter cost
-        nothing): measured, not guessed, rarity (bench/match_throughput.py).
-        """
+        of their filters match it; the filter named is the oldest (lowest id). The
+        batch's words teach the index which words are common (``WordRarity``), for the
+        filters filed from now on."""
         texts = [(listing, words(f"{listing.title} {listing.summary}")) for listing in listings]
-        held_by = Counter(word for _, text_words in texts for word in text_words)
-        by_word = self._filed(lambda keywords: min(keywords, key=lambda k: (held_by[k], -len(k))))
+        self.rarity.observe(text_words for _, text_words in texts)
         result: list[Match] = []
         for listing, text_words in texts:
-            best: dict[int, Filter] = {}
-            for f in _matching(by_word, listing, text_words, any_age):
-                if f.user_id not in best or f.id < best[f.user_id].id:
-                    best[f.user_id] = f
-            result.extend(Match(user_id, listing.id, f.id) for user_id, f in sorted(best.items()))
+            best: dict[int, int] = {}  # user -> their lowest matching filter id
+            for f in _matching(self._by_word, listing, text_words, any_age):
+                if f.id < best.get(f.user_id, f.id + 1):
+                    best[f.user_id] = f.id
+            listing_id = listing.id
+            result.extend(Match(user_id, listing_id, filter_id) for user_id, filter_id in sorted(best.items()))
         return result
 
 

@@ -277,19 +277,23 @@ class FilterCatalogue:
     _channels: dict[int, str] = field(default_factory=dict)
     _newest: datetime | None = None
     _loaded_at: float | None = None
+    # Kept between batches: a new filter is filed into it, not every filter again. The
+    # word rarity it learned outlives each full reload, which files every filter anew.
+    _index: FilterIndex = field(default_factory=FilterIndex)
 
     def current(self) -> tuple[FilterIndex, dict[int, str]]:
         """The filters as an index, and each user's channel."""
         now = time.monotonic()
         if self._loaded_at is None or now - self._loaded_at >= self.full_reload_seconds:
             self._filters, self._channels, self._newest = {}, {}, None
+            self._index = FilterIndex(rarity=self._index.rarity)
             self._add(load_filters(self.engine))
             self._loaded_at = now
         elif self._newest is not None:
             self._add(load_filters(self.engine, created_since=self._newest - _RECENT_MARGIN))
         else:  # there were no filters at all: any is new
             self._add(load_filters(self.engine))
-        return FilterIndex(self._filters.values()), self._channels
+        return self._index, self._channels
 
     def _add(self, loaded: list[tuple[Filter, str]]) -> None:
         for f, channel in loaded:
@@ -297,6 +301,7 @@ class FilterCatalogue:
             self._channels[f.user_id] = channel
             if f.created_at is not None and (self._newest is None or f.created_at > self._newest):
                 self._newest = f.created_at
+        self._index.add(f for f, _ in loaded)
 
 
 def load_filters(engine: Engine, *, created_since: datetime | None = None) -> list[tuple[Filter, str]]:
