@@ -1,24 +1,42 @@
-"""Collector throughput: 500 feeds of 25 items served on 127.0.0.1, first and unchanged pass.
+"""Collector throughput and CPU per feed: 500 feeds of 25 items served on 127.0.0.1, first
+and unchanged pass, the project beside reader doing the same parsing work.
 
-Measured in the same run, on the same bytes from the same server process:
+Measured in the same run, on the same bytes from the same server process, for each
+parse setting (--parse):
+
+* off -- the project's own options (feedparser with ``sanitize_html`` and
+         ``resolve_relative_uris`` off: raw rows keep what the feed sent, the processor
+         turns them into plain text later); reader made to parse the same way.
+* on  -- both sanitise and resolve relative links at parse time (reader's default);
+         the project made to parse that way.
+
+Systems:
 
 * project  -- `Collector.run` (what `pipeline collect` runs) in --processes processes,
               each with --concurrency threads, against PostgreSQL.
-* reader   -- the `reader` library's `update_feeds(workers=16)` (its own SQLite).
-* ceiling  -- feedparser alone, with the project's options, parsing the same 500
-              documents on every core.
+* reader   -- the `reader` library's `update_feeds(workers=--concurrency)` (its own
+              SQLite, in this process): threads are the only concurrency it offers.
+* ceiling  -- feedparser alone with the setting's options, parsing the same documents
+              on every core.
 
 Then every source is made due again and both fetch a second time: the server answers
 304 Not Modified to both (ETag), so that pass measures scheduling and bookkeeping.
-Each pass is repeated --repeats times, the project and reader interleaved, and the
-median is reported (a one-second pass swings +-20% on a 2-core machine).
-Finally, the peak memory of a collector process is compared for 100 and 500 sources.
+Reported per pass: feeds per second of wall time, CPU milliseconds per feed (the
+project: its worker processes' own accounting plus the PostgreSQL cluster's, from
+/proc; reader: this process, whose threads and SQLite do its work; the feed server's
+CPU is left out for both) and the most requests the server had in flight at once. The
+median of --repeats runs, the systems interleaved; then the peak memory of a collector
+process for 100 and 500 sources.
 
+The server waits --latency-ms (20 by default) before each answer, as a remote host's
+round trip would, so the clients' concurrency shows (the most requests in flight).
 The server sets TCP_NODELAY, as production web servers do: without it, Python's
 http.server sends the tail of each body after a delayed ACK (~40 ms per response).
 
-    .bench-venv/bin/pip install -e . -r bench/requirements.txt
-    .bench-venv/bin/python bench/collect_throughput.py --database-url postgresql://postgres@127.0.0.1:5432/test
+    .venv/bin/pip install -r bench/requirements.txt
+    .venv/bin/python bench/collect_throughput.py --database-url postgresql://postgres@127.0.0.1:5432/test
+
+A database ``bench_collect_<pid>_<random>`` per run, dropped however the run ends.
 """
 
 from __future__ import annotations
@@ -31,7 +49,11 @@ import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,7 +63,14 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.scratch import unique_name
+from bench.scratch import (
+    ServerCpu,
+    commit,
+    load,
+    scratch_database,
+    unique_name,
+    wait_for_backends_gone,
+)
 from pipeline.core.settings import Settings
 from pipeline.fetching import politeness
 from pipeline.fetching.collector import Collector
@@ -66,13 +95,38 @@ def make_feed(n: int) -> bytes:
     ).encode()
 
 
-def serve(port_queue: multiprocessing.Queue, feeds: int) -> None:
+PARSE_ON = {"resolve_relative_uris": True, "sanitize_html": True}
+PARSE_OFF = {"resolve_relative_uris": False, "sanitize_html": False}
+
+
+def serve(port_queue: multiprocessing.Queue, feeds: int, latency: float) -> None:
     bodies = {f"/feed/{n}": make_feed(n) for n in range(feeds)}
+    lock = threading.Lock()
+    in_flight = [0, 0]  # now, most since the last /stats
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
+            if self.path == "/stats":  # the most requests in flight at once, then reset
+                with lock:
+                    body, in_flight[1] = str(in_flight[1]).encode(), 0
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            with lock:
+                in_flight[0] += 1
+                in_flight[1] = max(in_flight)
+            try:
+                time.sleep(latency)  # a remote host's round trip
+                self.answer()
+            finally:
+                with lock:
+                    in_flight[0] -= 1
+
+        def answer(self) -> None:
             body = bodies.get(self.path)
             if body is None:
                 self.send_response(404)
@@ -109,33 +163,67 @@ def serve(port_queue: multiprocessing.Queue, feeds: int) -> None:
     server.serve_forever()
 
 
-def collect_worker(url: str, concurrency: int, start_at: float) -> tuple[int, int, float, int]:
+def most_in_flight(port: int) -> int:
+    """The most requests the feed server had in flight at once since the last call."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10) as answer:
+        return int(answer.read())
+
+
+Collected = tuple[int, int, float, int, float]  # fetched, new items, end, peak KiB, CPU s
+
+
+def collect_worker(url: str, concurrency: int, start_at: float, options: dict[str, bool]) -> Collected:
+    from pipeline.fetching import rss
+
+    rss.FEEDPARSER_OPTIONS.update(options)  # the setting measured (the project's own: off)
     settings = Settings(database_url=url, allow_networks=("127.0.0.1/32",), concurrency=concurrency)
     engine = db.create_engine(url)
     time.sleep(max(0.0, start_at - time.time()))
+    cpu = time.process_time()
     stats = Collector(engine, settings, worker=f"bench-{os.getpid()}").run()
-    finished = time.time()
+    finished, spent = time.time(), time.process_time() - cpu
     engine.dispose()
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return stats.succeeded, stats.items_new, finished, peak_kib
+    return stats.succeeded, stats.items_new, finished, peak_kib, spent
 
 
-def run_collectors(url: str, processes: int, concurrency: int) -> tuple[int, int, float, int]:
+def run_collectors(url: str, processes: int, concurrency: int, options: dict[str, bool]) -> Collected:
     spawn = multiprocessing.get_context("spawn")
     start_at = time.time() + 3.0
     with spawn.Pool(processes) as pool:
-        results = pool.starmap(collect_worker, [(url, concurrency, start_at)] * processes)
-    fetched = sum(r[0] for r in results)
-    items = sum(r[1] for r in results)
-    return fetched, items, max(r[2] for r in results) - start_at, max(r[3] for r in results)
+        results = pool.starmap(collect_worker, [(url, concurrency, start_at, options)] * processes)
+    return (sum(r[0] for r in results), sum(r[1] for r in results), max(r[2] for r in results) - start_at,
+            max(r[3] for r in results), sum(r[4] for r in results))
 
 
-def parse_one(body: bytes) -> int:
+def parse_one(job: tuple[bytes, dict[str, bool]]) -> int:
     import feedparser
 
-    from pipeline.fetching.rss import FEEDPARSER_OPTIONS
+    body, options = job
+    return len(feedparser.parse(body, **options).entries)
 
-    return len(feedparser.parse(body, **FEEDPARSER_OPTIONS).entries)
+
+@contextmanager
+def reader_parsing(options: dict[str, bool]) -> Iterator[None]:
+    """reader's feedparser call with ``options`` instead of its own (sanitising and
+    resolving on): the module it calls through, with ``parse`` forcing them."""
+    from reader._parser import feedparser as reader_parser
+
+    real = reader_parser.feedparser
+
+    class Forced:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        @staticmethod
+        def parse(resource: object, **kwargs: object) -> object:
+            return real.parse(resource, **{**kwargs, **options})
+
+    reader_parser.feedparser = Forced()  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        reader_parser.feedparser = real
 
 
 def main() -> int:
@@ -145,23 +233,26 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--parse", default="off,on", help="the parse settings to measure: off, on or both")
+    parser.add_argument("--latency-ms", type=float, default=20.0,
+                        help="the server waits this long before each answer, as a remote host's round"
+                             " trip would: with none, a response is served in well under a millisecond"
+                             " and no two requests overlap at the server, whatever the client's threads")
     args = parser.parse_args()
+    settings = {"off": PARSE_OFF, "on": PARSE_ON}
+    chosen = [p for p in args.parse.split(",") if p]
+    if not chosen or set(chosen) - settings.keys():
+        parser.error("--parse takes off, on or off,on")
 
     spawn = multiprocessing.get_context("spawn")
     ports: multiprocessing.Queue = spawn.Queue()
-    server = spawn.Process(target=serve, args=(ports, args.feeds), daemon=True)
+    server = spawn.Process(target=serve, args=(ports, args.feeds, args.latency_ms / 1000), daemon=True)
     server.start()
     port = ports.get(timeout=30)
     feed_urls = [f"http://127.0.0.1:{port}/feed/{n}" for n in range(args.feeds)]
-
     admin = sa.create_engine(db.parse_url(args.database_url), isolation_level="AUTOCOMMIT")
 
-    def fresh_database(urls: list[str]) -> tuple[sa.Engine, str]:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-            conn.exec_driver_sql(f"CREATE DATABASE {DB_NAME}")
-        url = db.parse_url(args.database_url).set(database=DB_NAME).render_as_string(hide_password=False)
-        engine = db.create_engine(url)
+    def fill(engine: sa.Engine, urls: list[str]) -> None:
         migrate.upgrade(engine)
         with engine.begin() as conn:
             # Every feed is on 127.0.0.1, the peers do not limit per host: the group's
@@ -170,86 +261,92 @@ def main() -> int:
             conn.execute(sa.insert(schema.sources), [
                 {"name": u, "url": u, "source_type": "rss", "politeness_group": "127.0.0.1"} for u in urls
             ])
-        return engine, url
 
-    def make_due(engine: sa.Engine) -> None:
-        with engine.begin() as conn:
-            conn.execute(sa.update(schema.sources).values(next_fetch_at=None))
+    def project_passes(options: dict[str, bool]) -> list[tuple[float, float, int]]:
+        """(seconds, CPU seconds, most in flight) of the first and second pass."""
+        passes = []
+        with scratch_database(admin, DB_NAME):
+            url = db.parse_url(args.database_url).set(database=DB_NAME).render_as_string(hide_password=False)
+            engine = db.create_engine(url)
+            fill(engine, feed_urls)
+            server_cpu = ServerCpu(engine)
+            for expected_items in (args.feeds * ITEMS, 0):
+                most_in_flight(port)
+                before = server_cpu.seconds()
+                fetched, items, elapsed, _, cpu = run_collectors(url, args.processes, args.concurrency, options)
+                wait_for_backends_gone(engine, DB_NAME)
+                after = server_cpu.seconds()
+                assert fetched == args.feeds and items == expected_items, (fetched, items)
+                cpu += (after - before) if before is not None and after is not None else 0.0
+                passes.append((elapsed, cpu, most_in_flight(port)))
+                with engine.begin() as conn:  # every source due again
+                    conn.execute(sa.update(schema.sources).values(next_fetch_at=None))
+            engine.dispose()
+        return passes
 
-    def project_passes() -> tuple[float, float, int]:
-        engine, url = fresh_database(feed_urls)
-        fetched, items, first, peak = run_collectors(url, args.processes, args.concurrency)
-        assert fetched == args.feeds and items == args.feeds * ITEMS, (fetched, items)
-        make_due(engine)
-        fetched, items, second, _ = run_collectors(url, args.processes, args.concurrency)
-        assert fetched == args.feeds and items == 0, (fetched, items)
-        engine.dispose()
-        return first, second, peak
-
-    def reader_passes() -> tuple[float, float]:
+    def reader_passes(options: dict[str, bool]) -> list[tuple[float, float, int]]:
         from reader import make_reader
 
-        with tempfile.TemporaryDirectory() as tmp:
+        passes = []
+        with tempfile.TemporaryDirectory() as tmp, reader_parsing(options):
             reader = make_reader(str(Path(tmp) / "reader.sqlite"))
             for u in feed_urls:
                 reader.add_feed(u)
-            started = time.monotonic()
-            reader.update_feeds(workers=16, scheduled=False)
-            first = time.monotonic() - started
+            for _ in range(2):
+                most_in_flight(port)
+                started, cpu = time.monotonic(), time.process_time()
+                reader.update_feeds(workers=args.concurrency, scheduled=False)
+                passes.append((time.monotonic() - started, time.process_time() - cpu, most_in_flight(port)))
             entries = reader.get_entry_counts().total
-            started = time.monotonic()
-            reader.update_feeds(workers=16, scheduled=False)
-            second = time.monotonic() - started
             reader.close()
         assert entries == args.feeds * ITEMS, entries
-        return first, second
+        return passes
 
-    print(f"{args.feeds} feeds x {ITEMS} items ({len(make_feed(0)) // 1024} KB each), "
-          f"{os.cpu_count()} CPUs, {args.processes} processes x {args.concurrency} threads, "
-          f"median of {args.repeats}, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
-    project: list[tuple[float, float, int]] = []
-    reader: list[tuple[float, float]] = []
-    for _ in range(args.repeats):
-        project.append(project_passes())
-        reader.append(reader_passes())
-
-    # Peak memory with a fifth of the sources: it should not grow with their number.
-    engine, url = fresh_database(feed_urls[: args.feeds // 5])
-    _, _, _, peak_100 = run_collectors(url, args.processes, args.concurrency)
-    engine.dispose()
-
-    # -- parse-only ceiling ------------------------------------------------------------
+    print(f"{args.feeds} feeds x {ITEMS} items ({len(make_feed(0)) // 1024} KB each), {os.cpu_count()} CPUs,"
+          f" project {args.processes} processes x {args.concurrency} threads, reader {args.concurrency} threads,"
+          f" server latency {args.latency_ms:g} ms, median of {args.repeats},"
+          f" {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, commit {commit()}, load {load()}",
+          flush=True)
     bodies = [make_feed(n) for n in range(args.feeds)]
-    with spawn.Pool(os.cpu_count()) as pool:
-        pool.map(parse_one, bodies[:4])  # warm the workers' imports
-        started = time.monotonic()
-        parsed = sum(pool.map(parse_one, bodies, chunksize=8))
-        ceiling = time.monotonic() - started
-    assert parsed == args.feeds * ITEMS
+    for name in chosen:
+        options = settings[name]
+        project: list[list[tuple[float, float, int]]] = []
+        reader: list[list[tuple[float, float, int]]] = []
+        for _ in range(args.repeats):
+            project.append(project_passes(options))
+            reader.append(reader_passes(options))
+        with spawn.Pool(os.cpu_count()) as pool:  # the parse-only ceiling, every core
+            pool.map(parse_one, [(b, options) for b in bodies[:4]])  # warm the imports
+            started = time.monotonic()
+            parsed = sum(pool.map(parse_one, [(b, options) for b in bodies], chunksize=8))
+            ceiling = time.monotonic() - started
+        assert parsed == args.feeds * ITEMS
+        print(f"\nparse {name} ({', '.join(f'{k}={v}' for k, v in options.items())}), load {load()}")
+        print(f"  {'pass':<16} {'project':>9} {'reader':>9} {'ratio':>6} {'ms CPU/feed':>12} {'reader':>7}"
+              f" {'ratio':>6} {'in flight':>10}")
+        for i, label in enumerate(("first (200, new)", "second (304)")):
+            p_rate = statistics.median(args.feeds / run[i][0] for run in project)
+            r_rate = statistics.median(args.feeds / run[i][0] for run in reader)
+            p_cpu = statistics.median(run[i][1] / args.feeds * 1000 for run in project)
+            r_cpu = statistics.median(run[i][1] / args.feeds * 1000 for run in reader)
+            flight = f"{max(run[i][2] for run in project)}/{max(run[i][2] for run in reader)}"
+            print(f"  {label:<16} {p_rate:>9.0f} {r_rate:>9.0f} {p_rate / r_rate:>6.2f} {p_cpu:>12.2f}"
+                  f" {r_cpu:>7.2f} {r_cpu / p_cpu:>6.2f} {flight:>10}", flush=True)
+        print(f"  parse-only ceiling, every core: {args.feeds / ceiling:.0f} feeds/s")
+        print(f"  each run, first pass feeds/s: project {'/'.join(f'{args.feeds / r[0][0]:.0f}' for r in project)},"
+              f" reader {'/'.join(f'{args.feeds / r[0][0]:.0f}' for r in reader)}")
 
-    first, second = (statistics.median(p[i] for p in project) for i in (0, 1))
-    reader_first, reader_second = (statistics.median(r[i] for r in reader) for i in (0, 1))
-    peak_500 = max(p[2] for p in project)
-
-    def rate(seconds: float) -> float:
-        return args.feeds / seconds
-
-    def runs(values: list[float]) -> str:
-        return "/".join(f"{rate(v):.0f}" for v in values)
-
-    print(f"{'pass':<22} {'project':>10} {'reader':>10} {'ratio':>6} {'parse ceiling':>14}   (feeds/s)")
-    print(f"{'first (200, new)':<22} {rate(first):>10.0f} {rate(reader_first):>10.0f}"
-          f" {reader_first / first:>6.2f} {rate(ceiling):>14.0f}")
-    print(f"{'second (304)':<22} {rate(second):>10.0f} {rate(reader_second):>10.0f}"
-          f" {reader_second / second:>6.2f}")
-    print(f"each run: first pass project {runs([p[0] for p in project])}, reader {runs([r[0] for r in reader])};"
-          f" second pass project {runs([p[1] for p in project])}, reader {runs([r[1] for r in reader])}")
-    print(f"items/s, first pass: project {args.feeds * ITEMS / first:.0f}, reader {args.feeds * ITEMS / reader_first:.0f}")
-    print(f"collector peak RSS per process: {peak_100 // 1024} MiB with {args.feeds // 5} sources,"
-          f" {peak_500 // 1024} MiB with {args.feeds}")
+    # Peak memory with a fifth of the sources, then all: it should not grow with their number.
+    for count in (args.feeds // 5, args.feeds):
+        with scratch_database(admin, DB_NAME):
+            url = db.parse_url(args.database_url).set(database=DB_NAME).render_as_string(hide_password=False)
+            engine = db.create_engine(url)
+            fill(engine, feed_urls[:count])
+            peak = run_collectors(url, args.processes, args.concurrency, PARSE_OFF)[3]
+            engine.dispose()
+        print(f"collector peak RSS per process with {count} sources: {peak // 1024} MiB")
     server.terminate()
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+    admin.dispose()
     return 0
 
 

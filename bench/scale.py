@@ -45,7 +45,7 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.scratch import unique_name
+from bench.scratch import scratch_database, unique_name
 from pipeline.fetching.politeness import PoliteQueue
 from pipeline.queue.claim import WorkQueue
 from pipeline.storage import db, migrate, schema
@@ -74,11 +74,6 @@ def server(url: str | None) -> Iterator[str]:
 
 
 def build(base: str, name: str, sources: int, raw: int) -> sa.Engine:
-    admin = sa.create_engine(db.parse_url(base), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        conn.exec_driver_sql(f"CREATE DATABASE {name}")
-    admin.dispose()
     engine = db.create_engine(db.parse_url(base).set(database=name).render_as_string(hide_password=False))
     migrate.upgrade(engine)
     started = time.monotonic()
@@ -221,29 +216,32 @@ def main() -> int:
                         help="rows claimed and completed per second (0: as fast as possible)")
     args = parser.parse_args()
     print(f"scale benchmark, {os.cpu_count()} CPUs, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC", flush=True)
-    with server(args.database_url) as base:
+    with server(args.database_url) as base, contextlib.ExitStack() as scratch:
         with sa.create_engine(db.parse_url(base)).connect() as conn:
             print("  " + conn.exec_driver_sql("SELECT version()").scalar_one().split(" on ")[0]
                   + ", autovacuum " + conn.exec_driver_sql("SHOW autovacuum").scalar_one(), flush=True)
-        small = build(base, SMALL_DB, args.small, args.small * args.raw_per_source)
-        large = build(base, LARGE_DB, args.large, args.large * args.raw_per_source)
-        compare(small, large, args.repeats)
-        if args.churn_seconds > 0:
-            # Each phase starts from a compacted table, so neither inherits the other's space.
-            with large.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                conn.exec_driver_sql("VACUUM FULL sources")
-            churn(large, args.churn_seconds, args.churn_rate, "with the migration's autovacuum settings")
-            with large.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                conn.exec_driver_sql(f"ALTER TABLE sources RESET ({', '.join(QUEUE_OPTIONS)})")
-                conn.exec_driver_sql("VACUUM FULL sources")
-            churn(large, args.churn_seconds, args.churn_rate, "with PostgreSQL's default autovacuum settings")
-        small.dispose()
-        large.dispose()
         admin = sa.create_engine(db.parse_url(base), isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            for name in (SMALL_DB, LARGE_DB):
-                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        admin.dispose()
+        scratch.callback(admin.dispose)
+        for name in (SMALL_DB, LARGE_DB):  # dropped however the run ends
+            scratch.enter_context(scratch_database(admin, name))
+        return _measure(args, base)
+
+
+def _measure(args: argparse.Namespace, base: str) -> int:
+    small = build(base, SMALL_DB, args.small, args.small * args.raw_per_source)
+    large = build(base, LARGE_DB, args.large, args.large * args.raw_per_source)
+    compare(small, large, args.repeats)
+    if args.churn_seconds > 0:
+        # Each phase starts from a compacted table, so neither inherits the other's space.
+        with large.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("VACUUM FULL sources")
+        churn(large, args.churn_seconds, args.churn_rate, "with the migration's autovacuum settings")
+        with large.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql(f"ALTER TABLE sources RESET ({', '.join(QUEUE_OPTIONS)})")
+            conn.exec_driver_sql("VACUUM FULL sources")
+        churn(large, args.churn_seconds, args.churn_rate, "with PostgreSQL's default autovacuum settings")
+    small.dispose()
+    large.dispose()
     return 0
 
 
