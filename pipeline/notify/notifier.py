@@ -273,7 +273,6 @@ class FilterCatalogue:
 
     engine: Engine
     full_reload_seconds: float = 60.0
-    _filters: dict[int, Filter] = field(default_factory=dict)
     _channels: dict[int, str] = field(default_factory=dict)
     _newest: datetime | None = None
     _loaded_at: float | None = None
@@ -285,7 +284,7 @@ class FilterCatalogue:
         """The filters as an index, and each user's channel."""
         now = time.monotonic()
         if self._loaded_at is None or now - self._loaded_at >= self.full_reload_seconds:
-            self._filters, self._channels, self._newest = {}, {}, None
+            self._channels, self._newest = {}, None
             self._index = FilterIndex(rarity=self._index.rarity)
             self._add(load_filters(self.engine))
             self._loaded_at = now
@@ -297,7 +296,6 @@ class FilterCatalogue:
 
     def _add(self, loaded: list[tuple[Filter, str]]) -> None:
         for f, channel in loaded:
-            self._filters[f.id] = f
             self._channels[f.user_id] = channel
             if f.created_at is not None and (self._newest is None or f.created_at > self._newest):
                 self._newest = f.created_at

@@ -706,10 +706,10 @@ class WorkQueue:
         results, and write results only for ``Fenced.done``: rows in ``Fenced.lost``
         belong to another worker now.
         """
+        _refuse_claim_columns(values, "the completion clears")  # before any statement is built
         driver = self._complete_sql(values) if conn is None else None
         if driver is None:
             return self._finish(conn, claim, ids, values, "completion")
-        _refuse_claim_columns(values, "the completion clears")
         wanted = list(claim.ids if ids is None else ids)
         if not wanted:
             return Fenced(done=[])
