@@ -92,3 +92,9 @@ class DeliveryError(WorkFailure):
         self.message = message
         self.code = code
         self.retry_after = retry_after
+
+
+class NotPlainFeed(PipelineError):
+    """A feed document outside what pipeline/fetching/quickfeed.py reads exactly as
+    feedparser does; the message names what. Never leaves the parser: feedparser then
+    reads the document."""
