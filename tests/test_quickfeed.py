@@ -90,7 +90,24 @@ ATOM_FEED = b"""<?xml version="1.0" encoding="utf-8"?>
 </feed>"""
 
 
-@pytest.mark.parametrize("body", [WORDPRESS, ATOM_FEED], ids=["wordpress-rss", "atom"])
+RSS_1 = b"""<?xml version="1.0" encoding="utf-8"?>
+<rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#" xmlns="http://purl.org/rss/1.0/"
+  xmlns:dc="http://purl.org/dc/elements/1.1/">
+<channel rdf:about="https://news.example/"><title>News</title><link>https://news.example/</link>
+  <items><rdf:Seq><rdf:li rdf:resource="https://news.example/1"/></rdf:Seq></items></channel>
+<item rdf:about="https://news.example/1"><title>One</title><link>https://news.example/1</link>
+  <dc:date>2026-11-23T09:00:00+09:00</dc:date><dc:creator>Kei</dc:creator><dc:subject>tech</dc:subject></item>
+</rdf:RDF>"""
+
+# WordPress's Atom names a base on the root: relative links resolve against it.
+ATOM_WITH_BASE = ATOM_FEED.replace(b'xml:lang="en"', b'xml:lang="en" xml:base="https://example.org/blog/"').replace(
+    b'href="https://example.org/1"', b'href="posts/1"'
+)
+
+
+@pytest.mark.parametrize(
+    "body", [WORDPRESS, ATOM_FEED, RSS_1, ATOM_WITH_BASE], ids=["wordpress-rss", "atom", "rss-1.0", "atom-xml-base"]
+)
 def test_plain_feeds_take_the_fast_path_and_read_alike(body, monkeypatch):
     assert fast_entries(body) is not None
     assert_alike(body, "application/xml", monkeypatch)
@@ -122,7 +139,7 @@ def test_the_fast_path_reads_what_feedparser_reads():
         "<title>Two</title>",
         "<description>A <b>bold</b> word</description>",
         "<published:parsed xmlns:published='urn:other'>Collides with a field</published:parsed>",
-        "<title xml:base='http://elsewhere/'>Base</title>",
+        "<title xml:base='http://elsewhere/'>Base below the root</title>",
         "<author>a@example.org</author><dc:creator xmlns:dc='http://purl.org/dc/elements/1.1/'>B</dc:creator>",
         "<itunes:summary xmlns:itunes='http://www.itunes.com/dtds/podcast-1.0.dtd'>Podcast</itunes:summary>",
     ],
@@ -142,13 +159,10 @@ def test_what_the_fast_path_does_not_know_goes_to_feedparser(fragment, monkeypat
         b"<?xml version='1.0'?><!DOCTYPE rss><rss version='2.0'><channel><item><guid>1</guid></item></channel></rss>",
         b"<?xml version='1.0'?><rss version='2.0'><channel><item><guid>1</guid></item></channel>",  # malformed
         b"<?xml version='1.0' encoding='iso-8859-1'?><rss version='2.0'><channel><item><guid>\xe9</guid></item></channel></rss>",
-        (
-            b"<rdf:RDF xmlns:rdf='http://www.w3.org/1999/02/22-rdf-syntax-ns#' xmlns='http://purl.org/rss/1.0/'>"
-            b"<item rdf:about='http://a/1'><title>T</title></item></rdf:RDF>"
-        ),
+        b"<feed xmlns='http://purl.org/atom/ns#'><entry><id>1</id></entry></feed>",
         b"<rss version='2.0'><channel><item><title>No id, no link</title></item></channel></rss>",
     ],
-    ids=["doctype", "malformed", "latin-1", "rdf", "no-identity"],
+    ids=["doctype", "malformed", "latin-1", "atom-0.3", "no-identity"],
 )
 def test_documents_outside_the_subset_go_to_feedparser(body, monkeypatch):
     if b"encoding='iso-8859-1'" not in body:  # Latin-1 is read: converted, it is plain
@@ -241,15 +255,29 @@ NAMESPACES = (
 )
 
 
+# The root's xml:base, if any (links resolve against it; one below the root sends the
+# document to feedparser).
+bases = st.sampled_from([
+    "", " xml:base='http://example.org/base/'", " xml:base='https://example.org/a/b?q=1'",
+    " xml:base='/relative/'", " xml:base=''", " xml:base='javascript:x'", " xml:base='http://example.org'",
+])
+
+
 @settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(
-    st.lists(rss_item(), min_size=1, max_size=4).map(
-        lambda items: f"<?xml version='1.0' encoding='utf-8'?><rss version='2.0' {NAMESPACES}><channel>"
-        f"<title>T</title>{''.join(items)}</channel></rss>"
+    st.tuples(bases, st.lists(rss_item(), min_size=1, max_size=4)).map(
+        lambda doc: f"<?xml version='1.0' encoding='utf-8'?><rss version='2.0' {NAMESPACES}{doc[0]}><channel>"
+        f"<title>T</title>{''.join(doc[1])}</channel></rss>"
     ),
-    st.lists(atom_entry(), min_size=1, max_size=4).map(
-        lambda entries: f"<?xml version='1.0' encoding='utf-8'?><feed xmlns='{ATOM}'><title>T</title>"
-        f"{''.join(entries)}</feed>"
+    st.tuples(st.lists(st.tuples(rss_item(), st.sampled_from(["", " rdf:about='http://example.org/1'", " rdf:about=''"])),
+                       min_size=1, max_size=4)).map(
+        lambda doc: "<?xml version='1.0' encoding='utf-8'?><rdf:RDF xmlns:rdf='http://www.w3.org/1999/02/22-rdf-syntax-ns#'"
+        f" xmlns='http://purl.org/rss/1.0/' {NAMESPACES}><channel><title>T</title></channel>"
+        + "".join(item.replace("<item>", f"<item{about}>", 1) for item, about in doc[0]) + "</rdf:RDF>"
+    ),
+    st.tuples(bases, st.lists(atom_entry(), min_size=1, max_size=4)).map(
+        lambda doc: f"<?xml version='1.0' encoding='utf-8'?><feed xmlns='{ATOM}'{doc[0]}><title>T</title>"
+        f"{''.join(doc[1])}</feed>"
     ),
 ))
 def test_feeds_written_by_hypothesis_read_alike(document):

@@ -1,26 +1,29 @@
-"""The fast path of feed parsing: plain RSS 2.0 and Atom 1.0 documents read by
-ElementTree, giving exactly the entry fields feedparser gives, or nothing.
+"""The fast path of feed parsing: plain RSS 2.0, RSS 1.0 and Atom 1.0 documents read by
+ElementTree, giving exactly the entries feedparser gives, or nothing.
 
-feedparser reads a 25-item feed in about 4.7 ms of CPU, most of the collector's work
-per feed (bench/RESULTS.md); ElementTree builds the same document's tree in C in a
-tenth of that. This module walks that tree and applies feedparser's own rules for the
-fields pipeline/fetching/rss.py stores (title, link, summary, published/updated, author,
-categories, id), in document order: the same text clean-up (``pop``: strip, the
-UTF-8-read-as-Latin-1 repair, the windows-1252 code points), the same ``_urljoin`` for
-links and permalink guids, the same date parser, the same author and tag rules.
+feedparser spends about 5 ms of CPU on a 25-item feed, most of the collector's work per
+feed (bench/RESULTS.md); ElementTree builds the same document's tree in C in a small
+fraction of that. This module walks the tree and applies feedparser's own rules to the
+fields pipeline/fetching/rss.py stores (title, link, summary, published/updated,
+author, categories, id), in document order: the same text clean-up (``pop``: strip,
+the UTF-8-read-as-Latin-1 repair, the windows-1252 code points), the same ``_urljoin``
+for links and permalink guids against the same base, the same date parser, the same
+author and tag rules.
 
 It is a fast path, not a second parser: :func:`entries` returns None, and the caller
 parses with feedparser, for anything outside the plain subset it knows: a document
-feedparser's encoding detection flags, a DOCTYPE, malformed XML, xml:base, an entry
-element that feedparser gives meaning to and this module does not copy (media:title,
-source, contributor, itunes:*, ...), an element with markup inside a text field, Atom
+feedparser's encoding detection flags, a DOCTYPE, malformed XML, xml:base below the
+root element, an entry element feedparser gives a meaning this module does not copy
+(media:title, contributor, itunes:summary, ...), markup inside a text field, Atom
 ``type="xhtml"`` or ``src`` content, two authors, a second summary before any content,
-an entry with neither id nor link (its identity hashes the content's language). Which
-elements feedparser gives meaning to is read from feedparser itself (its ``_start_`` and
-``_end_`` handlers), so a handler a new feedparser adds sends its element to the
-fallback rather than being missed. tests/test_quickfeed.py holds both paths to the same
-items on every document of the bad-input corpus and on the shapes of the real-world
-corpus (``../shared/corpus/check.py`` runs the whole pipeline over 2,923 real feeds).
+an entry with neither id nor link (its identity then hashes the content's language).
+Which elements feedparser gives a meaning to is read from feedparser itself (its
+``_start_`` and ``_end_`` handlers), so an element a newer feedparser learns goes to
+the fallback rather than being missed.
+
+tests/test_quickfeed.py holds both paths to the same items on the bad-input corpus and
+on feeds hypothesis writes; bench/parse_agreement.py compares them field by field on
+the 2,923 real-world feeds of ``../shared/corpus``.
 """
 
 from __future__ import annotations
@@ -34,11 +37,13 @@ from typing import Any
 from feedparser.api import StrictFeedParser
 from feedparser.datetimes import _parse_date
 from feedparser.html import _cp1252
-from feedparser.urls import _urljoin
+from feedparser.urls import _urljoin, make_safe_absolute_uri
 
 from pipeline.core.errors import NotPlainFeed
 
 _ATOM = "http://www.w3.org/2005/Atom"
+_RDF = "http://www.w3.org/1999/02/22-rdf-syntax-ns#"
+_RSS1 = "http://purl.org/rss/1.0/"
 # feedparser's prefixes by lower-cased namespace URI ("content", "dc", "media", ...; ""
 # for RSS and Atom themselves).
 _PREFIXES: dict[str, str] = {uri.lower(): prefix for uri, prefix in StrictFeedParser.namespaces.items()}
@@ -124,11 +129,29 @@ def _attributes(element: ET.Element) -> dict[str, str]:
     values too. Unsure about xml:base (or a bare ``base``), which moves relative links."""
     attrs = {}
     for name, value in element.attrib.items():
-        local = name.rsplit("}", 1)[-1].lower()
+        local = _local(name)
         if local == "base":
             raise NotPlainFeed("xml:base")
         attrs[local] = value.lower() if local in ("rel", "type") else value
     return attrs
+
+
+def _local(name: str) -> str:
+    return name.rsplit("}", 1)[-1].lower()
+
+
+def _document_base(root: ET.Element) -> str | None:
+    """The base URI feedparser resolves the entries' links against: "" when the root
+    names none; its xml:base as feedparser carries it down a level (joined, then made a
+    safe absolute URI against itself); None when that is not settled by the first level."""
+    values = [value for name, value in root.attrib.items() if _local(name) == "base"]
+    if len(values) > 1:
+        return None
+    first = _urljoin("", values[0]) if values else ""
+    if not first:
+        return ""
+    settled = make_safe_absolute_uri(first, first) or first
+    return settled if (make_safe_absolute_uri(settled, settled) or settled) == settled else None
 
 
 def _text(element: ET.Element) -> str:
@@ -137,11 +160,12 @@ def _text(element: ET.Element) -> str:
     return (element.text or "").strip()
 
 
-def _clean(value: str, *, resolve: bool = False) -> str:
-    """feedparser's ``pop`` for a text it expects: a relative URI joined (against no
-    base, as ours have none), mis-decoded UTF-8 repaired, windows-1252 code points mapped."""
-    if resolve and value:
-        value = _urljoin("", value)
+def _clean(value: str, *, resolve: str | None = None) -> str:
+    """feedparser's ``pop`` for a text it expects: a relative URI joined to ``resolve``
+    (the document's base, "" for none) when given, mis-decoded UTF-8 repaired,
+    windows-1252 code points mapped."""
+    if resolve is not None and value:
+        value = _urljoin(resolve, value)
     if value.isascii():
         return value  # both repairs leave ASCII as it is
     try:
@@ -160,7 +184,7 @@ def _check_descendants(element: ET.Element, keys: _Keys) -> None:
         key = keys(child.tag)
         if key in _FIELDS or (_has_handler(key) and key not in _IGNORED):
             raise NotPlainFeed(f"<{key}> inside <{keys(element.tag)}>")
-        if any(n.rsplit("}", 1)[-1].lower() == "base" for n in child.attrib):
+        if any(_local(n) == "base" for n in child.attrib):
             raise NotPlainFeed("xml:base")
 
 
@@ -218,12 +242,16 @@ def _author(element: ET.Element, keys: _Keys, entry: dict[str, Any]) -> None:
     entry["author"] = f"{given} ({address})" if given and address else given or address or ""
 
 
-def _entry(item: ET.Element, keys: _Keys) -> dict[str, Any]:
-    """One entry's fields, in the order feedparser saves them."""
+def _entry(item: ET.Element, keys: _Keys, base: str) -> dict[str, Any]:
+    """One entry's fields, in the order feedparser saves them; ``base`` is the
+    document's base URI ("" for none)."""
     attrs = _attributes(item)
-    if set(attrs) - {"lang"}:
-        raise NotPlainFeed(f"attributes on the entry: {sorted(attrs)}")
     entry: dict[str, Any] = {}
+    about = item.get(f"{{{_RDF}}}about")
+    if about is not None:
+        entry["id"] = about  # RSS 1.0: the item's rdf:about, as written
+    if set(attrs) - {"lang"} - ({"about"} if about is not None else set()):
+        raise NotPlainFeed(f"attributes on the entry: {sorted(attrs)}")
     has_content = False
     titled = False
     for child in item:
@@ -246,11 +274,11 @@ def _entry(item: ET.Element, keys: _Keys) -> dict[str, Any]:
                 if len(child):
                     _check_descendants(child, keys)
                 if rel == "alternate" and _map_content_type(kind) in _HTML_TYPES:
-                    entry["link"] = _urljoin("", href)
+                    entry["link"] = _urljoin(base, href)
             else:
                 if attrs:
                     raise NotPlainFeed(f"a link without href but with {sorted(attrs)}")
-                value = _clean(_text(child), resolve=True)
+                value = _clean(_text(child), resolve=base)
                 value = re.sub("&([A-Za-z0-9_]+);", r"&\g<1>", value.replace("&amp;", "&"))
                 entry["link"] = value
         elif key in ("description", "summary"):
@@ -268,7 +296,7 @@ def _entry(item: ET.Element, keys: _Keys) -> dict[str, Any]:
             if set(attrs) - {"ispermalink"}:
                 raise NotPlainFeed(f"attributes on the id: {sorted(attrs)}")
             permalink = attrs.get("ispermalink", "true") == "true"
-            value = _clean(_text(child), resolve=permalink)
+            value = _clean(_text(child), resolve=base if permalink else None)
             entry["id"] = value
             if permalink:
                 entry.setdefault("link", value)
@@ -323,14 +351,19 @@ def entries(document: bytes, detected: Mapping[str, Any]) -> list[dict[str, Any]
     except ET.ParseError:
         return None
     keys = _Keys(document)
+    base = _document_base(root)
+    if base is None:
+        return None
     try:
         if root.tag == f"{{{_ATOM}}}feed":
             items = [e for e in root if e.tag == f"{{{_ATOM}}}entry"]
-        elif root.tag == "rss" and not _attributes(root).keys() - {"version"}:
+        elif root.tag == "rss" and not {_local(name) for name in root.attrib} - {"version", "base"}:
             channels = [e for e in root if e.tag == "channel"]
             if len(channels) != 1 or len(root) != 1:
                 return None
             items = [e for e in channels[0] if e.tag == "item"]
+        elif root.tag == f"{{{_RDF}}}RDF":  # RSS 1.0: the items beside the channel
+            items = [e for e in root if e.tag == f"{{{_RSS1}}}item"]
         else:
             return None
         if not items:
@@ -338,10 +371,10 @@ def entries(document: bytes, detected: Mapping[str, Any]) -> list[dict[str, Any]
         opened = 0  # every element feedparser would open an entry for must be one of these
         for element in root.iter():
             opened += keys(element.tag) in ("item", "entry")
-            if element.attrib and any(n.rsplit("}", 1)[-1].lower() == "base" for n in element.attrib):
-                return None  # xml:base moves relative links
+            if element is not root and element.attrib and any(_local(n) == "base" for n in element.attrib):
+                return None  # an xml:base below the root: links resolve level by level
         if opened != len(items):
             return None
-        return [_entry(item, keys) for item in items]
+        return [_entry(item, keys, base) for item in items]
     except NotPlainFeed:
         return None
