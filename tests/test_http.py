@@ -89,6 +89,31 @@ def test_real_user_agent_gzip_and_one_reused_connection(server, fetcher):
     assert len(server.connections) == 1, "keep-alive: five fetches, one connection"
 
 
+def test_each_thread_keeps_its_own_connections_and_close_ends_them_all(server):
+    """httpcore's pool scans every connection it holds on each request and release: one
+    pool per thread keeps that scan short. Each thread still reuses its connection, and
+    closing the Fetcher closes every thread's."""
+    server.routes["/feed"] = feed_route
+    fetcher = Fetcher(allow_networks=["127.0.0.1/32"])
+    barrier = threading.Barrier(3)
+
+    def fetch_three() -> None:
+        barrier.wait()  # all three threads hold a connection at once
+        for _ in range(3):
+            assert fetcher.fetch(server.url("/feed")).body == FEED
+
+    threads = [threading.Thread(target=fetch_three) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(server.requests) == 9 and len(server.connections) == 3, "one kept-alive connection per thread"
+    clients = list(fetcher._clients)
+    assert len(clients) == 3 and not any(client.is_closed for client in clients)
+    fetcher.close()
+    assert all(client.is_closed for client in clients)
+
+
 def test_not_modified_and_error_answers_keep_the_connection_too(server, fetcher):
     server.routes["/feed"] = feed_route
     server.routes["/missing"] = lambda h: h.reply(404, b"{\"error\": \"no such feed\"}")

@@ -11,6 +11,7 @@ import http.cookiejar
 import ipaddress
 import logging
 import socket
+import ssl
 import threading
 import time
 import zlib
@@ -244,8 +245,7 @@ class _GuardedBackend(httpcore.SyncBackend):
 
 
 class _GuardedTransport(httpx.HTTPTransport):
-    def __init__(self, guard: AddressGuard, limits: httpx.Limits) -> None:
-        ssl_context = httpx.create_ssl_context(trust_env=False)  # loads the CA bundle: once
+    def __init__(self, guard: AddressGuard, limits: httpx.Limits, ssl_context: ssl.SSLContext) -> None:
         super().__init__(verify=ssl_context, limits=limits, trust_env=False)
         # httpx does not expose httpcore's network_backend: rebuild its pool with ours.
         self._pool = httpcore.ConnectionPool(
@@ -290,7 +290,8 @@ def parse_retry_after(value: str | None, now: datetime) -> datetime | None:
 
 
 class Fetcher:
-    """One per run: pooled connections; at most ``per_host`` webhook posts at once per host.
+    """One per run: kept-alive connections, a pool per thread; at most ``per_host``
+    webhook posts at once per host.
 
     Feed and page fetches are not limited here: the collector's claim hands out a source
     only when its politeness group has room (pipeline/fetching/politeness.py), across workers.
@@ -312,16 +313,33 @@ class Fetcher:
         self.per_host = per_host
         self._host_slots: dict[str, threading.BoundedSemaphore] = {}
         self._slots_lock = threading.Lock()
-        limits = httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
-        )
+        # Per thread: one request at a time, a few hosts' connections kept alive.
+        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=4)
         self.guard = AddressGuard(allow_networks)
-        self.client = httpx.Client(
-            transport=_GuardedTransport(self.guard, limits),
+        self._ssl_context = httpx.create_ssl_context(trust_env=False)  # loads the CA bundle: once
+        self._timeout = timeout
+        self._local = threading.local()
+        self._clients: list[httpx.Client] = []
+
+    @property
+    def client(self) -> httpx.Client:
+        """This thread's client: each thread has its own connection pool, since httpcore's
+        pool scans every connection it holds on each request and each release."""
+        client: httpx.Client | None = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = self._new_client()
+            with self._slots_lock:
+                self._clients.append(client)
+        return client
+
+    def _new_client(self) -> httpx.Client:
+        timeout = self._timeout
+        return httpx.Client(
+            transport=_GuardedTransport(self.guard, self._limits, self._ssl_context),
             timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
             headers={"User-Agent": USER_AGENT, "Accept-Encoding": ACCEPT_ENCODING},
-            # One client serves every source of a run: a cookie one site sets must never
-            # reach another, so none is kept.
+            # A client serves many sources: a cookie one site sets must never reach
+            # another, so none is kept.
             cookies=http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[])),
             follow_redirects=False,  # followed by hand, so each hop is counted and vetted
             trust_env=False,  # an environment proxy would bypass the address guard
@@ -339,7 +357,10 @@ class Fetcher:
         )
 
     def close(self) -> None:
-        self.client.close()
+        with self._slots_lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            client.close()
 
     def __enter__(self) -> Fetcher:  # noqa: PYI034 (Fetcher is not meant to be subclassed)
         return self
