@@ -199,13 +199,18 @@ def rss_item(draw) -> str:
     # identity (without one the entry's hash needs its language: feedparser's), now and
     # then an element the fast path leaves to feedparser.
     chosen = draw(st.lists(names, max_size=9, unique=True)) + draw(st.lists(st.just("category"), max_size=2))
-    chosen.insert(draw(st.integers(0, len(chosen))), draw(st.sampled_from(["guid", "guid-false", "link"])))
+    chosen.insert(
+        draw(st.integers(0, len(chosen))), draw(st.sampled_from(["guid", "guid-false", "guid-foreign", "link"]))
+    )
     if draw(st.integers(0, 9)) == 0:
         chosen.append(draw(st.sampled_from(["media:title", "title", "author", "description"])))
     for name in chosen:
         value = _body(draw(text), draw(st.booleans()))
         if name == "guid-false":
             parts.append(f'<guid isPermaLink="false">{value}</guid>')
+        elif name == "guid-foreign":  # an attribute in a namespace feedparser knows, or not
+            prefix = draw(st.sampled_from(["x", "x", "x", "dc"]))
+            parts.append(f'<guid {prefix}:isPermaLink="false">{value}</guid>')
         elif name == "category-domain":
             parts.append(f"<category domain={quoteattr(draw(text))}>{value}</category>")
         elif name == "enclosure":
@@ -218,7 +223,7 @@ def rss_item(draw) -> str:
 @st.composite
 def atom_entry(draw) -> str:
     names = st.sampled_from([
-        "title", "title-html", "link", "link-self", "link-plain", "summary", "content",
+        "title", "title-html", "link", "link-self", "link-foreign", "link-plain", "summary", "content",
         "content-html", "published", "updated", "author", "author-email", "category", "rights",
     ])
     parts = []
@@ -235,6 +240,8 @@ def atom_entry(draw) -> str:
             parts.append(f"<link rel='self' href={quoteattr(draw(text))}/>")
         elif name == "link-plain":
             parts.append(f"<link href={quoteattr(draw(text))}/>")
+        elif name == "link-foreign":  # rel and type in other namespaces, a thr:count
+            parts.append(f"<link x:rel='enclosure' dc:type='text/plain' thr:count='2' href={quoteattr(draw(text))}/>")
         elif name == "content-html":
             parts.append(f"<content type='html'>{value}</content>")
         elif name == "author":
@@ -251,7 +258,7 @@ def atom_entry(draw) -> str:
 NAMESPACES = (
     "xmlns:dc='http://purl.org/dc/elements/1.1/' xmlns:content='http://purl.org/rss/1.0/modules/content/' "
     "xmlns:x='urn:example:unknown' xmlns:media='http://search.yahoo.com/mrss/' "
-    "xmlns:itunes='http://www.itunes.com/dtds/podcast-1.0.dtd'"
+    "xmlns:itunes='http://www.itunes.com/dtds/podcast-1.0.dtd' xmlns:thr='http://purl.org/syndication/thread/1.0'"
 )
 
 
@@ -276,7 +283,7 @@ bases = st.sampled_from([
         + "".join(item.replace("<item>", f"<item{about}>", 1) for item, about in doc[0]) + "</rdf:RDF>"
     ),
     st.tuples(bases, st.lists(atom_entry(), min_size=1, max_size=4)).map(
-        lambda doc: f"<?xml version='1.0' encoding='utf-8'?><feed xmlns='{ATOM}'{doc[0]}><title>T</title>"
+        lambda doc: f"<?xml version='1.0' encoding='utf-8'?><feed xmlns='{ATOM}' {NAMESPACES}{doc[0]}><title>T</title>"
         f"{''.join(doc[1])}</feed>"
     ),
 ))

@@ -66,6 +66,8 @@ _IGNORED = frozenset({
 _TEXT_TYPES = frozenset({"text", "html", "text/plain", "text/html", "plain"})
 _HTML_TYPES = frozenset({"application/xhtml+xml", "text/html"})
 _AUTHOR_PARTS = frozenset({"name", "email", "uri", "url"})
+_BASE = frozenset({"xml:base", "base"})  # feedparser reads either
+_LANG = frozenset({"xml:lang", "lang"})
 _EMAIL = re.compile(
     r"""(([a-zA-Z0-9\_\-\.\+]+)@((\[[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.)|(([a-zA-Z0-9\-]+\.)+))"""
     r"""([a-zA-Z]{2,4}|[0-9]{1,3})(\]?))(\?subject=\S+)?"""
@@ -125,26 +127,39 @@ class _Keys:
 
 
 def _attributes(element: ET.Element) -> dict[str, str]:
-    """Attributes as feedparser's handlers see them: names lower-cased, rel and type
-    values too. Unsure about xml:base (or a bare ``base``), which moves relative links."""
+    """Attributes as feedparser's handlers see them: named by :func:`_attribute_key`,
+    rel and type values lower-cased. Unsure about xml:base (or a bare ``base``), which
+    moves relative links."""
     attrs = {}
     for name, value in element.attrib.items():
-        local = _local(name)
-        if local == "base":
+        key = _attribute_key(name)
+        if key in _BASE:
             raise NotPlainFeed("xml:base")
-        attrs[local] = value.lower() if local in ("rel", "type") else value
+        attrs[key] = value.lower() if key in ("rel", "type") else value
     return attrs
 
 
-def _local(name: str) -> str:
-    return name.rsplit("}", 1)[-1].lower()
+@functools.cache
+def _attribute_key(name: str) -> str:
+    """feedparser's name for an attribute: ``prefix:name`` in a namespace it knows by a
+    prefix (``xml:lang``, ``rdf:about``); the bare name, lower-cased, otherwise (an
+    unknown namespace's attribute included, as its SAX handler does)."""
+    if name[:1] != "{":
+        return name.lower()
+    uri, local = name[1:].split("}", 1)
+    prefix = _PREFIXES.get(uri.lower(), "")
+    return f"{prefix}:{local}".lower() if prefix else local.lower()
+
+
+def _names_a_base(element: ET.Element) -> bool:
+    return bool(element.attrib) and any(_attribute_key(name) in _BASE for name in element.attrib)
 
 
 def _document_base(root: ET.Element) -> str | None:
     """The base URI feedparser resolves the entries' links against: "" when the root
     names none; its xml:base as feedparser carries it down a level (joined, then made a
     safe absolute URI against itself); None when that is not settled by the first level."""
-    values = [value for name, value in root.attrib.items() if _local(name) == "base"]
+    values = [value for name, value in root.attrib.items() if _attribute_key(name) in _BASE]
     if len(values) > 1:
         return None
     first = _urljoin("", values[0]) if values else ""
@@ -184,12 +199,12 @@ def _check_descendants(element: ET.Element, keys: _Keys) -> None:
         key = keys(child.tag)
         if key in _FIELDS or (_has_handler(key) and key not in _IGNORED):
             raise NotPlainFeed(f"<{key}> inside <{keys(element.tag)}>")
-        if any(_local(n) == "base" for n in child.attrib):
+        if _names_a_base(child):
             raise NotPlainFeed("xml:base")
 
 
 def _text_type(attrs: Mapping[str, str], *allowed: str) -> None:
-    if set(attrs) - {"type", "lang", *allowed}:
+    if set(attrs) - {"type", *_LANG, *allowed}:
         raise NotPlainFeed(f"attributes {sorted(attrs)}")
     if "type" in attrs and attrs["type"] not in _TEXT_TYPES:
         raise NotPlainFeed(f"content type {attrs['type']!r}")
@@ -247,10 +262,10 @@ def _entry(item: ET.Element, keys: _Keys, base: str) -> dict[str, Any]:
     document's base URI ("" for none)."""
     attrs = _attributes(item)
     entry: dict[str, Any] = {}
-    about = item.get(f"{{{_RDF}}}about")
+    about = attrs.get("rdf:about")
     if about is not None:
         entry["id"] = about  # RSS 1.0: the item's rdf:about, as written
-    if set(attrs) - {"lang"} - ({"about"} if about is not None else set()):
+    if set(attrs) - _LANG - {"rdf:about"}:
         raise NotPlainFeed(f"attributes on the entry: {sorted(attrs)}")
     has_content = False
     titled = False
@@ -357,7 +372,7 @@ def entries(document: bytes, detected: Mapping[str, Any]) -> list[dict[str, Any]
     try:
         if root.tag == f"{{{_ATOM}}}feed":
             items = [e for e in root if e.tag == f"{{{_ATOM}}}entry"]
-        elif root.tag == "rss" and not {_local(name) for name in root.attrib} - {"version", "base"}:
+        elif root.tag == "rss" and not {_attribute_key(name) for name in root.attrib} - {"version", *_BASE}:
             channels = [e for e in root if e.tag == "channel"]
             if len(channels) != 1 or len(root) != 1:
                 return None
@@ -371,7 +386,7 @@ def entries(document: bytes, detected: Mapping[str, Any]) -> list[dict[str, Any]
         opened = 0  # every element feedparser would open an entry for must be one of these
         for element in root.iter():
             opened += keys(element.tag) in ("item", "entry")
-            if element is not root and element.attrib and any(_local(n) == "base" for n in element.attrib):
+            if element is not root and _names_a_base(element):
                 return None  # an xml:base below the root: links resolve level by level
         if opened != len(items):
             return None
