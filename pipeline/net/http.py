@@ -347,8 +347,9 @@ class Fetcher:
 
     @classmethod
     def from_settings(cls, settings: Settings, *, threads: int = 16) -> Fetcher:
-        """The run's Fetcher as the settings configure it, pooling enough connections
-        for ``threads`` workers."""
+        """The run's Fetcher as the settings configure it. (``threads`` sizes each
+        thread's pool bound as it once sized the shared one: more than a thread, with
+        one request at a time, ever opens.)"""
         return cls(
             timeout=settings.http_timeout_seconds,
             max_bytes=settings.max_response_bytes,
