@@ -441,6 +441,20 @@ def test_a_pass_that_fails_does_not_wait_for_its_work_in_flight(engine, source_i
         gate.set()
 
 
+def test_a_claim_that_lost_a_race_is_tried_again_soon_then_less_often():
+    """The pause after short claims in a row that lost a race: short at first (not the
+    0.1 s a full group waits), doubling, never past the longest, jittered within half."""
+    from pipeline.queue.workpool import _RACE_PAUSE, _race_pause
+
+    first, longest = _RACE_PAUSE
+    assert first < 0.01 and longest == 0.1
+    for races in range(1, 12):
+        nominal = min(longest, first * 2 ** (races - 1))
+        pauses = [_race_pause(races) for _ in range(200)]
+        assert all(nominal / 2 <= p <= nominal for p in pauses)
+        assert len(set(pauses)) > 1, "jittered, so racing workers fall out of step"
+
+
 def test_driver_errors_reach_the_caller_as_sqlalchemys_and_a_broken_connection_leaves_the_pool(pg_engine):
     """The claim and completion sent by psycopg itself fail as every other statement
     does (sa.exc.DBAPIError, which the stages and retry policies handle), and a

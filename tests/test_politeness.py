@@ -12,6 +12,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -19,8 +21,8 @@ import sqlalchemy as sa
 
 from pipeline.fetching import politeness
 from pipeline.fetching.politeness import PoliteQueue
-from pipeline.storage import schema
-from tests.helpers import add_source, now
+from pipeline.storage import db, schema
+from tests.helpers import add_source, now, wait_until
 from tests.http_server import Handler, LocalServer
 from tests.test_collector import collector, rows, rss
 
@@ -274,6 +276,121 @@ def test_workers_claiming_at_once_never_exceed_a_groups_room(engine):
     print(f"{claims} claims; leases seen at once: at most {max(seen)}")
     assert claims >= 20, "the workers did claim"
     assert max(seen) <= 3
+
+
+@contextmanager
+def claims_paused_after_their_snapshot(engine: sa.Engine) -> Iterator[tuple[sa.Engine, Callable[[], None]]]:
+    """An engine whose claims stop after their statement's snapshot is taken and before
+    they lock a group's row, until ``release`` is called: the moment another worker's
+    claim can commit in between, made to happen every time.
+
+    The pause is a row-level security policy on ``politeness_groups`` whose check waits
+    for an advisory lock the test holds; it applies to a role of the test's own (the
+    superuser the rest of the test uses bypasses it), and the claim first reads the
+    group rows in its candidate scan, after its snapshot.
+    """
+    role = f"test_paused_{os.getpid()}"
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE ROLE {role} LOGIN")
+        conn.exec_driver_sql(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}")
+        conn.exec_driver_sql(
+            "CREATE FUNCTION test_pause() RETURNS boolean LANGUAGE sql VOLATILE AS"
+            " $$ SELECT pg_advisory_lock_shared(4242) IS NOT NULL AND pg_advisory_unlock_shared(4242) $$"
+        )
+        conn.exec_driver_sql("ALTER TABLE politeness_groups ENABLE ROW LEVEL SECURITY")
+        conn.exec_driver_sql("CREATE POLICY test_pause ON politeness_groups USING (test_pause())")
+    gate = engine.connect()
+    gate.exec_driver_sql("SELECT pg_advisory_lock(4242)")
+    paused = db.create_engine(engine.url.set(username=role).render_as_string(hide_password=False))
+    try:
+        yield paused, lambda: gate.exec_driver_sql("SELECT pg_advisory_unlock(4242)")
+    finally:
+        paused.dispose()
+        gate.close()
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP OWNED BY {role}")
+            conn.exec_driver_sql(f"DROP ROLE {role}")
+
+
+def waiting_on_the_pause(engine: sa.Engine) -> bool:
+    with engine.connect() as conn:
+        return bool(conn.exec_driver_sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND wait_event = 'advisory'"
+        ).scalar_one())
+
+
+@pytest.mark.parametrize(("max_in_flight", "interval", "expected"), [(10, 0, 3), (4, 0, 1), (10, 3600, 0)])
+def test_a_claim_that_raced_another_in_its_group_takes_the_room_left(pg_engine, max_in_flight, interval, expected):
+    """Worker B's claim takes its snapshot; worker A's claim in the same group commits;
+    then B locks the group's row. B's count of fetches in flight (its snapshot's) misses
+    A's three: B must add them (never exceeding the group's limit), and must still take
+    the room left, instead of coming back empty as if the group were full; A's spacing,
+    set by A's later clock, still holds B off a spaced group."""
+    with pg_engine.begin() as conn:
+        for i in range(20):
+            add_source(conn, f"http://race.example/{i}")
+    set_group(pg_engine, "race.example", max_in_flight=max_in_flight, interval=interval)
+    with claims_paused_after_their_snapshot(pg_engine) as (paused_engine, release):
+        taken: list = []
+        b = threading.Thread(target=lambda: taken.append(PoliteQueue(paused_engine).claim("b", 3)))
+        b.start()
+        try:
+            wait_until("worker B's claim paused after its snapshot",
+                       lambda: waiting_on_the_pause(pg_engine), timeout=60, every=0.05)
+            first = PoliteQueue(pg_engine).claim("a", 3)
+            assert len(first) == (1 if interval else 3)
+        finally:
+            release()
+            b.join(timeout=60)
+        [second] = taken
+    assert len(second) == expected, f"B took {len(second)}, A {len(first)}, of {max_in_flight}"
+    assert not set(first.ids) & set(second.ids)
+    leased = [r for r in rows(pg_engine, schema.sources) if r["claim_token"] is not None]
+    assert len(leased) == len(first) + expected <= max_in_flight
+
+
+def test_next_start_in_tells_a_lost_race_from_a_full_group(engine):
+    """0 while a due source's group has a free slot (a claim that came back short lost
+    a race for the group's row: look again at once); the slot poll while every slot is
+    held by a fetch in flight; the spacing's wait; None when nothing is due."""
+    with engine.begin() as conn:
+        ids = [add_source(conn, f"http://full.example/{i}") for i in range(3)]
+    set_group(engine, "full.example", max_in_flight=2, interval=0)
+    queue = PoliteQueue(engine)
+    assert queue.next_start_in() == 0, "a free slot"
+    held = queue.claim("w1", 10)
+    assert len(held) == 2
+    assert queue.next_start_in() == politeness.SLOT_POLL_SECONDS, "both slots held by fetches in flight"
+    set_group(engine, "full.example", max_in_flight=2, interval=3600)
+    queue.complete(held, {"next_fetch_at": now() + timedelta(hours=1)}, ids=[ids[0]])
+    assert queue.next_start_in() == 0, "a slot came free and the group's spacing has passed"
+    with engine.begin() as conn:
+        politeness.defer(conn, "full.example", now() + timedelta(hours=1), "test")
+    assert 3500 < queue.next_start_in() <= 3600, "the group is deferred for an hour"
+    queue.complete(held, {"next_fetch_at": now() + timedelta(hours=1)}, ids=[ids[1]])
+    with engine.begin() as conn:
+        conn.execute(sa.update(schema.sources).values(next_fetch_at=now() + timedelta(hours=1)))
+    assert queue.next_start_in() is None, "nothing is due"
+
+
+def test_a_claim_writes_the_started_events_of_exactly_the_sources_it_hands_out(engine):
+    """With ``record_started``, the claim itself (one statement on PostgreSQL, its own
+    transaction elsewhere) writes one ``ingestion.started`` event per source it leases,
+    with the run and the time the source was due; a claim that takes nothing writes none."""
+    due_at = now() - timedelta(minutes=5)
+    with engine.begin() as conn:
+        ids = [add_source(conn, f"http://ev.example/{i}", next_fetch_at=due_at) for i in range(5)]
+    set_group(engine, "ev.example", max_in_flight=3, interval=0)
+    queue = PoliteQueue(engine, record_started=True, run_id="run-7")
+    claim = queue.claim("w1", 10)
+    assert len(claim) == 3
+    assert not queue.claim("w2", 10), "the group is full"
+    events = rows(engine, schema.ingestion_events)
+    assert sorted(e["source_id"] for e in events) == sorted(claim.ids)
+    assert {(e["event"], e["run_id"], e["source_type"]) for e in events} == {(schema.EVENT_STARTED, "run-7", "rss")}
+    assert all(abs(e["scheduled_at"] - due_at) < timedelta(milliseconds=1) for e in events)
+    assert set(claim.ids) <= set(ids)
 
 
 def test_groups_by_registrable_domain_when_asked(engine, tmp_path, monkeypatch):

@@ -40,7 +40,7 @@ from pipeline.core.kinds import SourceType
 from pipeline.core.settings import Settings
 from pipeline.fetching.base import Item, Outcome
 from pipeline.fetching.decide import after_failure, after_success
-from pipeline.fetching.politeness import PoliteQueue, defer, ensure_groups
+from pipeline.fetching.politeness import PoliteQueue, defer, ensure_groups, started_event
 from pipeline.fetching.registry import adapter_for
 from pipeline.net.http import Fetcher
 from pipeline.queue.claim import Claim, Row, RowCompletion, WorkQueue
@@ -127,7 +127,12 @@ class Collector:
         """Claim due sources until none is due or ``max_sources`` were claimed."""
         stats = CollectStats()
         # Politeness is in the claim: a source is handed out only when its group has room.
-        queue = PoliteQueue(self.engine, lease_seconds=self.settings.lease_seconds)
+        # Each claim writes its sources' started events itself (before any request
+        # leaves: a fetch that reached its host always has its event), in its own
+        # statement: no transaction of their own per batch.
+        queue = PoliteQueue(
+            self.engine, lease_seconds=self.settings.lease_seconds, record_started=True, run_id=self.run_id
+        )
         # Load the adapters (and the parsers they import) before the first claim: a
         # claimed source's request must leave at once, or the group's spacing, kept
         # between claims, is not what its host sees.
@@ -148,11 +153,11 @@ class Collector:
         return stats
 
     def _start(self, queue: WorkQueue, claim: Claim, stats: CollectStats) -> list[tuple[Claim, Row]]:
-        """Record the claimed sources as started (before any request leaves: a fetch
-        that reached its host always has its started event); the ones whose earlier
-        holders all died before finishing (claimed too often) end here as a failure,
-        unfetched."""
-        self._record_started(claim.rows)
+        """Log the claimed sources' started events (the claim wrote them); the ones whose
+        earlier holders all died before finishing (claimed too often) end here as a
+        failure, unfetched."""
+        for row in claim.rows:
+            _log(started_event(row, self.run_id))
         limit = self.settings.source_max_attempts
         abandoned = [row for row in claim.rows if queue.spec.exhausted(row, limit)]
         if abandoned:
@@ -281,24 +286,6 @@ class Collector:
 
     # -- telemetry ----------------------------------------------------------------------
 
-    def _record_started(self, sources: Sequence[Row]) -> None:
-        if not sources:
-            return
-        rows = [
-            {
-                "event": "ingestion.started",
-                "source_id": source["id"],
-                "source_type": source["source_type"],
-                "run_id": self.run_id,
-                "scheduled_at": source["next_fetch_at"],
-            }
-            for source in sources
-        ]
-        with self.engine.begin() as conn:
-            insert_rows(conn, schema.ingestion_events, rows)
-        for row in rows:
-            _log(row)
-
     def _completed_event(
         self, fetched: Fetched, values: Mapping[str, Any], new: Mapping[int, int]
     ) -> dict[str, Any]:
@@ -313,7 +300,7 @@ class Collector:
         if fetched.items_left:
             details["items_left"] = fetched.items_left  # for the next fetch (the item cap)
         return {
-            "event": "ingestion.completed",
+            "event": schema.EVENT_COMPLETED,
             "source_id": source["id"],
             "source_type": source["source_type"],
             "run_id": self.run_id,

@@ -14,13 +14,14 @@ How the PostgreSQL claim stays safe with many workers, in one statement
 * fetches in flight are the group's sources whose lease is running: a dead worker's
   slot frees itself when its lease runs out;
 * the claim locks the row of each group it draws from (``FOR NO KEY UPDATE SKIP
-  LOCKED``: a group another worker is claiming from is passed over), and every claim
-  that hands out a source of a group bumps the group's ``claims``. The count of
-  fetches in flight is read from the statement's snapshot; it is used only when the
-  locked (newest) row's ``claims`` equals the snapshot's, i.e. when no claim in the group
-  committed since the snapshot. Completions and expiries since then only free slots,
+  LOCKED``: a group another worker is claiming from is passed over), and adds the
+  number of sources it hands out of a group to the group's ``claims``. The count of
+  fetches in flight is read from the statement's snapshot; the sources handed out by
+  claims that committed since then are the locked (newest) row's ``claims`` less the
+  snapshot's, and are added to it. Completions and expiries since then only free slots,
   and a lease that ran out is never extended (claim.py), so the count can only be high,
-  never low: a group never has more than ``max_in_flight`` fetches at once;
+  never low: a group never has more than ``max_in_flight`` fetches at once, and a claim
+  that raced another in the same group still takes what room is left;
 * spacing: the claim sets ``next_request_at = now() + min_interval``, and a group is
   only drawn from when ``next_request_at <= now()``, re-checked on the locked row; with
   a spacing, one source per group per claim.
@@ -35,7 +36,8 @@ import functools
 import ipaddress
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -48,7 +50,7 @@ from pipeline.core.kinds import SourceType
 from pipeline.core.urls import canonical_host
 from pipeline.queue.claim import Claim, Strategy, WorkQueue
 from pipeline.storage import schema
-from pipeline.storage.bulk import insert_ignoring_conflicts
+from pipeline.storage.bulk import insert_ignoring_conflicts, insert_rows
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,9 @@ _groups, _sources = schema.politeness_groups, schema.sources
 # How many due sources a claim looks at per source it may hand out: enough that groups
 # with no room (their sources are filtered out in SQL first) never starve the others.
 SCAN_FACTOR = 4
+# How soon to look again when every due source's group is full: its slots are held by
+# fetches in flight (another worker's: our own wake the loop when they finish).
+SLOT_POLL_SECONDS = 0.1
 
 
 GROUP_BY = ("host", "domain")  # the values of PIPELINE_POLITENESS_GROUP_BY
@@ -195,7 +200,15 @@ def defer(conn: Connection, name: str, until: datetime, reason: str) -> None:
 class PoliteQueue(WorkQueue):
     """The due-sources queue whose claim only hands out sources whose group has room."""
 
-    def __init__(self, engine: sa.Engine, *, lease_seconds: int = 300, strategy: Strategy | None = None) -> None:
+    def __init__(
+        self, engine: sa.Engine, *, lease_seconds: int = 300, strategy: Strategy | None = None,
+        record_started: bool = False, run_id: str | None = None,
+    ) -> None:
+        """``record_started``: each claim also writes an ``ingestion.started`` event
+        (``started_event``, run ``run_id``) for every source it hands out, in the claim's
+        own statement or transaction: no extra round trip, and a source is never leased
+        without its event nor the event written for a claim that did not commit."""
+        self.record_started, self.run_id = record_started, run_id
         super().__init__(engine, schema.SOURCES_DUE, lease_seconds=lease_seconds, strategy=strategy)
         self._next_start = self._build_next_start()
         # The constants of the compiled claim (the default group's name, 0, 1, ...) are
@@ -248,11 +261,28 @@ class PoliteQueue(WorkQueue):
 
     # -- PostgreSQL: one statement ----------------------------------------------------------
 
-    def _build_claim(self) -> sa.Update:
+    def _build_claim(self) -> sa.Update | sa.Select[Any]:
         if self.strategy is not Strategy.POSTGRES:
             return super()._build_claim()
+        claim = self._build_polite_claim()
+        if not self.record_started:
+            return claim
+        # WITH ..., taken AS (UPDATE sources ... RETURNING sources.*),
+        #      started AS (INSERT INTO ingestion_events ... SELECT ... FROM taken)
+        # SELECT * FROM taken
+        taken = claim.cte("taken")
+        e = schema.ingestion_events
+        started = e.insert().from_select(
+            [e.c.event, e.c.source_id, e.c.source_type, e.c.run_id, e.c.scheduled_at],
+            sa.select(
+                sa.literal(schema.EVENT_STARTED), taken.c.id, taken.c.source_type,
+                sa.bindparam("started_run_id", type_=sa.Text()), taken.c.next_fetch_at,
+            ),
+        ).cte("started")
+        return sa.select(*taken.c).add_cte(started)
+
+    def _build_polite_claim(self) -> sa.Update:
         s, g, d = _sources, _groups, _groups.alias("d")
-        now = self.now()
         expired, free = self._polite_candidates(lock=True)
         expired_cte = expired.cte("expired").prefix_with("MATERIALIZED")
         free_cte = free.cte("free").prefix_with("MATERIALIZED")
@@ -271,6 +301,8 @@ class PoliteQueue(WorkQueue):
         )
         # The candidates' groups that are open, locked; their newest row (re-read and
         # re-checked under the lock when a claim committed since this statement began).
+        # Open by the clock at the lock, not the statement's start (now()): a claim that
+        # committed since then set the group's next request from its own, later clock.
         locked = (
             sa.select(
                 g.c.name, g.c.claims,
@@ -281,21 +313,29 @@ class PoliteQueue(WorkQueue):
             .join(d, d.c.name == DEFAULT)
             .where(
                 g.c.name.in_(sa.select(cand.c.grp)),
-                sa.or_(g.c.next_request_at.is_(None), g.c.next_request_at <= now),
+                sa.or_(
+                    g.c.next_request_at.is_(None),
+                    g.c.next_request_at <= sa.func.clock_timestamp(type_=self._time_type),
+                ),
             )
             .with_for_update(skip_locked=True, key_share=True, of=g)
             .cte("locked")
             .prefix_with("MATERIALIZED")
         )
-        # The same rows as this statement's snapshot sees them.
+        # The same rows as this statement's snapshot sees them. The snapshot's count of
+        # fetches in flight misses only the sources handed out since it was taken, and
+        # every one of those bumped ``claims`` (under the lock this statement now holds):
+        # the difference between the newest row and the snapshot's is exactly them.
         seen = _groups.alias("seen")
         room = (
             sa.select(
                 locked.c.name, locked.c.interval_ms,
-                (locked.c.max_in_flight - self._in_flight(locked.c.name)).label("room"),
+                (
+                    locked.c.max_in_flight - self._in_flight(locked.c.name)
+                    - (locked.c.claims - seen.c.claims)
+                ).label("room"),
             )
             .join(seen, seen.c.name == locked.c.name)
-            .where(seen.c.claims == locked.c.claims)  # nobody claimed in the group since
             .cte("room")
             .prefix_with("MATERIALIZED")
         )
@@ -320,12 +360,16 @@ class PoliteQueue(WorkQueue):
             .cte("picked")
             .prefix_with("MATERIALIZED")
         )
-        picked_groups = sa.select(picked.c.grp, picked.c.interval_ms).distinct().subquery("pg")
+        picked_groups = (
+            sa.select(picked.c.grp, picked.c.interval_ms, sa.func.count().label("n"))
+            .group_by(picked.c.grp, picked.c.interval_ms)
+            .subquery("pg")
+        )
         bump = (
             sa.update(g)
             .where(g.c.name == picked_groups.c.grp)
             .values(
-                claims=g.c.claims + sa.literal_column("1"),
+                claims=g.c.claims + picked_groups.c.n,
                 # From the moment of this update (clock_timestamp(), not the statement's
                 # start, now()): the spacing runs from as close to the send as SQL gets.
                 next_request_at=sa.func.clock_timestamp(type_=self._time_type) + sa.func.make_interval(
@@ -356,11 +400,11 @@ class PoliteQueue(WorkQueue):
         token = uuid.uuid4().hex
         params = {
             **self._constants, "claim_limit": limit, "claim_worker": worker, "claim_token": token,
-            **self._time_params(self.lease), **extra,
+            "started_run_id": self.run_id, **self._time_params(self.lease), **extra,
         }
         assert self._claim_sql is not None
-        with self._one_statement.begin() as conn:
-            rows = conn.exec_driver_sql(self._claim_sql, params).mappings().all()
+        with self._driver() as pg:
+            rows = self._rows(pg.execute(self._claim_sql, params, prepare=True))
         return Claim(self.spec.name, worker, token, self.spec.sort(rows))
 
     def _claim_in_steps(self, worker: str, limit: int) -> Claim:
@@ -409,12 +453,14 @@ class PoliteQueue(WorkQueue):
             if not picked:
                 return Claim(self.spec.name, worker, token, [])
             taken = self._take(conn, [row["id"] for row in picked], worker, token, params)
+            if self.record_started:
+                insert_rows(conn, schema.ingestion_events, [started_event(row, self.run_id) for row in taken])
             spacing = {grp["name"]: grp["interval_ms"] for grp in groups}
             now = datetime.now(UTC)
-            for name in {row["politeness_group"] for row in picked}:
+            for name, n in Counter(row["politeness_group"] for row in picked).items():
                 conn.execute(
                     sa.update(g).where(g.c.name == name).values(
-                        claims=g.c.claims + 1, deferred_reason=None,
+                        claims=g.c.claims + n, deferred_reason=None,
                         next_request_at=now + timedelta(milliseconds=spacing[name]),
                     )
                 )
@@ -447,26 +493,55 @@ class PoliteQueue(WorkQueue):
 
     def _build_next_start(self) -> sa.Select[Any]:
         """When the earliest group of a due, claimable source opens again (its spacing
-        or deferral; now when only a fetch in flight holds it); NULL: no source is due."""
-        s, g, spec = _sources, _groups, self.spec
+        or deferral), among the groups with a free slot now and among all of them; both
+        NULL when no source is due."""
+        s, g, d, spec = _sources, _groups, _groups.alias("d"), self.spec
         now = self.now()
         due = sa.select(s.c.politeness_group).where(
             spec.pending,
             sa.or_(s.c.locked_until.is_(None), s.c.locked_until <= now),
             *([spec.ready(now)] if spec.ready is not None else []),
         )
-        return sa.select(sa.func.min(sa.func.coalesce(g.c.next_request_at, now))).where(g.c.name.in_(due))
+        opens = sa.func.coalesce(g.c.next_request_at, now)
+        has_slot = self._in_flight(g.c.name) < sa.func.coalesce(g.c.max_in_flight, d.c.max_in_flight)
+        return (
+            sa.select(
+                sa.func.min(sa.case((has_slot, opens))).label("with_slot"),
+                sa.func.min(opens).label("any"),
+                now.label("now"),
+            )
+            .select_from(g)
+            .join(d, d.c.name == DEFAULT)
+            .where(g.c.name.in_(due))
+        )
 
     def next_start_in(self) -> float | None:
-        """Seconds until a due source's group may have room (0: it may now, for a slot
-        another fetch holds); None when no source is due at all."""
+        """Seconds until a due source may be claimed; None when no source is due.
+
+        0 means now: a group with a due source is open and has a free slot, so a claim
+        that came back short lost a race for the group's row to another worker's claim
+        (the caller looks again in a moment). When every such group's slots are held by
+        fetches in flight, which free themselves when those end, ``SLOT_POLL_SECONDS``."""
         params = {"claim_limit": 1, **self._time_params(self.lease)}
         with self._autocommit.connect() as conn:
-            when = conn.execute(self._next_start, params).scalar()
-            if when is None:
-                return None
-            now = conn.execute(sa.select(self.now()), params).scalar_one()
-        return max(0.0, float((when - now).total_seconds()))
+            with_slot, any_group, now = conn.execute(self._next_start, params).one()
+        if any_group is None:
+            return None
+        if with_slot is not None:
+            return max(0.0, float((with_slot - now).total_seconds()))
+        return max(SLOT_POLL_SECONDS, float((any_group - now).total_seconds()))
+
+
+def started_event(source: Mapping[Any, Any], run_id: str | None) -> dict[str, Any]:
+    """The ``ingestion.started`` event of a claimed source, as ingestion_events stores it
+    (the PostgreSQL claim writes the same columns in SQL: ``PoliteQueue._build_claim``)."""
+    return {
+        "event": schema.EVENT_STARTED,
+        "source_id": source["id"],
+        "source_type": source["source_type"],
+        "run_id": run_id,
+        "scheduled_at": source["next_fetch_at"],
+    }
 
 
 def _pick(

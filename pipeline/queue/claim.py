@@ -301,7 +301,7 @@ class WorkQueue:
 
     # -- the driver's own path (PostgreSQL) ---------------------------------------------
 
-    def _driver_sql(self, stmt: sa.Update) -> tuple[str, dict[str, Any]]:
+    def _driver_sql(self, stmt: sa.Update | sa.Select[Any]) -> tuple[str, dict[str, Any]]:
         """``stmt`` as the text psycopg runs, and the values of its fixed parameters."""
         compiled = stmt.compile(dialect=self.engine.dialect)
         return str(compiled), dict(compiled.params)
@@ -485,7 +485,7 @@ class WorkQueue:
             values[self.spec.attempts.name] = self.spec.attempts + sa.literal_column("1")
         return values
 
-    def _build_claim(self) -> sa.Update:
+    def _build_claim(self) -> sa.Update | sa.Select[Any]:
         t = self.spec.table
         if self.strategy is Strategy.POSTGRES:
             # WITH expired AS MATERIALIZED (... FOR NO KEY UPDATE SKIP LOCKED),

@@ -10,6 +10,7 @@ thread, in one call of ``write`` (one transaction), so per-transaction costs are
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -18,9 +19,10 @@ from typing import TypeVar
 
 from pipeline.queue.claim import Claim, Heartbeat, WorkQueue
 
-# How soon to look again for room held by fetches in flight (another worker's: our own
-# wake the loop when they finish).
-_POLL = 0.1
+# A claim that came back short while work was claimable now (``next_start_in`` said 0)
+# lost a race to another worker's claim: look again after a pause that starts short and
+# doubles, with jitter so that racing workers fall out of step, while the races go on.
+_RACE_PAUSE = (0.002, 0.1)  # first, longest (seconds)
 Job = TypeVar("Job")
 Result = TypeVar("Result")
 
@@ -48,10 +50,11 @@ def work_claimed(
     open); ``write`` stores finished results. A row's lease is extended while its job
     runs, for at most ``max_work_seconds``.
 
-    When a claim finds nothing although work is waiting for room (``next_start_in``:
-    seconds until it may be claimable, None when there is none), the pass waits for it,
-    up to ``max_wait`` seconds at a time, instead of ending: politeness makes work wait,
-    it never makes it fail.
+    When a claim finds less than it asked for although work is waiting for room
+    (``next_start_in``: seconds until it may be claimable, None when there is none), the
+    pass waits for it, up to ``max_wait`` seconds at a time, instead of ending:
+    politeness makes work wait, it never makes it fail. When it is claimable now (0), the
+    claim lost a race to another worker's and is tried again after a short pause.
     """
     if threads < 1:
         raise ValueError(f"threads must be at least 1, got {threads}")
@@ -66,6 +69,7 @@ def work_claimed(
         write_by = 0.0  # when the oldest result in ``ready`` must be written
         more = True
         claim_after = 0.0  # waiting for room: no claim before this (monotonic)
+        races = 0  # claims in a row that came back short while work was claimable
         while True:
             room = threads - len(running)
             remaining = None if max_rows is None else max_rows - claimed
@@ -79,11 +83,16 @@ def work_claimed(
                     # it start? (None: nothing else is waiting.)
                     wait_s = next_start_in()
                     more = bool(claim) or (wait_s is not None and wait_s <= max_wait)
+                    if wait_s == 0:
+                        races += 1
+                        wait_s = _race_pause(races)
+                    else:
+                        races = 0
                     if wait_s is not None and wait_s <= max_wait:
-                        # A slot held by a fetch in flight (0 s): look again shortly.
-                        claim_after = time.monotonic() + (wait_s if wait_s > 0 else _POLL)
+                        claim_after = time.monotonic() + wait_s
                 else:
                     more = bool(claim)
+                    races = 0
                 isolated = queue.isolate(claim)
                 claimed += len(isolated)
                 if isolated is not claim:  # a suspect: worked on with nothing else running
@@ -115,6 +124,14 @@ def work_claimed(
                 ready = []
             if not running and not ready and not (more and remaining != 0):
                 return claimed
+
+
+def _race_pause(races: int) -> float:
+    """The pause before claiming again after ``races`` short claims in a row that lost a
+    race: doubling from the first pause to the longest, each drawn between half and all
+    of it."""
+    first, longest = _RACE_PAUSE
+    return min(longest, first * 2.0 ** (races - 1)) * random.uniform(0.5, 1.0)
 
 
 @contextmanager

@@ -115,9 +115,9 @@ politeness_groups = sa.Table(
     # Retry-After that deferred the whole group.
     sa.Column("next_request_at", UTCDateTime()),
     sa.Column("deferred_reason", sa.Text()),  # why next_request_at was pushed past spacing
-    # Bumped by every claim that hands out a source of the group: a claim checks that
-    # nobody claimed in the group since its snapshot, so its count of fetches in flight
-    # is current (pipeline/fetching/politeness.py).
+    # Sources of the group ever handed out: every claim adds how many it took, so a
+    # claim adds those handed out since its snapshot (the newest row's value less the
+    # snapshot's) to its count of fetches in flight (pipeline/fetching/politeness.py).
     sa.Column("claims", sa.BigInteger(), nullable=False, server_default=sa.text("0")),
     sa.CheckConstraint("max_in_flight >= 1", name="max_in_flight"),
     sa.CheckConstraint("min_interval_ms >= 0", name="min_interval"),
@@ -312,6 +312,10 @@ notifications = sa.Table(
         sqlite_where=sa.text(f"status = '{NotificationStatus.DEAD}'"),
     ),
 )
+
+# The events of ingestion_events: a source handed out for a fetch, and its fetch's end.
+EVENT_STARTED = "ingestion.started"
+EVENT_COMPLETED = "ingestion.completed"
 
 ingestion_events = sa.Table(
     "ingestion_events",

@@ -141,7 +141,7 @@ def collect_status(engine: Engine) -> PipelineStatus:
                 sa.func.count(),
                 sa.func.count().filter(events.c.success.is_(False)),
                 sa.func.coalesce(sa.func.sum(events.c.items_new), 0),
-            ).where(events.c.event == "ingestion.completed",
+            ).where(events.c.event == schema.EVENT_COMPLETED,
                     events.c.occurred_at >= sa.literal(datetime.now(UTC) - timedelta(hours=1), schema.UTCDateTime()))
         ).one()
         by_status: dict[str, int] = dict(conn.execute(

@@ -6,7 +6,7 @@
 WITH expired AS MATERIALIZED
 (SELECT sources.id AS id
 FROM sources
-WHERE sources.enabled AND sources.locked_until IS NOT NULL AND sources.locked_until <= now() AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) AND (EXISTS (SELECT %(param_4)s::INTEGER AS anon_1
+WHERE sources.enabled AND sources.locked_until IS NOT NULL AND sources.locked_until <= now() AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) AND (EXISTS (SELECT %(param_5)s::INTEGER AS anon_3
 FROM politeness_groups AS g JOIN politeness_groups AS d ON d.name = %(name_1)s::VARCHAR
 WHERE g.name = sources.politeness_group AND (g.next_request_at IS NULL OR g.next_request_at <= now()) AND (SELECT count(*) AS count_1
 FROM sources AS leased
@@ -15,7 +15,7 @@ WHERE leased.politeness_group = g.name AND leased.claimed_by IS NOT NULL AND lea
 free AS MATERIALIZED
 (SELECT sources.id AS id
 FROM sources
-WHERE sources.enabled AND sources.locked_until IS NULL AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) AND (EXISTS (SELECT %(param_6)s::INTEGER AS anon_2
+WHERE sources.enabled AND sources.locked_until IS NULL AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) AND (EXISTS (SELECT %(param_7)s::INTEGER AS anon_4
 FROM politeness_groups AS g JOIN politeness_groups AS d ON d.name = %(name_2)s::VARCHAR
 WHERE g.name = sources.politeness_group AND (g.next_request_at IS NULL OR g.next_request_at <= now()) AND (SELECT count(*) AS count_2
 FROM sources AS leased
@@ -23,20 +23,19 @@ WHERE leased.politeness_group = g.name AND leased.claimed_by IS NOT NULL AND lea
  LIMIT %(claim_scan)s::INTEGER FOR NO KEY UPDATE OF sources SKIP LOCKED),
 cand AS MATERIALIZED
 (SELECT sources.id AS id, sources.politeness_group AS grp, sources.priority AS priority, sources.next_fetch_at AS next_fetch_at, branches.branch AS branch
-FROM sources JOIN (SELECT expired.id AS id, %(param_3)s::INTEGER AS branch
-FROM expired UNION ALL SELECT free.id AS id, %(param_5)s::INTEGER AS branch
+FROM sources JOIN (SELECT expired.id AS id, %(param_4)s::INTEGER AS branch
+FROM expired UNION ALL SELECT free.id AS id, %(param_6)s::INTEGER AS branch
 FROM free) AS branches ON branches.id = sources.id),
 locked AS MATERIALIZED
 (SELECT politeness_groups.name AS name, politeness_groups.claims AS claims, coalesce(politeness_groups.max_in_flight, d.max_in_flight) AS max_in_flight, coalesce(politeness_groups.min_interval_ms, d.min_interval_ms) AS interval_ms
 FROM politeness_groups JOIN politeness_groups AS d ON d.name = %(name_3)s::VARCHAR
 WHERE politeness_groups.name IN (SELECT cand.grp
-FROM cand) AND (politeness_groups.next_request_at IS NULL OR politeness_groups.next_request_at <= now()) FOR NO KEY UPDATE OF politeness_groups SKIP LOCKED),
+FROM cand) AND (politeness_groups.next_request_at IS NULL OR politeness_groups.next_request_at <= clock_timestamp()) FOR NO KEY UPDATE OF politeness_groups SKIP LOCKED),
 room AS MATERIALIZED
-(SELECT locked.name AS name, locked.interval_ms AS interval_ms, locked.max_in_flight - (SELECT count(*) AS count_3
+(SELECT locked.name AS name, locked.interval_ms AS interval_ms, (locked.max_in_flight - (SELECT count(*) AS count_3
 FROM sources AS leased
-WHERE leased.politeness_group = locked.name AND leased.claimed_by IS NOT NULL AND leased.locked_until > now()) AS room
-FROM locked JOIN politeness_groups AS seen ON seen.name = locked.name
-WHERE seen.claims = locked.claims),
+WHERE leased.politeness_group = locked.name AND leased.claimed_by IS NOT NULL AND leased.locked_until > now())) - (locked.claims - seen.claims) AS room
+FROM locked JOIN politeness_groups AS seen ON seen.name = locked.name),
 picked AS MATERIALIZED
 (SELECT ranked.id AS id, ranked.grp AS grp, ranked.interval_ms AS interval_ms
 FROM (SELECT cand.id AS id, cand.grp AS grp, cand.branch AS branch, cand.priority AS priority, cand.next_fetch_at AS next_fetch_at, room.interval_ms AS interval_ms, room.room AS room, row_number() OVER (PARTITION BY cand.grp ORDER BY cand.branch, cand.priority DESC, cand.next_fetch_at ASC NULLS FIRST, cand.id ASC) AS rn
@@ -44,9 +43,15 @@ FROM cand JOIN room ON room.name = cand.grp) AS ranked
 WHERE ranked.rn <= ranked.room AND (ranked.interval_ms = %(interval_ms_1)s::INTEGER OR ranked.rn = %(rn_1)s::INTEGER) ORDER BY ranked.branch, ranked.priority DESC, ranked.next_fetch_at ASC NULLS FIRST, ranked.id ASC
  LIMIT %(claim_limit)s::INTEGER),
 bump AS
-(UPDATE politeness_groups SET next_request_at=(clock_timestamp() + make_interval(%(make_interval_1)s::INTEGER, %(make_interval_2)s::INTEGER, %(make_interval_3)s::INTEGER, %(make_interval_4)s::INTEGER, %(make_interval_5)s::INTEGER, %(make_interval_6)s::INTEGER, CAST(pg.interval_ms AS FLOAT) / CAST(%(param_1)s AS FLOAT))), deferred_reason=%(param_2)s::VARCHAR, claims=(politeness_groups.claims + 1) FROM (SELECT DISTINCT picked.grp AS grp, picked.interval_ms AS interval_ms
-FROM picked) AS pg WHERE politeness_groups.name = pg.grp)
- UPDATE sources SET attempts=(sources.attempts + 1), locked_until=(now() + %(claim_lease)s), claimed_by=%(claim_worker)s::VARCHAR, claim_token=%(claim_token)s::VARCHAR FROM picked WHERE sources.id = picked.id RETURNING sources.id, sources.name, sources.url, sources.source_type, sources.config, sources.enabled, sources.fetch_interval_minutes, sources.next_fetch_at, sources.last_fetched_at, sources.last_success_at, sources.consecutive_failures, sources.last_failure_reason, sources.disabled_reason, sources.priority, sources.etag, sources.last_modified, sources.content_hash, sources.created_at, sources.attempts, sources.politeness_group, sources.locked_until, sources.claimed_by, sources.claim_token;
+(UPDATE politeness_groups SET next_request_at=(clock_timestamp() + make_interval(%(make_interval_1)s::INTEGER, %(make_interval_2)s::INTEGER, %(make_interval_3)s::INTEGER, %(make_interval_4)s::INTEGER, %(make_interval_5)s::INTEGER, %(make_interval_6)s::INTEGER, CAST(pg.interval_ms AS FLOAT) / CAST(%(param_2)s AS FLOAT))), deferred_reason=%(param_3)s::VARCHAR, claims=(politeness_groups.claims + pg.n) FROM (SELECT picked.grp AS grp, picked.interval_ms AS interval_ms, count(*) AS n
+FROM picked GROUP BY picked.grp, picked.interval_ms) AS pg WHERE politeness_groups.name = pg.grp),
+taken AS
+(UPDATE sources SET attempts=(sources.attempts + 1), locked_until=(now() + %(claim_lease)s), claimed_by=%(claim_worker)s::VARCHAR, claim_token=%(claim_token)s::VARCHAR FROM picked WHERE sources.id = picked.id RETURNING sources.id, sources.name, sources.url, sources.source_type, sources.config, sources.enabled, sources.fetch_interval_minutes, sources.next_fetch_at, sources.last_fetched_at, sources.last_success_at, sources.consecutive_failures, sources.last_failure_reason, sources.disabled_reason, sources.priority, sources.etag, sources.last_modified, sources.content_hash, sources.created_at, sources.attempts, sources.politeness_group, sources.locked_until, sources.claimed_by, sources.claim_token),
+started AS
+(INSERT INTO ingestion_events (event, source_id, source_type, run_id, scheduled_at) SELECT %(param_1)s::VARCHAR AS anon_1, taken.id AS id, taken.source_type AS source_type, %(started_run_id)s::VARCHAR AS anon_2, taken.next_fetch_at AS next_fetch_at
+FROM taken)
+ SELECT taken.id, taken.name, taken.url, taken.source_type, taken.config, taken.enabled, taken.fetch_interval_minutes, taken.next_fetch_at, taken.last_fetched_at, taken.last_success_at, taken.consecutive_failures, taken.last_failure_reason, taken.disabled_reason, taken.priority, taken.etag, taken.last_modified, taken.content_hash, taken.created_at, taken.attempts, taken.politeness_group, taken.locked_until, taken.claimed_by, taken.claim_token
+FROM taken;
 
 -- complete (sets next_fetch_at, attempts, last_fetched_at, consecutive_failures, last_failure_reason, last_success_at, etag, last_modified)
 -- served by pk_sources (the ids held), fenced by claim_token and claimed_by
