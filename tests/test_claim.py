@@ -441,6 +441,41 @@ def test_a_pass_that_fails_does_not_wait_for_its_work_in_flight(engine, source_i
         gate.set()
 
 
+def test_the_pass_goes_on_claiming_and_working_while_a_batch_is_written(engine, source_id):
+    """Results are written on a writer thread of their own: while the first batch's
+    write is held (a slow database), the loop claims the next rows and works on them.
+    It once wrote on the claiming thread, so nothing else moved during a write."""
+    from pipeline.queue.workpool import work_claimed
+
+    with engine.begin() as conn:
+        add_raw_rows(conn, source_id, 3)
+    second_worked = threading.Event()
+    worked: list[int] = []
+    written: list[list[int]] = []
+    moved_during_first_write: list[bool] = []
+
+    def work(job):
+        claim, row_id = job
+        worked.append(row_id)
+        if len(worked) == 2:
+            second_worked.set()
+        return row_id
+
+    def write(results):
+        if not written:
+            moved_during_first_write.append(second_worked.wait(60))
+        written.append(list(results))
+
+    claimed = work_claimed(
+        raw_queue(engine, strategy_for(engine.dialect.name)), "w1", threads=1,
+        start=lambda claim: [(claim, row_id) for row_id in claim.ids],
+        held=lambda job: job, work=work, write=write, write_window=0.0,
+    )
+    assert moved_during_first_write == [True], "no row was worked on while the first batch was written"
+    assert claimed == 3 and sorted(r for batch in written for r in batch) == sorted(worked)
+    assert len(worked) == 3
+
+
 def test_a_claim_that_lost_a_race_is_tried_again_soon_then_less_often():
     """The pause after short claims in a row that lost a race: short at first (not the
     0.1 s a full group waits), doubling, never past the longest, jittered within half."""

@@ -19,6 +19,7 @@ import json
 import logging
 import random
 import statistics
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -122,6 +123,7 @@ class Collector:
     # transaction: per-transaction work is then shared (bench/RESULTS.md).
     write_window: float = 0.1
     random_unit: Callable[[], float] = random.random
+    _storing: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def run(self, *, max_sources: int | None = None, concurrency: int | None = None) -> CollectStats:
         """Claim due sources until none is due or ``max_sources`` were claimed."""
@@ -191,7 +193,13 @@ class Collector:
     # -- storing (on the collector's own thread) ----------------------------------------
 
     def _store(self, queue: WorkQueue, batch: list[Fetched], stats: CollectStats) -> None:
-        """Write a batch in one transaction; if the database refuses it, source by source."""
+        """Write a batch in one transaction; if the database refuses it, source by source.
+        Batches are written on the pool's writer thread, sources that end unfetched on the
+        claiming thread (``_start``): one at a time, so ``stats`` is counted right."""
+        with self._storing:
+            self._store_now(queue, batch, stats)
+
+    def _store_now(self, queue: WorkQueue, batch: list[Fetched], stats: CollectStats) -> None:
         try:
             events = self._write(queue, batch)
         except sa.exc.StatementError as exc:
@@ -199,7 +207,7 @@ class Collector:
                 raise  # the database is gone, not this batch's data: fail the step
             if len(batch) > 1:
                 for one in batch:
-                    self._store(queue, [one], stats)
+                    self._store_now(queue, [one], stats)
                 return
             # This source's own data was refused (a value the database cannot store):
             # it fails like a broken document, so it backs off instead of failing again.

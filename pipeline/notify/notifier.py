@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -86,6 +87,7 @@ class Notifier:
     match_batch: int = 1000
     delivery_batch: int = 32
     random_unit: Callable[[], float] = random.random
+    _recording: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     channels: dict[str, Channel] | None = None  # default: webhook and apprise
     _catalogue: FilterCatalogue = field(init=False)
 
@@ -223,6 +225,13 @@ class Notifier:
         return Attempt(claim, row["id"], row["attempts"], error, datetime.now(UTC))
 
     def _record(self, queue: WorkQueue, attempts: Sequence[Attempt], stats: NotifyStats) -> None:
+        """Record the attempts' outcomes (fenced). Deliveries are recorded on the pool's
+        writer thread, notifications that end unsent on the claiming thread
+        (``_messages``): one at a time, so ``stats`` is counted right."""
+        with self._recording:
+            self._record_now(queue, attempts, stats)
+
+    def _record_now(self, queue: WorkQueue, attempts: Sequence[Attempt], stats: NotifyStats) -> None:
         completions = []
         for a in attempts:
             values: dict[str, Any] = {}

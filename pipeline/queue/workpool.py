@@ -4,18 +4,21 @@ Rows are claimed as threads come free (once half of them are idle, so claims sta
 batched) and each claimed row starts at once: its lease runs from the claim, so it
 never waits for a thread. Slow work on one row delays no other. A heartbeat
 (``claim.Heartbeat``) extends the lease of every row whose work is still running. Results that finish
-within ``write_window`` seconds of each other are written together, by the calling
-thread, in one call of ``write`` (one transaction), so per-transaction costs are shared.
+within ``write_window`` seconds of each other are written together in one call of
+``write`` (one transaction), so per-transaction costs are shared, on a writer thread of
+their own: the loop goes on claiming while a batch is written (``_Writer``).
 """
 
 from __future__ import annotations
 
+import queue as queues
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
 
 from pipeline.queue.claim import Claim, Heartbeat, WorkQueue
 
@@ -63,6 +66,7 @@ def work_claimed(
     with (
         Heartbeat(queue, max_work_seconds=max_work_seconds) as heartbeat,
         _pool(threads, f"{queue.spec.name}-work") as pool,
+        _Writer(write, f"{queue.spec.name}-write") as writer,
     ):
         running: dict[Future[Result], tuple[Claim, int]] = {}
         ready: list[Result] = []
@@ -97,7 +101,7 @@ def work_claimed(
                 claimed += len(isolated)
                 if isolated is not claim:  # a suspect: worked on with nothing else running
                     alone = start(isolated)
-                    ready = _drain_then_run_alone(running, alone, held, work, write, heartbeat, pool, ready)
+                    ready = _drain_then_run_alone(running, alone, held, work, writer, heartbeat, pool, ready)
                 elif claim:
                     jobs = start(claim)
                     for job in jobs:
@@ -110,7 +114,11 @@ def work_claimed(
                 if waiting:
                     deadlines.append(claim_after)
                 timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-                done, _ = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
+                # The writer's failure wakes the loop too: a write that failed ends the
+                # pass at once, not when the slowest work in flight finishes.
+                watched: list[Future[Any]] = [*running, writer.failed]
+                done, _ = wait(watched, timeout=timeout, return_when=FIRST_COMPLETED)
+                writer.check()
                 if done and not ready:
                     write_by = time.monotonic() + write_window
                 for future in done:
@@ -120,9 +128,10 @@ def work_claimed(
             elif waiting and not ready:
                 time.sleep(max(0.0, claim_after - time.monotonic()))
             if ready and (not running or len(ready) >= threads or time.monotonic() >= write_by):
-                write(ready)
+                writer.submit(ready)
                 ready = []
             if not running and not ready and not (more and remaining != 0):
+                writer.close()  # every result written (or the write's error raised)
                 return claimed
 
 
@@ -132,6 +141,73 @@ def _race_pause(races: int) -> float:
     of it."""
     first, longest = _RACE_PAUSE
     return min(longest, first * 2.0 ** (races - 1)) * random.uniform(0.5, 1.0)
+
+
+class _Writer(Generic[Result]):
+    """Calls ``write`` with each submitted batch, in order, on a thread of its own.
+
+    At most ``depth`` batches wait to be written (``submit`` blocks beyond that, so a
+    slow database slows the claiming instead of piling up results). A batch whose write
+    raises ends the pass: the error is raised by the next ``submit``, ``flush`` or
+    ``close`` (or ``check``; ``failed`` is a future for waiting on it), and no later
+    batch is written. A pass that ends by an exception abandons
+    the batches still waiting: their leases run out for another claim to take them, as
+    the work in flight's do (``_pool``)."""
+
+    def __init__(self, write: Callable[[list[Result]], None], name: str, depth: int = 2) -> None:
+        self._write = write
+        self._batches: queues.SimpleQueue[list[Result] | None] = queues.SimpleQueue()
+        self._room = threading.Semaphore(depth)
+        self._idle = threading.Condition()
+        self._waiting = 0  # batches submitted and not yet written
+        self.failed: Future[None] = Future()  # done when a write raised: its error
+        self._abandoned = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def __enter__(self) -> _Writer[Result]:
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None:
+            self._abandoned = True
+        self._batches.put(None)
+        if exc_type is None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while (batch := self._batches.get()) is not None:
+            try:
+                if not self.failed.done() and not self._abandoned:
+                    self._write(batch)
+            except BaseException as exc:  # noqa: BLE001 -- raised again on the loop's thread
+                self.failed.set_exception(exc)
+            finally:
+                self._room.release()
+                with self._idle:
+                    self._waiting -= 1
+                    self._idle.notify_all()
+
+    def submit(self, batch: list[Result]) -> None:
+        self.check()
+        self._room.acquire()
+        with self._idle:
+            self._waiting += 1
+        self._batches.put(batch)
+
+    def flush(self) -> None:
+        """Wait until every submitted batch is written."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._waiting == 0)
+        self.check()
+
+    def close(self) -> None:
+        self.flush()
+
+    def check(self) -> None:
+        """Raise the error of a write that failed, if one did."""
+        if self.failed.done():
+            self.failed.result()
 
 
 @contextmanager
@@ -154,7 +230,7 @@ def _drain_then_run_alone(
     jobs: Sequence[Job],
     held: Callable[[Job], tuple[Claim, int]],
     work: Callable[[Job], Result],
-    write: Callable[[list[Result]], None],
+    writer: _Writer[Result],
     heartbeat: Heartbeat,
     pool: ThreadPoolExecutor,
     ready: list[Result],
@@ -167,7 +243,8 @@ def _drain_then_run_alone(
         ready.append(future.result())
         heartbeat.drop(claim_of, [row_id])
     if ready:
-        write(ready)
+        writer.submit(ready)
+    writer.flush()
     ready = []
     for job in jobs:
         claim_of, row_id = held(job)
