@@ -154,6 +154,10 @@ def serve(port_queue: multiprocessing.Queue, feeds: int, latency: float) -> None
 
     class Server(ThreadingHTTPServer):
         daemon_threads = True
+        # socketserver's default listen backlog is 5: with 32 clients connecting at once
+        # the kernel drops the surplus SYNs, and those connections start a second later
+        # (the SYN's retransmission), which stalled some passes by a second.
+        request_queue_size = 128
 
         def get_request(self) -> tuple[socket.socket, object]:
             conn, address = super().get_request()
