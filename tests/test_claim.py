@@ -396,6 +396,24 @@ def test_claimed_timestamps_are_utc_whatever_the_server_zone(pg_engine):
     assert row["raw_json"] == {"title": "item 0"}
 
 
+def test_a_session_idle_inside_a_transaction_is_ended_by_the_server(pg_engine, pg_databases):
+    """The pipeline's sessions carry idle_in_transaction_session_timeout (60 s), so a
+    worker cut off in the middle of a transaction does not hold its row locks for as
+    long as its silent connection lasts (tests/test_partition.py). A timeout set by the
+    server, the role or DATABASE_URL's options is kept."""
+    from pipeline.storage import db
+
+    with pg_engine.connect() as conn:
+        assert conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar_one() == "1min"
+    name = pg_engine.url.database
+    url = db.parse_url(pg_databases.url(name)).update_query_dict(
+        {"options": "-c idle_in_transaction_session_timeout=5000"})
+    own = db.create_engine(url.render_as_string(hide_password=False))
+    with own.connect() as conn:
+        assert conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar_one() == "5s"
+    own.dispose()
+
+
 def test_count_ready_counts_free_and_expired_rows_up_to_a_cap(engine, source_id):
     with engine.begin() as conn:
         ids = add_raw_rows(conn, source_id, 6)
@@ -455,7 +473,7 @@ def test_the_pass_goes_on_claiming_and_working_while_a_batch_is_written(engine, 
     moved_during_first_write: list[bool] = []
 
     def work(job):
-        claim, row_id = job
+        _claim, row_id = job
         worked.append(row_id)
         if len(worked) == 2:
             second_worked.set()

@@ -19,6 +19,13 @@ from pipeline.core import redact
 from pipeline.core.errors import ConfigError, DatabaseUnavailable
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# PostgreSQL ends a session left idle inside a transaction this long (unless the server,
+# the role or DATABASE_URL's ``options`` set a timeout of their own): a worker cut off
+# from the database in the middle of a transaction would otherwise hold its row locks
+# for as long as its silent connection stays open, hours, and no other worker could
+# take its rows over when their leases ran out. No transaction of the pipeline waits
+# on anything but the database (fetches and deliveries run outside them).
+IDLE_IN_TRANSACTION_TIMEOUT_MS = 60_000
 MIN_SQLITE_VERSION = (3, 35, 0)  # UPDATE ... RETURNING
 
 
@@ -67,7 +74,12 @@ def _configure_postgres(engine: Engine) -> None:
         # back from the driver already in UTC, whatever the server's default zone.
         autocommit = dbapi_conn.autocommit
         dbapi_conn.autocommit = True
-        dbapi_conn.execute("SET TIME ZONE 'UTC'")
+        dbapi_conn.execute(
+            "SELECT set_config('TimeZone', 'UTC', false),"
+            " CASE WHEN current_setting('idle_in_transaction_session_timeout') = '0'"
+            " THEN set_config('idle_in_transaction_session_timeout', %s, false) END",
+            [str(IDLE_IN_TRANSACTION_TIMEOUT_MS)],
+        )
         dbapi_conn.autocommit = autocommit
 
 
