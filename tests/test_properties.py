@@ -4,6 +4,8 @@ hypothesis looks for the input that breaks it."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
@@ -244,3 +246,30 @@ def _words_reference(text: str) -> set[str]:
 @settings(max_examples=500, deadline=None)
 def test_the_faster_word_rule_finds_the_same_words(text):
     assert words(text) == _words_reference(text)
+
+
+# Text with what makes a string unstorable (NUL, lone surrogates) and what merely looks
+# like it ("\\u0000" spelled out), among ordinary characters.
+STORABLE_TEXT = st.text(alphabet=st.sampled_from(["a", "é", " ", "\x00", "\ud800", "\udfff", "\\", "u", "0"]),
+                        max_size=12)
+JSONISH = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), STORABLE_TEXT),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(STORABLE_TEXT, inner, max_size=4)),
+    max_leaves=12,
+)
+
+
+@given(STORABLE_TEXT, STORABLE_TEXT, st.dictionaries(STORABLE_TEXT, JSONISH, max_size=5))
+@settings(max_examples=500, deadline=None)
+def test_an_item_without_a_walk_is_the_item_the_walk_makes(item_id, url, raw):
+    """Item checks its JSON text instead of walking ``raw`` when nothing needs making
+    storable: the item, its stored text and its hash are the walk's, whatever the input."""
+    from pipeline.fetching.base import Item, _storable
+
+    item = Item(item_id, url, raw)
+    walked_raw = _storable(raw)
+    assert (item.source_item_id, item.url, item.raw) == (_storable(item_id), _storable(url), walked_raw) or (
+        len(_storable(item_id)) > 1000)
+    expected_text = json.dumps(walked_raw, sort_keys=True, ensure_ascii=False)
+    assert item.raw_text == expected_text
+    assert item.content_hash == hashlib.sha256(expected_text.encode()).hexdigest()

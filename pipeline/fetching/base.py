@@ -40,6 +40,14 @@ def _storable(value: Any) -> Any:
     return value
 
 
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class Item:
     """One thing a source yielded; ``raw`` is what lands in ``listings_raw.raw_json``:
@@ -50,11 +58,29 @@ class Item:
     raw: dict[str, Any]
 
     def __post_init__(self) -> None:
-        for name in ("source_item_id", "url", "raw"):
-            object.__setattr__(self, name, _storable(getattr(self, name)))
+        if not self._already_storable():
+            for name in ("source_item_id", "url", "raw"):
+                object.__setattr__(self, name, _storable(getattr(self, name)))
         if len(self.source_item_id) > MAX_ITEM_ID_CHARS:
             digest = hashlib.sha256(self.source_item_id.encode()).hexdigest()
             object.__setattr__(self, "source_item_id", f"sha256:{digest}")
+
+    def _already_storable(self) -> bool:
+        """True when ``_storable`` would change nothing, found without walking ``raw``:
+        its JSON text (which the item needs anyway: kept as ``raw_text``) holds no NUL
+        (json writes one as ``\\u0000``; text that merely spells that takes the walk)
+        and encodes to UTF-8 (a lone surrogate does not); the same of the id and URL."""
+        try:
+            text = json.dumps(self.raw, sort_keys=True, ensure_ascii=False)
+        except (TypeError, ValueError):
+            return False  # the walk, then raw_text, says what is wrong
+        if "\\u0000" in text or not _encodes(text):
+            return False
+        for value in (self.source_item_id, self.url):
+            if not isinstance(value, str) or "\x00" in value or not _encodes(value):
+                return False
+        self.__dict__["raw_text"] = text  # the cached property's value (frozen: no setattr)
+        return True
 
     @functools.cached_property
     def raw_text(self) -> str:
