@@ -328,8 +328,10 @@ class Collector:
 
 
 def _log(event_row: Mapping[str, Any]) -> None:
-    """The event as one structured (JSON) log line, as DESIGN.md "Telemetry" asks."""
-    log.info(json.dumps(dict(event_row), default=lambda v: v.isoformat() if isinstance(v, datetime) else str(v)))
+    """The event as one structured (JSON) log line, as DESIGN.md "Telemetry" asks (not
+    even formatted when nothing logs INFO)."""
+    if log.isEnabledFor(logging.INFO):
+        log.info(json.dumps(dict(event_row), default=lambda v: v.isoformat() if isinstance(v, datetime) else str(v)))
 
 
 def _url_taken(conn: sa.Connection, url: str) -> bool:
