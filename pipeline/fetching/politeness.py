@@ -22,9 +22,9 @@ How the PostgreSQL claim stays safe with many workers, in one statement
   and a lease that ran out is never extended (claim.py), so the count can only be high,
   never low: a group never has more than ``max_in_flight`` fetches at once, and a claim
   that raced another in the same group still takes what room is left;
-* spacing: the claim sets ``next_request_at = now() + min_interval``, and a group is
-  only drawn from when ``next_request_at <= now()``, re-checked on the locked row; with
-  a spacing, one source per group per claim.
+* spacing: the claim sets ``next_request_at = clock_timestamp() + min_interval``, and a
+  group is only drawn from when ``next_request_at <= now()``, re-checked on the locked
+  row by the clock at the lock; with a spacing, one source per group per claim.
 
 Elsewhere (SQLite, which serialises writers, and the portable path) the same rules run
 as a few statements in one transaction, the group rows locked before the count.
