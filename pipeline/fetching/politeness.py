@@ -390,22 +390,17 @@ class PoliteQueue(WorkQueue):
     # -- claim --------------------------------------------------------------------------
 
     def claim(self, worker: str, limit: int) -> Claim:
-        if self.strategy is Strategy.POSTGRES:
-            return self._claim_with({"claim_scan": limit * SCAN_FACTOR}, worker, limit)
-        return self._claim_in_steps(worker, limit)
+        if self.strategy is not Strategy.POSTGRES:
+            return self._claim_in_steps(worker, limit)
+        return super().claim(worker, limit)  # one statement, sent by psycopg itself
 
-    def _claim_with(self, extra: dict[str, Any], worker: str, limit: int) -> Claim:
-        if limit < 1:
-            raise ValueError(f"limit must be at least 1, got {limit}")
-        token = uuid.uuid4().hex
-        params = {
-            **self._constants, "claim_limit": limit, "claim_worker": worker, "claim_token": token,
-            "started_run_id": self.run_id, **self._time_params(self.lease), **extra,
+    def _claim_params(self, worker: str, limit: int) -> tuple[str, dict[str, Any]]:
+        """The PostgreSQL claim's parameters: the queue's, the compiled statement's
+        constants, the started events' run and how many due sources to look at."""
+        token, params = super()._claim_params(worker, limit)
+        return token, {
+            **self._constants, **params, "started_run_id": self.run_id, "claim_scan": limit * SCAN_FACTOR,
         }
-        assert self._claim_sql is not None
-        with self._driver() as pg:
-            rows = self._rows(pg.execute(self._claim_sql, params, prepare=True))
-        return Claim(self.spec.name, worker, token, self.spec.sort(rows))
 
     def _claim_in_steps(self, worker: str, limit: int) -> Claim:
         """SQLite and the portable path: the same rules, as statements in one transaction.
