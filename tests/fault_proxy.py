@@ -19,6 +19,17 @@ import socket
 import threading
 from collections.abc import Callable
 
+from pipeline.storage import db
+
+
+def postgres_upstream(db_url: str) -> tuple[str, int] | str:
+    """Where a test's PostgreSQL listens: host and port, or its Unix socket."""
+    url = db.parse_url(db_url)
+    socket_dir = url.query.get("host")
+    if isinstance(socket_dir, str) and socket_dir.startswith("/"):
+        return f"{socket_dir}/.s.PGSQL.{url.port or 5432}"
+    return (url.host or "127.0.0.1", url.port or 5432)
+
 
 class FaultProxy:
     def __init__(self, upstream: tuple[str, int] | str) -> None:

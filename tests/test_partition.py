@@ -28,7 +28,7 @@ from pipeline.fetching.collector import Collector
 from pipeline.listings.processor import Processor
 from pipeline.notify.notifier import Notifier
 from pipeline.storage import db, schema
-from tests.fault_proxy import FaultProxy
+from tests.fault_proxy import FaultProxy, postgres_upstream
 from tests.helpers import wait_until
 from tests.http_server import Handler
 from tests.test_chaos import ITEMS, Site, check, done, seed
@@ -64,15 +64,6 @@ def site() -> Iterator[HeldSite]:
     yield s
     s.release.set()
     s.server.stop()
-
-
-def upstream(db_url: str) -> tuple[str, int] | str:
-    """Where the test's PostgreSQL listens: host and port, or its Unix socket."""
-    url = db.parse_url(db_url)
-    socket_dir = url.query.get("host")
-    if isinstance(socket_dir, str) and socket_dir.startswith("/"):
-        return f"{socket_dir}/.s.PGSQL.{url.port or 5432}"
-    return (url.host or "127.0.0.1", url.port or 5432)
 
 
 def leases_run_out(engine: sa.Engine) -> bool:
@@ -130,7 +121,7 @@ def test_a_worker_cut_off_mid_batch_is_fenced_out_when_its_link_heals(pg_databas
     db_url = pg_databases.url(pg_databases.migrated())
     engine = db.create_engine(db_url)
     seed(engine, site, SOURCES)
-    proxy = FaultProxy(upstream(db_url))
+    proxy = FaultProxy(postgres_upstream(db_url))
     worker = start_cut_off_worker(db_url, proxy, tmp_path / "cut-off.log")
     try:
         wait_until("the worker fetching every source", lambda: fetching_all(site, worker, tmp_path), 120, 0.05)
@@ -168,7 +159,7 @@ def test_a_worker_cut_off_inside_its_write_transaction_holds_no_rows_for_long(pg
     db_url = pg_databases.url(pg_databases.migrated())
     engine = db.create_engine(db_url)
     seed(engine, site, SOURCES)
-    proxy = FaultProxy(upstream(db_url))
+    proxy = FaultProxy(postgres_upstream(db_url))
     # The collector's completion of a batch (Collector._write -> WorkQueue.complete_each).
     proxy.cut_after(b"jsonb_to_recordset")
     worker = start_cut_off_worker(db_url, proxy, tmp_path / "cut-off.log")

@@ -1,0 +1,269 @@
+"""The production shape, run: deploy/docker-compose.yaml (the code location, Dagster's
+webserver and daemon, all from deploy/Dockerfile's image) against PostgreSQL, every run
+a container that the daemon's DockerRunLauncher starts (deploy/docker/dagster.yaml).
+
+(a) the runs that collect, process and notify are containers of the image; (b) with the
+collector's run limit at 3 and 600 sources, three collector runs hold claims at once
+and every source is fetched exactly once, counted at the feed server; (c) a run
+container killed mid-pass (``docker kill``) loses nothing: its claims are taken again
+after their lease, every item is stored and notified once, and Dagster marks the run
+failed; (d) nothing is left running afterwards.
+
+Marked ``docker``: CI runs it as a step of its own (`python3 dev.py test -m docker`).
+It needs a Docker daemon (tests/docker_stack.py finds or starts one) and skips, saying
+why, where none can be had, unless PIPELINE_REQUIRE_DOCKER=1 (CI) makes that a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+
+from assets.policies import run_worker
+from pipeline.storage import db, schema
+from tests import docker_stack
+from tests.docker_stack import Docker, NoDocker
+from tests.fault_proxy import FaultProxy, postgres_upstream
+from tests.helpers import add_source, wait_until
+from tests.http_server import Handler
+from tests.test_chaos import Site, check, done, seed
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = 600  # (b): fetched by three collector runs at once
+LATE = 40  # (c): added later; one run holding some of them is killed
+MAX_RUNS = 3
+LEASE_SECONDS = 15
+CONCURRENCY = 4  # fetches at once per run: 600 sources keep three runs busy
+
+
+@pytest.fixture(scope="module")
+def docker() -> Iterator[Docker]:
+    try:
+        found = docker_stack.connect()
+    except NoDocker as e:
+        if os.environ.get("PIPELINE_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"PIPELINE_REQUIRE_DOCKER=1 but {e}")
+        pytest.skip(f"no Docker daemon: {e}")
+    yield found
+    found.stop()
+    assert not docker_stack._alive(found.pid), "the dockerd this test started is gone"
+
+
+@pytest.fixture(scope="module")
+def image(docker: Docker) -> str:
+    try:
+        base, base_seconds = docker_stack.base_image(docker)
+        docker_stack.wheelhouse(docker, base)
+    except NoDocker as e:
+        if os.environ.get("PIPELINE_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"PIPELINE_REQUIRE_DOCKER=1 but {e}")
+        pytest.skip(str(e))
+    build_seconds = docker_stack.build_image(docker, base)
+    print(f"base image {base}: {base_seconds:.1f} s; project image: {build_seconds:.1f} s")
+    return docker_stack.IMAGE
+
+
+class GatedSite(Site):
+    """The chaos test's feeds and webhook receiver, each feed request counted and held
+    until its phase's gate opens (the first SOURCES, then the LATE ones)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gates = (threading.Event(), threading.Event())
+        self.requests: Counter[int] = Counter()
+        self._lock = threading.Lock()
+
+    def feed(self, h: Handler) -> None:
+        n = int(h.path.split("?", 1)[1])
+        with self._lock:
+            self.requests[n] += 1
+        self.gates[n >= SOURCES].wait(600)
+        super().feed(h)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tcp_url(url: str, proxy: FaultProxy | None, *, driver: str | None = None) -> str:
+    """``url`` as a container on the host's network reaches it: over TCP (through
+    ``proxy`` when the test's PostgreSQL listens on a Unix socket only)."""
+    parsed = db.parse_url(url)
+    if proxy is not None:
+        parsed = parsed.set(host="127.0.0.1", port=proxy.port, query={})
+    if driver is not None:
+        parsed = parsed.set(drivername=driver)
+    return parsed.render_as_string(hide_password=False)
+
+
+class Stack:
+    """deploy/docker-compose.yaml, up under a project name of its own."""
+
+    def __init__(self, docker: Docker, env: dict[str, str], log: Path) -> None:
+        self.docker, self.log = docker, log
+        self.env = {**docker.env, **env}
+        self.project = f"pltest{os.getpid()}"
+
+    def compose(self, *args: str) -> None:
+        with self.log.open("ab") as log:
+            subprocess.run([*docker_stack.compose_command(), "-p", self.project, "-f",
+                            str(ROOT / "deploy" / "docker-compose.yaml"), *args],
+                           env=self.env, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=300)
+
+
+def live_holders(engine: sa.Engine, *where: sa.ColumnElement[bool]) -> dict[str, int]:
+    """The workers holding live leases on sources, and how many each."""
+    s = schema.sources
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(s.c.claimed_by, sa.func.count()).where(
+            s.c.locked_until > sa.func.now(), *where).group_by(s.c.claimed_by)).all()
+    return {str(worker): int(n) for worker, n in rows}
+
+
+def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_container(
+        docker, image, pg_databases, tmp_path, monkeypatch):
+    site = GatedSite()
+    server_db = pg_databases.url("postgres")
+    upstream = postgres_upstream(server_db)
+    proxy = FaultProxy(upstream) if isinstance(upstream, str) else None
+    pipeline_db = pg_databases.url(pg_databases.migrated())
+    dagster_db = pg_databases.url(pg_databases.create())
+    engine = db.create_engine(pipeline_db)
+    seed(engine, site, SOURCES)
+    env = {
+        "DATABASE_URL": tcp_url(pipeline_db, proxy),
+        "DAGSTER_POSTGRES_URL": tcp_url(dagster_db, proxy, driver="postgresql+psycopg2"),
+        "PIPELINE_IMAGE": image,
+        "DOCKER_SOCKET": docker.host.removeprefix("unix://"),
+        "PIPELINE_CODE_LOCATION_PORT": str(free_port()),
+        "PIPELINE_UI_PORT": str(free_port()),
+        "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32",
+        "PIPELINE_SENSOR_INTERVAL_SECONDS": "5",
+        "PIPELINE_COLLECTOR_MAX_RUNS": str(MAX_RUNS),
+        "PIPELINE_CONCURRENCY": str(CONCURRENCY),
+        "PIPELINE_LEASE_SECONDS": str(LEASE_SECONDS),
+        "PIPELINE_INGEST_LINGER_SECONDS": "20",
+        "PIPELINE_HTTP_TIMEOUT_SECONDS": "600",
+    }
+    # Every source is on 127.0.0.1, one politeness group: let it take all three runs' fetches.
+    subprocess.run([sys.executable, "-m", "pipeline.cli", "politeness", "set", "*", "--max-in-flight", "100",
+                    "--interval", "0"], env={**os.environ, "DATABASE_URL": pipeline_db}, check=True)
+    stack = Stack(docker, env, tmp_path / "compose.log")
+    monkeypatch.setenv("DAGSTER_POSTGRES_URL", env["DAGSTER_POSTGRES_URL"])
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((ROOT / "deploy" / "dagster.yaml").read_text())
+    instance = dg.DagsterInstance.from_config(str(home))
+    try:
+        stack.compose("up", "-d")
+        # (b) three collector runs hold claims at once, while every feed is held.
+        holders = wait_until(f"{MAX_RUNS} collector runs holding claims at once",
+                             lambda: len(h := live_holders(engine)) >= MAX_RUNS and h, 300)
+        site.gates[0].set()
+        wait_until("every source fetched, processed and notified", lambda: done(engine, SOURCES, expected(site, SOURCES)),
+                   300)
+        assert set(site.requests) == set(range(SOURCES))
+        assert set(site.requests.values()) == {1}, "every source fetched exactly once, counted at the server"
+        runs = {run_worker(r.dagster_run.run_id): r for r in instance.get_run_records()}
+        assert set(holders) <= set(runs), f"the claims' holders are Dagster runs: {holders}"
+
+        # (c) a run killed in the middle of its pass.
+        with engine.begin() as conn:
+            for n in range(SOURCES, SOURCES + LATE):
+                add_source(conn, site.server.url(f"/feed?{n}"), fetch_interval_minutes=10080)
+        late = schema.sources.c.url.in_([site.server.url(f"/feed?{n}") for n in range(SOURCES, SOURCES + LATE)])
+        victim_worker = next(iter(wait_until("a run holding claims on the late sources",
+                                             lambda: live_holders(engine, late), 300)))
+        victim = next(r for r in instance.get_run_records() if run_worker(r.dagster_run.run_id) == victim_worker)
+        container = victim.dagster_run.tags["docker/container_id"]
+        held = set(live_holders(engine, late))
+        docker("kill", container)
+        killed_requests = dict(site.requests)
+        site.gates[1].set()
+        wait_until("the killed run's sources fetched again, everything processed and notified",
+                   lambda: done(engine, SOURCES + LATE, expected(site, SOURCES + LATE)), 300)
+        check(engine, site, SOURCES + LATE)
+        wait_until("Dagster to mark the killed run failed (run monitoring)",
+                   lambda: instance.get_run_by_id(victim.dagster_run.run_id).status
+                   == dg.DagsterRunStatus.FAILURE, 300, every=2)
+        twice = {n for n, k in site.requests.items() if k > 1}
+        assert twice and twice <= {n for n in killed_requests if n >= SOURCES}, \
+            "only the killed run's sources were fetched again"
+        assert max(site.requests.values()) == 2
+        print(f"killed run {victim.dagster_run.run_id} (holders then: {held}); re-fetched {len(twice)} sources")
+
+        # (a) every run was a container of the image, launched by the daemon's run launcher.
+        wait_until("every run to end (the lingering ones too)", lambda: not instance.get_run_records(
+            filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
+                                            dg.DagsterRunStatus.STARTED])), 300, every=2)
+        records = instance.get_run_records()
+        statuses = Counter(r.dagster_run.status.value for r in records)
+        for record in records:
+            print(describe(instance, record))
+        failed = [r.dagster_run.run_id for r in records if r.dagster_run.status == dg.DagsterRunStatus.FAILURE]
+        assert failed == [victim.dagster_run.run_id], "no run failed but the one killed"
+        for record in records:
+            run = record.dagster_run
+            if record.start_time is None:
+                # A retry that never launched carries its parent's tags (Dagster copies them).
+                assert run.status != dg.DagsterRunStatus.SUCCESS
+                continue
+            assert "docker/container_id" in run.tags, f"run {run.run_id} ({run.job_name}) ran in a container"
+            inspected = docker("inspect", "--format", "{{.Config.Image}} {{index .Config.Labels \"dagster/run_id\"}}",
+                               run.tags["docker/container_id"]).split()
+            assert inspected == [image, run.run_id]
+        container_runs = {r.dagster_run.run_id for r in records}
+        for asset in ("listings_raw", "listings", "notifications"):
+            event = instance.get_latest_materialization_event(dg.AssetKey(asset))
+            assert event is not None and event.run_id in container_runs, f"{asset} materialized by a container run"
+        print(f"runs: {len(records)} {dict(statuses)}; jobs {Counter(r.dagster_run.job_name for r in records)}")
+    finally:
+        site.gates[0].set()
+        site.gates[1].set()
+        try:
+            stack.compose("down", "-t", "30")
+        finally:
+            leftover = docker("ps", "-aq", "--filter", "label=dagster/run_id").split()
+            running = docker("ps", "-q", "--filter", "label=dagster/run_id").split()
+            if leftover:
+                docker("rm", "-f", *leftover)
+            engine.dispose()
+            site.server.stop()
+            print((tmp_path / "compose.log").read_text(errors="replace")[-3000:])
+    # (d) nothing left running: no service, no run container.
+    assert running == [], "every run container had exited"
+    assert docker("ps", "-q", "--filter", f"label=com.docker.compose.project={stack.project}").split() == []
+
+
+def describe(instance: dg.DagsterInstance, record: dg.RunRecord) -> str:
+    """A run in one line: its status, parent, container, and for a failure, why."""
+    run = record.dagster_run
+    line = (f"run {run.run_id[:8]} {run.job_name} {run.status.value} parent "
+            f"{(run.parent_run_id or '-')[:8]} container {run.tags.get('docker/container_id', '-')[:12]}")
+    if run.status == dg.DagsterRunStatus.FAILURE:
+        for event in instance.all_logs(run.run_id):
+            data = event.dagster_event.event_specific_data if event.dagster_event else None
+            error = getattr(data, "error", None)
+            if error is not None:
+                line += f"\n    {event.message[:200]}\n    {error.to_string()[-1500:]}"
+            elif event.dagster_event is not None and "run worker" in event.message:
+                line += f"\n    {event.message[:300]}"
+    return line
+
+
+def expected(site: Site, sources: int) -> int:
+    return len(site.expected(sources))

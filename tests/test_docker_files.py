@@ -1,0 +1,57 @@
+"""The Docker files agree with the rest of the deployment (no daemon needed; the stack
+itself runs in tests/test_docker.py): the image's instance is deploy/dagster.yaml with
+Docker's run launcher and nothing else changed, and every setting the compose file and
+the run launcher pass on is one the pipeline reads."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+
+
+def load(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def settings_names() -> set[str]:
+    source = (ROOT / "pipeline" / "core" / "settings.py").read_text()
+    names = set(re.findall(r'"(PIPELINE_[A-Z_]+)"', source))
+    stages = re.search(r"STAGES = \(([^)]*)\)", source)
+    assert stages is not None
+    names |= {f"PIPELINE_{s.upper()}_MAX_RUNS" for s in re.findall(r'"(\w+)"', stages.group(1))}
+    return names | {"DATABASE_URL"}
+
+
+def test_the_image_instance_is_the_production_instance_with_the_docker_run_launcher():
+    production, image = load(DEPLOY / "dagster.yaml"), load(DEPLOY / "docker" / "dagster.yaml")
+    assert image["run_launcher"]["class"] == "DockerRunLauncher"
+    assert {k: v for k, v in image.items() if k != "run_launcher"} == \
+        {k: v for k, v in production.items() if k != "run_launcher"}
+
+
+def test_the_settings_passed_to_services_and_run_containers_are_the_pipelines():
+    compose = load(DEPLOY / "docker-compose.yaml")
+    environment = compose["x-pipeline-environment"]
+    launcher = load(DEPLOY / "docker" / "dagster.yaml")["run_launcher"]["config"]
+    passed = {n for n in environment if n.startswith("PIPELINE_")} - {
+        "PIPELINE_CODE_LOCATION_HOST", "PIPELINE_CODE_LOCATION_PORT"}  # the workspace's, not settings
+    assert passed <= settings_names(), f"not settings: {passed - settings_names()}"
+    # A run container gets what the daemon has: each name the launcher passes must be set there.
+    assert set(launcher["env_vars"]) <= set(environment)
+    assert {"DATABASE_URL", "DAGSTER_POSTGRES_URL"} <= set(launcher["env_vars"])
+    for service in compose["services"].values():
+        assert service["network_mode"] == "host"
+        assert service["image"] == "${PIPELINE_IMAGE:-listings-pipeline:latest}"
+    assert launcher["container_kwargs"]["network_mode"] == "host"
+
+
+def test_the_dockerfile_builds_on_the_usual_python_image_by_default():
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    assert "ARG BASE_IMAGE=python:3.11-slim" in dockerfile
+    assert 'pip install' in dockerfile and '"/src[docker]"' in dockerfile
+    assert "COPY deploy/docker/dagster.yaml /opt/dagster/home/dagster.yaml" in dockerfile
