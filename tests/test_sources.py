@@ -276,3 +276,70 @@ def test_refresh_takes_several_ids_all_or_none(engine, db_url):
     assert result.returncode == 0 and result.stdout.strip() == "2 sources due now"
     due = {str(row["id"]): row["next_fetch_at"] is None for row in sources_rows(engine)}
     assert due == {ids[0]: True, ids[1]: False, ids[2]: True}
+
+
+def test_priority_is_set_on_add_import_and_set_and_shown_by_list_and_status(engine, db_url, tmp_path):
+    env = {"DATABASE_URL": db_url}
+    low = run("sources", "add", "http://127.0.0.1/low", env=env).stdout.strip()
+    high = run("sources", "add", "http://127.0.0.1/high", "--priority", "10", env=env).stdout.strip()
+    yaml_file = write(tmp_path, "feeds.yaml", "- {url: 'http://127.0.0.1/y', priority: -3}\n")
+    csv_file = write(tmp_path, "feeds.csv", "url,priority\nhttp://127.0.0.1/c,7\n")
+    opml_file = write(tmp_path, "feeds.opml", OPML.replace('text="Top level"', 'text="Top level" priority="2"'))
+    for path in (yaml_file, csv_file, opml_file):
+        assert run("sources", "import", str(path), env=env).returncode == 0
+    rows = {r["url"]: r["priority"] for r in sources_rows(engine)}
+    assert (rows["http://127.0.0.1/low"], rows["http://127.0.0.1/high"]) == (0, 10)
+    assert (rows["http://127.0.0.1/y"], rows["http://127.0.0.1/c"]) == (-3, 7)
+    assert (rows["http://127.0.0.1:8000/top.xml"], rows["http://127.0.0.1:8000/news.xml"]) == (2, 0)
+
+    assert run("sources", "set", low, "--priority", "4", "--interval", "15", env=env).returncode == 0
+    row = next(r for r in sources_rows(engine) if str(r["id"]) == low)
+    assert (row["priority"], row["fetch_interval_minutes"]) == (4, 15)
+    listed = run("sources", "list", env=env).stdout
+    assert re.search(rf"^\s*{high}\s.*, priority 10, enabled", listed, re.MULTILINE)
+    assert "priority 0" not in listed, "the default is not shown"
+    assert {r["id"]: r["priority"] for r in json.loads(run("sources", "list", "--json", env=env).stdout)}[int(low)] == 4
+    status = run("status", env=env).stdout
+    assert "priorities     10: 1, 7: 1, 4: 1, 2: 1, 0: 2, -3: 1" in status
+    assert json.loads(run("status", "--json", env=env).stdout)["sources_by_priority"]["10"] == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("--priority", "101"), "priority 101 is out of bounds: it must be -100 to 100"),
+        (("--interval", "0"), "interval 0 is out of bounds"),
+        ((), "nothing to set: give --priority and/or --interval"),
+    ],
+)
+def test_set_refuses_bad_values_in_one_line(engine, db_url, args, fragment):
+    env = {"DATABASE_URL": db_url}
+    source_id = run("sources", "add", "http://127.0.0.1/f", env=env).stdout.strip()
+    assert_one_line_error(run("sources", "set", source_id, *args, env=env), fragment)
+    assert_one_line_error(run("sources", "set", "999999", "--priority", "1", env=env), "no source with id 999999")
+    assert sources_rows(engine)[0]["priority"] == 0
+
+
+def test_a_bad_priority_in_a_file_names_its_entry(tmp_path):
+    path = write(tmp_path, "p.yaml", "- {url: 'http://127.0.0.1/a', priority: high}\n- {url: 'http://127.0.0.1/b', priority: yes}\n")
+    with pytest.raises(SourceError) as error:
+        read_source_file(path)
+    assert "entry 1: priority 'high' is not a whole number" in str(error.value)
+    assert "entry 2: priority True is not a whole number" in str(error.value)
+
+
+def test_the_collectors_claim_takes_a_higher_priority_source_due_later_first(engine, db_url):
+    """Within the due set, priority first: a source due an hour ago at priority 0 waits
+    behind one due a minute ago at priority 5 (the collector's own, polite, claim)."""
+    from pipeline.fetching.politeness import PoliteQueue
+
+    env = {"DATABASE_URL": db_url}
+    early = int(run("sources", "add", "http://127.0.0.1/early", env=env).stdout)
+    later = int(run("sources", "add", "http://127.0.0.2/later", "--priority", "5", env=env).stdout)
+    t = schema.sources
+    with engine.begin() as conn:
+        conn.execute(sa.update(t).where(t.c.id == early).values(next_fetch_at=now() - timedelta(hours=1)))
+        conn.execute(sa.update(t).where(t.c.id == later).values(next_fetch_at=now() - timedelta(minutes=1)))
+    queue = PoliteQueue(engine)
+    assert queue.claim("w", 1).ids == [later]
+    assert queue.claim("w", 1).ids == [early]

@@ -53,6 +53,7 @@ class SourceSpec:
     category: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
     politeness_group: str = politeness.DEFAULT  # make_spec names it (politeness.group_for)
+    priority: int = 0  # due sources are claimed highest priority first (schema.SOURCES_DUE)
 
     def row(self) -> dict[str, Any]:
         config = dict(self.config)
@@ -65,6 +66,7 @@ class SourceSpec:
             "fetch_interval_minutes": self.interval_minutes,
             "config": config,
             "politeness_group": self.politeness_group,
+            "priority": self.priority,
         }
 
 
@@ -78,6 +80,7 @@ def make_spec(
     config: dict[str, Any] | str | None = None,
     politeness_group: str | None = None,
     group_by: str = "host",
+    priority: int | str | None = None,
     entry: str = "",
 ) -> SourceSpec:
     """Validate one entry; ``entry`` names it in errors (e.g. "line 4 of feeds.csv").
@@ -130,6 +133,7 @@ def make_spec(
         politeness_group=politeness.group_for(
             value, kind, _text(politeness_group, "group", where) or None, by=group_by
         ),
+        priority=check_priority(priority, where),
     )
     try:
         adapter_for(kind).check_config(spec.row()["config"])
@@ -194,6 +198,23 @@ def public_config(config: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def check_priority(priority: int | str | None, where: str = "") -> int:
+    """A source's priority: a whole number from MIN_PRIORITY to MAX_PRIORITY, 0 when
+    none is given; SourceError saying what is wrong otherwise."""
+    if priority is None or (isinstance(priority, str) and not priority.strip()):
+        return 0
+    if isinstance(priority, bool):  # YAML's yes/no: a number was meant
+        raise SourceError(f"{where}priority {priority!r} is not a whole number")
+    try:
+        value = int(priority)
+    except (TypeError, ValueError):
+        raise SourceError(f"{where}priority {priority!r} is not a whole number") from None
+    if not schema.MIN_PRIORITY <= value <= schema.MAX_PRIORITY:
+        raise SourceError(f"{where}priority {value} is out of bounds: it must be "
+                          f"{schema.MIN_PRIORITY} to {schema.MAX_PRIORITY}")
+    return value
+
+
 def _interval(interval: int | str | None, where: str) -> int:
     if interval is None or (isinstance(interval, str) and not interval.strip()):
         return schema.DEFAULT_FETCH_INTERVAL_MINUTES
@@ -246,6 +267,7 @@ def _collect(entries: Iterable[tuple[str, dict[str, Any]]], file: str, group_by:
                     config=fields.get("config"),
                     politeness_group=fields.get("group"),
                     group_by=group_by,
+                    priority=fields.get("priority"),
                     entry=entry,
                 )
             )
@@ -291,6 +313,7 @@ def _from_opml(text: str, file: str, group_by: str) -> list[SourceSpec]:
                         "type": kind if kind in list(SourceType) else None,
                         "name": label,
                         "category": child.get("category") or category,
+                        "priority": child.get("priority"),
                     },
                 )
             )
@@ -325,7 +348,7 @@ def _from_csv(text: str, file: str, group_by: str) -> list[SourceSpec]:
     if "url" not in fields:
         raise SourceError(
             f"{file}: the header must name a 'url' column"
-            " (and optionally type, name, interval, category, config)"
+            " (and optionally type, name, interval, category, config, group, priority)"
         )
     reader.fieldnames = fields
     entries = [
@@ -396,6 +419,20 @@ def enable_source(conn: sa.Connection, source_id: int) -> None:
         conn, source_id, enabled=True, disabled_reason=None, consecutive_failures=0,
         next_fetch_at=None, attempts=0, **UNCLAIMED,
     )
+
+
+def set_source(conn: sa.Connection, source_id: int, *, priority: int | str | None = None,
+               interval: int | str | None = None) -> None:
+    """Change a source's priority and/or fetch interval (validated as ``make_spec`` does).
+    A new interval applies from the next fetch on: ``next_fetch_at`` is left as it is."""
+    values: dict[str, Any] = {}
+    if priority is not None:
+        values["priority"] = check_priority(priority)
+    if interval is not None:
+        values["fetch_interval_minutes"] = _interval(interval, "")
+    if not values:
+        raise SourceError("nothing to set: give --priority and/or --interval")
+    _update_source(conn, source_id, **values)
 
 
 def disable_source(conn: sa.Connection, source_id: int, reason: str = "disabled by an operator") -> None:

@@ -14,6 +14,9 @@ from pipeline.core.settings import Settings
 from pipeline.fetching import politeness
 from pipeline.storage import schema
 
+PRIORITY_HELP = (f"Among due sources, higher is fetched first ({schema.MIN_PRIORITY} to "
+                 f"{schema.MAX_PRIORITY}).")
+
 
 @click.group("sources")
 def sources_group() -> None:
@@ -34,12 +37,14 @@ def sources_group() -> None:
 @click.option("--group", "group", metavar="NAME",
               help="Politeness group (default: the URL's host, or its registrable domain with"
                    " PIPELINE_POLITENESS_GROUP_BY=domain; youtube for YouTube sources).")
+@click.option("--priority", type=int, default=0, show_default=True,
+              help=PRIORITY_HELP)
 @click.option("--check", is_flag=True,
               help="Fetch the source once first and say what it holds; nothing is stored if it"
                    " fails. A page that advertises one feed is replaced by that feed.")
 def sources_add(
     url: str, source_type: str | None, name: str | None, interval: int, category: str | None,
-    config: str | None, group: str | None, check: bool,
+    config: str | None, group: str | None, priority: int, check: bool,
 ) -> None:
     """Add a source and print its id.
 
@@ -49,7 +54,7 @@ def sources_add(
     settings = Settings.from_env()
     spec = sources.make_spec(
         url, source_type=source_type, name=name, interval=interval, category=category,
-        config=config, politeness_group=group, group_by=settings.politeness_group_by,
+        config=config, politeness_group=group, group_by=settings.politeness_group_by, priority=priority,
     )
     if check:
         from pipeline.catalogue import discovery
@@ -110,10 +115,21 @@ def sources_list(as_json: bool) -> None:
             else ""
         )
         due = row["next_fetch_at"].isoformat() if row["next_fetch_at"] else "now"
+        priority = f", priority {row['priority']}" if row["priority"] else ""
         click.echo(
             f"{row['id']:>6}  {row['source_type']:<7} every {row['fetch_interval_minutes']} min,"
-            f" next {due}, {state}{failing}  {row['url']}"
+            f" next {due}{priority}, {state}{failing}  {row['url']}"
         )
+
+
+@sources_group.command("set")
+@click.argument("source_id", type=common.ID)
+@click.option("--priority", type=int, help=PRIORITY_HELP)
+@click.option("--interval", type=int, help="Minutes between fetches (1 to 10080), from the next fetch on.")
+def sources_set(source_id: int, priority: int | None, interval: int | None) -> None:
+    """Change a source's priority or fetch interval."""
+    with common.engine().begin() as conn:
+        sources.set_source(conn, source_id, priority=priority, interval=interval)
 
 
 @sources_group.command("enable")

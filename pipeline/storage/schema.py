@@ -20,6 +20,8 @@ _ZERO = timedelta(0)
 MIN_FETCH_INTERVAL_MINUTES = 1
 MAX_FETCH_INTERVAL_MINUTES = 10080  # one week
 DEFAULT_FETCH_INTERVAL_MINUTES = 60
+# A source's priority: due sources are claimed highest first (SOURCES_DUE's order).
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
 
 metadata = sa.MetaData(
     naming_convention={

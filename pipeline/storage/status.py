@@ -50,6 +50,7 @@ class PipelineStatus:
     at: datetime
     sources_enabled: int
     sources_disabled: int
+    sources_by_priority: dict[str, int]  # enabled sources per priority, highest first
     next_due_at: datetime | None  # the next enabled source to come due (None: none)
     failing: dict[str, int]  # enabled sources whose last fetch failed, by failure code
     disabled_by_failures: int
@@ -157,6 +158,9 @@ def collect_status(engine: Engine) -> PipelineStatus:
             at=at,
             sources_enabled=_count(conn, s, s.c.enabled),
             sources_disabled=_count(conn, s, sa.not_(s.c.enabled)),
+            sources_by_priority={str(p): int(n) for p, n in conn.execute(
+                sa.select(s.c.priority, sa.func.count()).where(s.c.enabled)
+                .group_by(s.c.priority).order_by(s.c.priority.desc())).tuples()},
             next_due_at=conn.execute(  # NULL means due now
                 sa.select(sa.func.min(sa.func.coalesce(s.c.next_fetch_at, now))).where(s.c.enabled)
             ).scalar(),
@@ -226,6 +230,8 @@ def status_as_text(status: PipelineStatus) -> str:
         "",
         (f"sources        {status.sources_enabled:,} enabled, {status.sources_disabled:,} disabled"
          f" ({status.disabled_by_failures:,} by their failures); next due {next_due}"),
+        *(["priorities     " + ", ".join(f"{p}: {n:,}" for p, n in status.sources_by_priority.items())]
+          if set(status.sources_by_priority) - {"0"} else []),
         f"failing now    {failing}",
         f"last hour      {hour['fetches']:,} fetches, {hour['failed']:,} failed, {hour['items_new']:,} new items",
         f"listings       {about}{status.totals['listings']:,}; raw rows given up: {status.raw_given_up:,}",
