@@ -10,7 +10,8 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from pipeline.queue.claim import RowCompletion, Strategy, WorkQueue, strategy_for
+from pipeline.fetching.politeness import PoliteQueue
+from pipeline.queue.claim import UNCLAIMED, RowCompletion, Strategy, WorkQueue, strategy_for
 from pipeline.storage import db, schema
 from tests.helpers import add_raw_rows, add_source, now, raw_states, round_trips, wire_messages
 
@@ -66,9 +67,9 @@ def test_order_is_honoured_and_limit_never_exceeded(engine, strategy, source_id)
 
 
 def test_sources_are_claimed_by_priority_then_next_fetch_at_nulls_first(engine, strategy):
-    t0 = now() - timedelta(hours=2)
+    t0 = now() - timedelta(minutes=5)  # all due within one aging step: priority alone orders
     with engine.begin() as conn:
-        late = add_source(conn, "http://127.0.0.1/late", next_fetch_at=t0 + timedelta(hours=1))
+        late = add_source(conn, "http://127.0.0.1/late", next_fetch_at=t0 + timedelta(minutes=4))
         early = add_source(conn, "http://127.0.0.1/early", next_fetch_at=t0)
         never = add_source(conn, "http://127.0.0.1/never")  # NULL: due now, first
         urgent = add_source(conn, "http://127.0.0.1/urgent", priority=5, next_fetch_at=t0)
@@ -79,6 +80,30 @@ def test_sources_are_claimed_by_priority_then_next_fetch_at_nulls_first(engine, 
     assert [queue.claim("w", 1).ids[0] for _ in range(2)] == [urgent, never]
     assert queue.claim("w", 10).ids == [early, late]
     assert not queue.claim("w", 10), "future and disabled sources are not due"
+
+
+@pytest.mark.parametrize("polite", [False, True], ids=["plain", "polite"])
+def test_a_source_due_longer_rises_one_priority_level_per_aging_step(engine, strategy, polite):
+    """Aging (schema.PRIORITY_AGING_MINUTES): a priority-0 source due for 2.5 steps ranks
+    as priority 2, so it goes before a priority-2 source just due (the tie goes to the
+    older due time) and after a priority-3 one."""
+    step = timedelta(minutes=schema.PRIORITY_AGING_MINUTES)
+    due = {"waited": now() - 2.5 * step, "two": now() - timedelta(seconds=30),
+           "three": now() - timedelta(seconds=30), "fresh": None}  # never fetched: due now, not aged
+    priority = {"waited": 0, "two": 2, "three": 3, "fresh": 1}
+    with engine.begin() as conn:
+        ids = {name: add_source(conn, f"http://127.0.0.{i}/{name}", priority=priority[name], next_fetch_at=when)
+               for i, (name, when) in enumerate(due.items(), start=1)}
+        # Each source is its own politeness group; no spacing, so one claim can take all four.
+        conn.execute(sa.update(schema.politeness_groups).values(min_interval_ms=0))
+    expected = [ids["three"], ids["waited"], ids["two"], ids["fresh"]]
+    queue = PoliteQueue(engine, strategy=strategy) if polite else WorkQueue(engine, schema.SOURCES_DUE, strategy=strategy)
+    assert [queue.claim("w", 1).ids[0] for _ in range(4)] == expected
+    with engine.begin() as conn:
+        for name, source_id in ids.items():
+            conn.execute(sa.update(schema.sources).where(schema.sources.c.id == source_id)
+                         .values(**UNCLAIMED, next_fetch_at=due[name]))
+    assert queue.claim("w", 4).ids == expected, "one claim of four orders them alike"
 
 
 def test_criteria_are_rechecked_at_claim_time(engine, strategy, source_id):

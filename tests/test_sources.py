@@ -329,8 +329,9 @@ def test_a_bad_priority_in_a_file_names_its_entry(tmp_path):
 
 
 def test_the_collectors_claim_takes_a_higher_priority_source_due_later_first(engine, db_url):
-    """Within the due set, priority first: a source due an hour ago at priority 0 waits
-    behind one due a minute ago at priority 5 (the collector's own, polite, claim)."""
+    """Within the due set, priority first: a source due 9 minutes ago at priority 0 (not
+    yet aged one level) waits behind one due a minute ago at priority 5 (the collector's
+    own, polite, claim). Aging is tests/test_claim.py's."""
     from pipeline.fetching.politeness import PoliteQueue
 
     env = {"DATABASE_URL": db_url}
@@ -338,7 +339,7 @@ def test_the_collectors_claim_takes_a_higher_priority_source_due_later_first(eng
     later = int(run("sources", "add", "http://127.0.0.2/later", "--priority", "5", env=env).stdout)
     t = schema.sources
     with engine.begin() as conn:
-        conn.execute(sa.update(t).where(t.c.id == early).values(next_fetch_at=now() - timedelta(hours=1)))
+        conn.execute(sa.update(t).where(t.c.id == early).values(next_fetch_at=now() - timedelta(minutes=9)))
         conn.execute(sa.update(t).where(t.c.id == later).values(next_fetch_at=now() - timedelta(minutes=1)))
     queue = PoliteQueue(engine)
     assert queue.claim("w", 1).ids == [later]

@@ -257,7 +257,8 @@ class PoliteQueue(WorkQueue):
 
     def _order_keys(self, rows: Any) -> list[sa.ColumnElement[Any]]:
         """The queue's order over a derived table of candidates; expired leases first."""
-        return [rows.c.branch, *(term.sql(over=rows) for term in self.spec.order)]
+        dialect = self.engine.dialect.name
+        return [rows.c.branch, *(term.sql(over=rows, now=self.now(), dialect=dialect) for term in self.spec.order)]
 
     # -- PostgreSQL: one statement ----------------------------------------------------------
 

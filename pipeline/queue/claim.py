@@ -46,9 +46,16 @@ class OrderTerm:
     descending: bool = False
     nulls_first: bool | None = None
 
-    def sql(self, over: Any = None) -> sa.ColumnElement[Any]:
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The columns the term reads (a claim returns them, to sort its rows)."""
+        return (self.column.name,)
+
+    def sql(self, over: Any = None, *, now: sa.ColumnElement[datetime] | None = None,
+            dialect: str = "postgresql") -> sa.ColumnElement[Any]:
         """The term over the table's column, or over the same-named column of the
-        derived table ``over`` (a CTE or subquery of the queue's rows)."""
+        derived table ``over`` (a CTE or subquery of the queue's rows). ``now`` and
+        ``dialect`` are for terms that depend on the time (``AgedTerm``)."""
         column = self.column if over is None else over.c[self.column.name]
         term = column.desc() if self.descending else column.asc()
         if self.nulls_first is True:
@@ -68,6 +75,48 @@ class OrderTerm:
             key=lambda row: none_key if row[name] is None else (1, row[name]),
             reverse=self.descending,
         )
+
+
+@dataclass(frozen=True)
+class AgedTerm(OrderTerm):
+    """A priority (``column``, NOT NULL, highest first) that rises by one for every
+    ``step`` that has passed since the row's ``since`` (its due time; NULL: none): work
+    that has waited long enough is taken before newer work of a higher priority, so no
+    priority starves the rest. A row waits behind rows that came due after it for at
+    most (their priority - its priority) x ``step``."""
+
+    since: sa.Column[datetime] | None = None
+    step: timedelta = timedelta(minutes=10)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        assert self.since is not None
+        return (self.column.name, self.since.name)
+
+    def sql(self, over: Any = None, *, now: sa.ColumnElement[datetime] | None = None,
+            dialect: str = "postgresql") -> sa.ColumnElement[Any]:
+        assert self.since is not None and now is not None, "an aged term needs the claim's now"
+        column = self.column if over is None else over.c[self.column.name]
+        since = self.since if over is None else over.c[self.since.name]
+        # Constants as SQL text, not parameters: the claim is compiled once, sent as text.
+        seconds: sa.ColumnElement[Any] = sa.literal_column(f"{self.step.total_seconds():.1f}")
+        if dialect == "postgresql":
+            steps: sa.ColumnElement[Any] = sa.func.floor(sa.extract("epoch", now - since) / seconds)
+        else:  # SQLite: times are UTC text; a due row's age is never negative, so the cast floors
+            age = (sa.func.julianday(now) - sa.func.julianday(since)) * sa.literal_column("86400.0")
+            steps = sa.cast(age / seconds, sa.Integer())
+        return (column + sa.func.coalesce(steps, sa.literal_column("0"))).desc()
+
+    def sort(self, rows: list[Row]) -> None:
+        assert self.since is not None
+        now, name, since = datetime.now(UTC), self.column.name, self.since.name
+        step = self.step.total_seconds()
+
+        def aged(row: Row) -> float:
+            due = row[since]
+            return float(row[name]) + (0 if due is None else max(0.0, (now - due).total_seconds()) // step)
+
+        rows.sort(key=aged, reverse=True)
 
 
 @dataclass(frozen=True)
@@ -290,7 +339,7 @@ class WorkQueue:
         t, spec = self.spec.table, self.spec
         if columns is None:
             return tuple(t.c)
-        names = ["id", *(term.column.name for term in spec.order)]
+        names = ["id", *(name for term in spec.order for name in term.names)]
         if spec.attempts is not None:
             names.append(spec.attempts.name)
         for name in columns:
@@ -457,7 +506,7 @@ class WorkQueue:
         free = (
             sa.select(t.c.id)
             .where(spec.free(), *ready)
-            .order_by(*(term.sql() for term in spec.order))
+            .order_by(*(term.sql(now=now, dialect=self.engine.dialect.name) for term in spec.order))
             .limit(limit)
         )
         if lock:

@@ -14,14 +14,16 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 
 from pipeline.core.kinds import ChannelKind, NotificationStatus, SourceType, sql_in
-from pipeline.queue.claim import OrderTerm, QueueSpec, sql_now
+from pipeline.queue.claim import AgedTerm, OrderTerm, QueueSpec, sql_now
 
 _ZERO = timedelta(0)
 MIN_FETCH_INTERVAL_MINUTES = 1
 MAX_FETCH_INTERVAL_MINUTES = 10080  # one week
 DEFAULT_FETCH_INTERVAL_MINUTES = 60
-# A source's priority: due sources are claimed highest first (SOURCES_DUE's order).
+# A source's priority: due sources are claimed highest first (SOURCES_DUE's order), a
+# source's priority rising by one for every PRIORITY_AGING_MINUTES it has been due.
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
+PRIORITY_AGING_MINUTES = 10
 
 metadata = sa.MetaData(
     naming_convention={
@@ -366,16 +368,18 @@ def _attempt_due(now: sa.ColumnElement[datetime]) -> sa.ColumnElement[bool]:
 
 
 
-# Due sources, highest priority first, never-fetched first, then longest overdue. The free
-# index ranges over next_fetch_at, so a claim costs in proportion to the sources that are
-# due, not to the size of the catalogue; the due set is then sorted by priority.
+# Due sources, highest priority first (aged: one level up for every PRIORITY_AGING_MINUTES
+# a source has been due, so none starves), never-fetched first, then longest overdue. The
+# free index ranges over next_fetch_at, so a claim costs in proportion to the sources that
+# are due, not to the size of the catalogue; the due set is then sorted by priority.
 SOURCES_DUE = QueueSpec(
     name="due",
     table=sources,
     pending=sources.c.enabled,
     ready=_due,
     order=(
-        OrderTerm(sources.c.priority, descending=True),
+        AgedTerm(sources.c.priority, descending=True, since=sources.c.next_fetch_at,
+                 step=timedelta(minutes=PRIORITY_AGING_MINUTES)),
         OrderTerm(sources.c.next_fetch_at, nulls_first=True),
         OrderTerm(sources.c.id),
     ),

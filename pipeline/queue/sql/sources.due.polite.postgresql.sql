@@ -19,7 +19,7 @@ WHERE sources.enabled AND sources.locked_until IS NULL AND (sources.next_fetch_a
 FROM politeness_groups AS g JOIN politeness_groups AS d ON d.name = %(name_2)s::VARCHAR
 WHERE g.name = sources.politeness_group AND (g.next_request_at IS NULL OR g.next_request_at <= now()) AND (SELECT count(*) AS count_2
 FROM sources AS leased
-WHERE leased.politeness_group = g.name AND leased.claimed_by IS NOT NULL AND leased.locked_until > now()) < coalesce(g.max_in_flight, d.max_in_flight))) ORDER BY sources.priority DESC, sources.next_fetch_at ASC NULLS FIRST, sources.id ASC
+WHERE leased.politeness_group = g.name AND leased.claimed_by IS NOT NULL AND leased.locked_until > now()) < coalesce(g.max_in_flight, d.max_in_flight))) ORDER BY sources.priority + coalesce(floor(EXTRACT(epoch FROM now() - sources.next_fetch_at) / CAST(600.0 AS NUMERIC)), 0) DESC, sources.next_fetch_at ASC NULLS FIRST, sources.id ASC
  LIMIT %(claim_scan)s::INTEGER FOR NO KEY UPDATE OF sources SKIP LOCKED),
 cand AS MATERIALIZED
 (SELECT sources.id AS id, sources.politeness_group AS grp, sources.priority AS priority, sources.next_fetch_at AS next_fetch_at, branches.branch AS branch
@@ -38,9 +38,9 @@ WHERE leased.politeness_group = locked.name AND leased.claimed_by IS NOT NULL AN
 FROM locked JOIN politeness_groups AS seen ON seen.name = locked.name),
 picked AS MATERIALIZED
 (SELECT ranked.id AS id, ranked.grp AS grp, ranked.interval_ms AS interval_ms
-FROM (SELECT cand.id AS id, cand.grp AS grp, cand.branch AS branch, cand.priority AS priority, cand.next_fetch_at AS next_fetch_at, room.interval_ms AS interval_ms, room.room AS room, row_number() OVER (PARTITION BY cand.grp ORDER BY cand.branch, cand.priority DESC, cand.next_fetch_at ASC NULLS FIRST, cand.id ASC) AS rn
+FROM (SELECT cand.id AS id, cand.grp AS grp, cand.branch AS branch, cand.priority AS priority, cand.next_fetch_at AS next_fetch_at, room.interval_ms AS interval_ms, room.room AS room, row_number() OVER (PARTITION BY cand.grp ORDER BY cand.branch, cand.priority + coalesce(floor(EXTRACT(epoch FROM now() - cand.next_fetch_at) / CAST(600.0 AS NUMERIC)), 0) DESC, cand.next_fetch_at ASC NULLS FIRST, cand.id ASC) AS rn
 FROM cand JOIN room ON room.name = cand.grp) AS ranked
-WHERE ranked.rn <= ranked.room AND (ranked.interval_ms = %(interval_ms_1)s::INTEGER OR ranked.rn = %(rn_1)s::INTEGER) ORDER BY ranked.branch, ranked.priority DESC, ranked.next_fetch_at ASC NULLS FIRST, ranked.id ASC
+WHERE ranked.rn <= ranked.room AND (ranked.interval_ms = %(interval_ms_1)s::INTEGER OR ranked.rn = %(rn_1)s::INTEGER) ORDER BY ranked.branch, ranked.priority + coalesce(floor(EXTRACT(epoch FROM now() - ranked.next_fetch_at) / CAST(600.0 AS NUMERIC)), 0) DESC, ranked.next_fetch_at ASC NULLS FIRST, ranked.id ASC
  LIMIT %(claim_limit)s::INTEGER),
 bump AS
 (UPDATE politeness_groups SET next_request_at=(clock_timestamp() + make_interval(%(make_interval_1)s::INTEGER, %(make_interval_2)s::INTEGER, %(make_interval_3)s::INTEGER, %(make_interval_4)s::INTEGER, %(make_interval_5)s::INTEGER, %(make_interval_6)s::INTEGER, CAST(pg.interval_ms AS FLOAT) / CAST(%(param_2)s AS FLOAT))), deferred_reason=%(param_3)s::VARCHAR, claims=(politeness_groups.claims + pg.n) FROM (SELECT picked.grp AS grp, picked.interval_ms AS interval_ms, count(*) AS n

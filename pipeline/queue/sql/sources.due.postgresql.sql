@@ -11,7 +11,7 @@ WHERE sources.enabled AND sources.locked_until IS NOT NULL AND sources.locked_un
 free AS MATERIALIZED
 (SELECT sources.id AS id
 FROM sources
-WHERE sources.enabled AND sources.locked_until IS NULL AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) ORDER BY sources.priority DESC, sources.next_fetch_at ASC NULLS FIRST, sources.id ASC
+WHERE sources.enabled AND sources.locked_until IS NULL AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) ORDER BY sources.priority + coalesce(floor(EXTRACT(epoch FROM now() - sources.next_fetch_at) / CAST(600.0 AS NUMERIC)), 0) DESC, sources.next_fetch_at ASC NULLS FIRST, sources.id ASC
  LIMIT %(claim_limit)s::INTEGER FOR NO KEY UPDATE SKIP LOCKED),
 c AS MATERIALIZED
 (SELECT expired.id AS id
