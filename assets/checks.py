@@ -2,7 +2,7 @@
 notifications dying. Each reads pipeline/storage/health.py, one cheap query per question.
 
 Thresholds are environment variables (minutes): PIPELINE_STALE_LEASE_MINUTES (10),
-PIPELINE_FRESHNESS_MAX_MINUTES (60).
+PIPELINE_FRESHNESS_MAX_MINUTES (60), PIPELINE_LATENESS_MAX_MINUTES (15).
 """
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
@@ -102,6 +102,30 @@ def _failing_sources() -> dg.AssetChecksDefinition:
     return failing_sources
 
 
+def _schedule_adherence() -> dg.AssetChecksDefinition:
+    @dg.asset_check(
+        asset="listings_raw", name="schedule_adherence", blocking=False,
+        description="Fetches start on time: over the last hour, the 95th percentile of how late a "
+        "fetch started after its source's next_fetch_at is at most PIPELINE_LATENESS_MAX_MINUTES "
+        "(`pipeline status` shows p50 and p95 per hour). An hour without fetches passes.",
+    )
+    def schedule_adherence(database: PipelineDatabase) -> dg.AssetCheckResult:
+        limit = database.settings().lateness_max_minutes
+        with database.engine.connect() as conn:
+            found = health.lateness(conn, timedelta(hours=1))
+        p50, p95 = (None if s is None else round(s / 60, 2) for s in (found.p50_seconds, found.p95_seconds))
+        return dg.AssetCheckResult(
+            passed=p95 is None or p95 <= limit,
+            severity=dg.AssetCheckSeverity.WARN,
+            description=None if p95 is None else f"fetches started late by {p50} min (p50), {p95} min (p95); "
+            f"limit {limit}",
+            metadata={"fetches": found.fetches, "lateness_p50_minutes": p50 if p50 is not None else 0.0,
+                      "lateness_p95_minutes": p95 if p95 is not None else 0.0, "limit_minutes": limit},
+        )
+
+    return schedule_adherence
+
+
 ASSET_CHECKS = [
     _stale_lease_check("listings_raw", (schema.SOURCES_DUE,), "collector"),
     _stale_lease_check("listings", (schema.RAW_UNPROCESSED,), "processor"),
@@ -114,6 +138,7 @@ ASSET_CHECKS = [
                   "No raw row was given up by the processor after PIPELINE_RAW_MAX_ATTEMPTS "
                   "(`pipeline status` counts them; docs/runbook.md, Processing, says what to do)."),
     _failing_sources(),
+    _schedule_adherence(),
     _none_counted("notifications", "dead_notifications", "dead notifications", health.dead_notifications,
                   "No notification gave up after PIPELINE_DELIVERY_MAX_ATTEMPTS "
                   "(`pipeline notifications requeue --dead` retries them once fixed)."),

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from pipeline.storage import migrate, schema
@@ -166,3 +168,28 @@ def test_a_fetch_refused_by_the_address_guard_says_why_and_what_to_set(engine, d
     assert json.loads(result.stdout)["failed_by_reason"] == {"blocked_address": 1}
     assert "1 sources were refused by the address guard (blocked_address)" in result.stderr
     assert "PIPELINE_ALLOW_NETWORKS=127.0.0.1/32" in result.stderr and "(now: none)" in result.stderr
+
+
+def test_status_shows_how_late_fetches_started_per_hour(engine, db_url):
+    """p50 and p95 of (claim time - due time) per clock hour, from the started events;
+    a never-fetched source's fetch (no due time) and completed events are not counted.
+    The same figures on PostgreSQL (percentile_cont) and SQLite (in Python)."""
+    recent, earlier = now() - timedelta(minutes=1), now() - timedelta(hours=3)
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1/f")
+
+        def event(at, late, kind=schema.EVENT_STARTED):
+            return {"event": kind, "source_id": source, "occurred_at": at,
+                    "scheduled_at": None if late is None else at - timedelta(seconds=late)}
+
+        conn.execute(sa.insert(schema.ingestion_events), [
+            *(event(recent, s) for s in (0, 60, 120, 600)), event(recent, None),
+            event(recent, 5000, schema.EVENT_COMPLETED),
+            *(event(earlier, s) for s in (30, 30)), event(now() - timedelta(hours=7), 1),
+        ])
+    data = json.loads(run("status", "--json", env={"DATABASE_URL": db_url}).stdout)["lateness"]
+    assert [(h["fetches"], h["p50_seconds"], h["p95_seconds"]) for h in data] == [
+        (4, 90.0, pytest.approx(528.0)), (2, 30.0, 30.0)]
+    assert data[0]["start"].startswith(recent.strftime("%Y-%m-%dT%H:00:00"))
+    text = run("status", env={"DATABASE_URL": db_url}).stdout
+    assert re.search(rf"{recent:%Y-%m-%d %H}:00\s+4\s+2 min\s+9 min", text), text

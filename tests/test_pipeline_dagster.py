@@ -101,10 +101,42 @@ def test_the_checks_fail_when_something_is_wrong(engine, db_url):
         "notifications:expired_leases_reclaimed": True, "listings:freshness": False,
         "listings_raw:failing_sources": False, "notifications:dead_notifications": False,
         "listings_raw:freshness": True, "notifications:freshness": True, "listings:given_up_raw_rows": True,
+        "listings_raw:schedule_adherence": True,
     }
     [raw_freshness] = [e for e in result.get_asset_check_evaluations()
                        if (e.asset_key.to_user_string(), e.check_name) == ("listings", "freshness")]
     assert 299 <= raw_freshness.metadata["unprocessed_rows_oldest_minutes"].value <= 301
+
+
+def test_the_schedule_check_warns_when_the_last_hours_p95_lateness_is_over_the_limit(engine, db_url, monkeypatch):
+    """p95 over the last hour of how late fetches started after their due time, against
+    PIPELINE_LATENESS_MAX_MINUTES: 19 fetches on time and one 10 minutes late put p95 at
+    30 s; two of twenty 10 minutes late put it at 10 minutes."""
+    monkeypatch.setenv("PIPELINE_LATENESS_MAX_MINUTES", "5")
+    selection = dg.AssetSelection.checks(dg.AssetCheckKey(dg.AssetKey("listings_raw"), "schedule_adherence"))
+
+    def adherence() -> dg.AssetCheckEvaluation:
+        result = dg.materialize(ASSET_CHECKS, resources=resources(db_url), selection=selection)
+        [evaluation] = result.get_asset_check_evaluations()
+        return evaluation
+
+    assert adherence().passed, "an hour without fetches passes"
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1:9/x")
+        at = now() - timedelta(minutes=5)
+        late = [0.0] * 19 + [600.0]
+        rows = [{"event": schema.EVENT_STARTED, "source_id": source, "occurred_at": at,
+                 "scheduled_at": at - timedelta(seconds=s)} for s in late]
+        conn.execute(sa.insert(schema.ingestion_events), rows)
+    first = adherence()
+    assert first.passed and first.metadata["lateness_p95_minutes"].value == 0.5
+    with engine.begin() as conn:  # one more late fetch, one fewer on time: p95 at 10 min
+        conn.execute(sa.insert(schema.ingestion_events), [{**rows[-1]}])
+        conn.execute(sa.delete(schema.ingestion_events).where(
+            schema.ingestion_events.c.id == sa.select(sa.func.min(schema.ingestion_events.c.id)).scalar_subquery()))
+    second = adherence()
+    assert not second.passed and second.severity == dg.AssetCheckSeverity.WARN
+    assert (second.metadata["fetches"].value, second.metadata["lateness_p95_minutes"].value) == (20, 10.0)
 
 
 def test_the_freshness_checks_judge_the_oldest_waiting_work_of_each_stage(engine, db_url, monkeypatch):

@@ -34,6 +34,7 @@ DEFAULT_MAX_RUNS = 2
 STAGES = ("collector", "processor", "notifier")
 DEFAULT_STALE_LEASE_MINUTES = 10
 DEFAULT_FRESHNESS_MAX_MINUTES = 60
+DEFAULT_LATENESS_MAX_MINUTES = 15
 DEFAULT_INGEST_LINGER_SECONDS = 300
 DEFAULT_BACKFILL_START = date(2025, 1, 1)
 DEFAULT_RUN_RETENTION_DAYS = 14  # Dagster runs (and their event logs) kept this long
@@ -137,6 +138,8 @@ class Settings:
     stale_lease_minutes: int = DEFAULT_STALE_LEASE_MINUTES
     # the freshness checks warn when a stage's oldest waiting work has waited longer
     freshness_max_minutes: int = DEFAULT_FRESHNESS_MAX_MINUTES
+    # the schedule check warns when the last hour's p95 of fetches' lateness is longer
+    lateness_max_minutes: int = DEFAULT_LATENESS_MAX_MINUTES
     backfill_start: date = DEFAULT_BACKFILL_START
     run_retention_days: int = DEFAULT_RUN_RETENTION_DAYS
 
@@ -181,6 +184,7 @@ class Settings:
             ),
             stale_lease_minutes=_int_env("PIPELINE_STALE_LEASE_MINUTES", DEFAULT_STALE_LEASE_MINUTES),
             freshness_max_minutes=_int_env("PIPELINE_FRESHNESS_MAX_MINUTES", DEFAULT_FRESHNESS_MAX_MINUTES),
+            lateness_max_minutes=_int_env("PIPELINE_LATENESS_MAX_MINUTES", DEFAULT_LATENESS_MAX_MINUTES),
             backfill_start=_date_env("PIPELINE_BACKFILL_START", DEFAULT_BACKFILL_START),
             run_retention_days=_int_env("PIPELINE_RUN_RETENTION_DAYS", DEFAULT_RUN_RETENTION_DAYS),
         )

@@ -2,13 +2,15 @@
 
 Each question is one cheap query: over a queue's partial indexes where it can (stale
 leases), or over small partial indexes (failed raw rows, dead
-notifications). Failing sources are counted over the sources table itself.
+notifications). Failing sources are counted over the sources table itself; fetches'
+lateness over the telemetry of the span asked (its ``occurred_at`` index).
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
 
@@ -90,3 +92,62 @@ def holds_live_lease(conn: sa.Connection, worker: str) -> bool:
         if conn.execute(held).first() is not None:
             return True
     return False
+
+
+@dataclass(frozen=True)
+class Lateness:
+    """How late fetches started against their due time (``next_fetch_at``), over a span:
+    an ``ingestion.started`` event's ``occurred_at`` (the claim) less its ``scheduled_at``.
+    A never-fetched or refreshed source (no due time) is not counted."""
+
+    start: datetime  # the span's start (the hour's, in ``lateness_by_hour``)
+    fetches: int
+    p50_seconds: float | None  # None: no fetch in the span
+    p95_seconds: float | None
+
+
+def lateness_by_hour(conn: sa.Connection, hours: int) -> list[Lateness]:
+    """Lateness per clock hour (UTC) over the last ``hours`` hours, newest first; hours
+    with no fetch are left out. Percentiles interpolate linearly (PostgreSQL's
+    ``percentile_cont``; the same rule in Python elsewhere)."""
+    return _lateness(conn, timedelta(hours=hours), by_hour=True)
+
+
+def lateness(conn: sa.Connection, span: timedelta) -> Lateness:
+    """Lateness of the fetches that started within the last ``span``."""
+    found = _lateness(conn, span, by_hour=False)
+    return found[0] if found else Lateness(datetime.now(UTC) - span, 0, None, None)
+
+
+def _lateness(conn: sa.Connection, span: timedelta, *, by_hour: bool) -> list[Lateness]:
+    e = schema.ingestion_events
+    since = schema.now_sql(conn.dialect.name, minus=span)
+    where = (e.c.event == schema.EVENT_STARTED, e.c.occurred_at >= since, e.c.scheduled_at.is_not(None))
+    if conn.dialect.name == "postgresql":
+        late = sa.extract("epoch", e.c.occurred_at - e.c.scheduled_at)
+        start = sa.func.date_trunc("hour", e.c.occurred_at) if by_hour else sa.func.min(since)
+        query = sa.select(
+            start.label("start"), sa.func.count().label("fetches"),
+            sa.func.percentile_cont(0.5).within_group(late).label("p50"),
+            sa.func.percentile_cont(0.95).within_group(late).label("p95"),
+        ).where(*where)
+        if by_hour:
+            query = query.group_by(start).order_by(start.desc())
+        return [Lateness(r.start, int(r.fetches), float(r.p50), float(r.p95))
+                for r in conn.execute(query) if r.fetches]
+    # SQLite (a small deployment): the spans' values in Python.
+    spans: dict[datetime, list[float]] = {}
+    origin = datetime.now(UTC) - span
+    for occurred, scheduled in conn.execute(sa.select(e.c.occurred_at, e.c.scheduled_at).where(*where)):
+        key = occurred.replace(minute=0, second=0, microsecond=0) if by_hour else origin
+        spans.setdefault(key, []).append((occurred - scheduled).total_seconds())
+    return [Lateness(key, len(values), _percentile(values, 0.5), _percentile(values, 0.95))
+            for key, values in sorted(spans.items(), reverse=True)]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0.01 steps) with linear interpolation between the closest
+    ranks, as PostgreSQL's ``percentile_cont`` computes it."""
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]

@@ -44,6 +44,9 @@ class QueueStatus:
     oldest_waiting: datetime | None  # the earliest of the waiting rows, by the queue's time
 
 
+LATENESS_HOURS = 6  # `pipeline status` shows fetches' lateness for the last hours
+
+
 @dataclass(frozen=True)
 class PipelineStatus:
     database: str
@@ -61,6 +64,8 @@ class PipelineStatus:
     totals_estimated: bool
     queues: list[QueueStatus]
     stages: list[dict[str, Any]]  # worker_state: each stage's last run
+    # how late fetches started against their due time, per hour, newest first
+    lateness: list[health.Lateness]
 
 
 def _count(conn: sa.Connection, table: sa.Table, *where: sa.ColumnElement[bool]) -> int:
@@ -174,6 +179,7 @@ def collect_status(engine: Engine) -> PipelineStatus:
             queues=[_queue_status(conn, spec, now) for spec in schema.QUEUES],
             stages=[dict(r) for r in conn.execute(
                 sa.select(schema.worker_state).order_by(schema.worker_state.c.worker_name)).mappings()],
+            lateness=health.lateness_by_hour(conn, LATENESS_HOURS),
         )
 
 
@@ -194,8 +200,14 @@ def _ago(then: datetime | None, now: datetime) -> str:
     if then is None:
         return "-"
     seconds = (now - then).total_seconds()
-    future = seconds < 0
-    seconds = abs(seconds)
+    span = _span(abs(seconds))
+    return f"in {span}" if seconds < 0 else f"{span} ago"
+
+
+def _span(seconds: float | None) -> str:
+    """A length of time for people: seconds, minutes, hours or days."""
+    if seconds is None:
+        return "-"
     if seconds < 90:
         span = f"{seconds:.0f} s"
     elif seconds < 90 * 60:
@@ -204,7 +216,7 @@ def _ago(then: datetime | None, now: datetime) -> str:
         span = f"{seconds / 3600:.1f} h"
     else:
         span = f"{seconds / 86400:.1f} days"
-    return f"in {span}" if future else f"{span} ago"
+    return span
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
@@ -243,6 +255,13 @@ def status_as_text(status: PipelineStatus) -> str:
         [(q.label, f"{q.waiting:,}", _ago(q.oldest_waiting, now), f"{q.in_flight:,}", f"{q.expired_leases:,}")
          for q in status.queues],
     )
+    if status.lateness:
+        lines.append("")
+        lines += _table(
+            ("hour (UTC)", "fetches", "started late p50", "p95"),
+            [(f"{h.start:%Y-%m-%d %H}:00", f"{h.fetches:,}", _span(h.p50_seconds), _span(h.p95_seconds))
+             for h in status.lateness],
+        )
     if status.stages:
         lines.append("")
         lines += _table(
