@@ -186,8 +186,19 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
             for n in range(SOURCES, SOURCES + LATE):
                 add_source(conn, site.server.url(f"/feed?{n}"), fetch_interval_minutes=10080)
         late = schema.sources.c.url.in_([site.server.url(f"/feed?{n}") for n in range(SOURCES, SOURCES + LATE)])
-        victim_worker = next(iter(wait_until("a run holding claims on the late sources",
-                                             lambda: live_holders(engine, late), 300)))
+        def fetching_victim() -> str | None:
+            """A run holding late sources whose every request has reached the server (it
+            is in the middle of fetching them, held there by the gate)."""
+            s = schema.sources
+            with engine.connect() as conn:
+                rows = conn.execute(sa.select(s.c.claimed_by, s.c.url).where(
+                    late, s.c.locked_until > sa.func.now())).all()
+            by_worker: dict[str, list[int]] = {}
+            for worker, url in rows:
+                by_worker.setdefault(str(worker), []).append(int(url.rsplit("?", 1)[1]))
+            return next((w for w, ns in by_worker.items() if all(site.requests[n] for n in ns)), None)
+
+        victim_worker = wait_until("a run fetching late sources (held at the server)", fetching_victim, 300)
         victim = next(r for r in instance.get_run_records() if run_worker(r.dagster_run.run_id) == victim_worker)
         container = victim.dagster_run.tags["docker/container_id"]
         held = set(live_holders(engine, late))
