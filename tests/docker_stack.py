@@ -209,6 +209,9 @@ def build_image(docker: Docker, base: str) -> float:
            "--build-arg", f"BASE_IMAGE={base}",
            "--build-arg", "PIP_OPTIONS=--no-index --find-links /src/.docker-wheels",
            "-t", IMAGE, str(ROOT), timeout=1200)
+    # The image an earlier build tagged is dangling now: drop it, so the cache holds the
+    # base and one image, not one per code change.
+    docker("image", "prune", "--force")
     return time.monotonic() - started
 
 
