@@ -21,7 +21,7 @@ from pipeline.queue.claim import QueueSpec
 from pipeline.storage import db, health, schema
 from pipeline.storage.bulk import on_conflict_insert
 
-_UNSENT = (NotificationStatus.PENDING, NotificationStatus.FAILED, NotificationStatus.DEAD)
+UNSENT = (NotificationStatus.PENDING, NotificationStatus.FAILED, NotificationStatus.DEAD)
 
 QUEUE_LABELS = {
     "sources": "sources due",
@@ -103,8 +103,11 @@ def waited_seconds(conn: sa.Connection, spec: QueueSpec) -> float:
     return round(max(0.0, (now - oldest).total_seconds()), 1) if oldest else 0.0
 
 
-def _queue_status(conn: sa.Connection, spec: QueueSpec, now: sa.ColumnElement[datetime]) -> QueueStatus:
-    """Three counts and a min, each over one of the queue's two partial indexes."""
+def queue_status(conn: sa.Connection, spec: QueueSpec, now: sa.ColumnElement[datetime] | None = None) -> QueueStatus:
+    """Three counts and a min, each over one of the queue's two partial indexes; ``now``
+    the database's clock unless given."""
+    if now is None:
+        now = schema.now_sql(conn.dialect.name)
     t = spec.table
     free = [spec.free(), *spec.ready_at(now)]
     expired = _count(conn, t, spec.expired(now))
@@ -151,10 +154,10 @@ def collect_status(engine: Engine) -> PipelineStatus:
                     events.c.occurred_at >= sa.literal(datetime.now(UTC) - timedelta(hours=1), schema.UTCDateTime()))
         ).one()
         by_status: dict[str, int] = dict(conn.execute(
-            sa.select(n.c.status, sa.func.count()).where(n.c.status.in_(_UNSENT))
+            sa.select(n.c.status, sa.func.count()).where(n.c.status.in_(UNSENT))
             .group_by(n.c.status)
         ).tuples().all())
-        notifications = {str(k): int(by_status.get(k, 0)) for k in _UNSENT}
+        notifications = {str(k): int(by_status.get(k, 0)) for k in UNSENT}
         if engine.dialect.name != "postgresql":
             notifications["sent"] = _count(conn, n, n.c.status == NotificationStatus.SENT)
         totals, estimated = _totals(conn)
@@ -165,7 +168,7 @@ def collect_status(engine: Engine) -> PipelineStatus:
             sources_disabled=_count(conn, s, sa.not_(s.c.enabled)),
             sources_by_priority={str(p): int(n) for p, n in conn.execute(
                 sa.select(s.c.priority, sa.func.count()).where(s.c.enabled)
-                .group_by(s.c.priority).order_by(s.c.priority.desc())).tuples()},
+                .group_by(s.c.priority).order_by(s.c.priority.desc()))},
             next_due_at=conn.execute(  # NULL means due now
                 sa.select(sa.func.min(sa.func.coalesce(s.c.next_fetch_at, now))).where(s.c.enabled)
             ).scalar(),
@@ -176,7 +179,7 @@ def collect_status(engine: Engine) -> PipelineStatus:
             notifications=notifications,
             totals=totals,
             totals_estimated=estimated,
-            queues=[_queue_status(conn, spec, now) for spec in schema.QUEUES],
+            queues=[queue_status(conn, spec, now) for spec in schema.QUEUES],
             stages=[dict(r) for r in conn.execute(
                 sa.select(schema.worker_state).order_by(schema.worker_state.c.worker_name)).mappings()],
             lateness=health.lateness_by_hour(conn, LATENESS_HOURS),

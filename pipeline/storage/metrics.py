@@ -1,0 +1,103 @@
+"""The pipeline's state as Prometheus metrics, computed from the database at each scrape,
+so every worker on every machine is seen alike and any replica of the endpoint agrees
+(`pipeline metrics` prints them once; `pipeline metrics serve` answers scrapes).
+
+Gauges, each from one cheap query (the queues' partial indexes, the telemetry's
+``occurred_at`` index):
+
+* ``pipeline_queue_backlog{queue}``: rows claimable now (ready, never leased or lease
+  run out); ``pipeline_queue_oldest_age_seconds{queue}``: how long the oldest of them
+  has waited since it became due; ``pipeline_queue_in_flight{queue}``: claims whose
+  lease runs; ``pipeline_queue_expired_leases{queue}``: claims whose lease ran out.
+* ``pipeline_fetch_lateness_seconds{quantile}``: p50 and p95 of how late fetches
+  started after their due time over the last hour, ``pipeline_fetch_lateness_fetches``
+  the fetches counted.
+* ``pipeline_sources{state}``, ``pipeline_sources_failing{reason}``,
+  ``pipeline_notifications{status}`` (unsent ones).
+
+The counters and histograms of fetches, rows and deliveries are not here yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import sqlalchemy as sa
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+from sqlalchemy.engine import Engine
+
+from pipeline.storage import health, schema
+from pipeline.storage.status import UNSENT, queue_status
+
+LATENESS_SPAN = timedelta(hours=1)
+
+
+class DatabaseCollector(Collector):
+    """Reads the database at each ``collect`` (each scrape)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        gauges = {
+            "backlog": GaugeMetricFamily("pipeline_queue_backlog", "Rows of the queue claimable now.",
+                                         labels=["queue"]),
+            "oldest": GaugeMetricFamily("pipeline_queue_oldest_age_seconds",
+                                        "How long the queue's oldest claimable row has waited since it became due.",
+                                        labels=["queue"]),
+            "in_flight": GaugeMetricFamily("pipeline_queue_in_flight", "Claims whose lease still runs.",
+                                           labels=["queue"]),
+            "expired": GaugeMetricFamily("pipeline_queue_expired_leases",
+                                         "Claims whose lease ran out (claimable again).", labels=["queue"]),
+        }
+        s, n = schema.sources, schema.notifications
+        with self.engine.connect() as conn:
+            at = conn.execute(sa.select(schema.now_sql(conn.dialect.name))).scalar_one()  # ages by the database's clock
+            for spec in schema.QUEUES:
+                queue = f"{spec.table.name}.{spec.name}"
+                found = queue_status(conn, spec)
+                gauges["backlog"].add_metric([queue], found.waiting)
+                oldest = 0.0 if found.oldest_waiting is None else max(0.0, (at - found.oldest_waiting).total_seconds())
+                gauges["oldest"].add_metric([queue], oldest)
+                gauges["in_flight"].add_metric([queue], found.in_flight)
+                gauges["expired"].add_metric([queue], found.expired_leases)
+            late = health.lateness(conn, LATENESS_SPAN)
+            failing = health.failing_sources(conn)
+            by_state = {bool(state): int(count) for state, count in conn.execute(
+                sa.select(s.c.enabled, sa.func.count()).group_by(s.c.enabled))}
+            unsent = {str(status): int(count) for status, count in conn.execute(
+                sa.select(n.c.status, sa.func.count()).where(n.c.status.in_(UNSENT)).group_by(n.c.status))}
+        yield from gauges.values()
+        lateness = GaugeMetricFamily("pipeline_fetch_lateness_seconds",
+                                     "How late fetches started after their due time, over the last hour.",
+                                     labels=["quantile"])
+        for quantile, value in (("0.5", late.p50_seconds), ("0.95", late.p95_seconds)):
+            lateness.add_metric([quantile], 0.0 if value is None else value)
+        yield lateness
+        yield GaugeMetricFamily("pipeline_fetch_lateness_fetches", "Fetches counted in the lateness quantiles.",
+                                value=late.fetches)
+        sources = GaugeMetricFamily("pipeline_sources", "Sources by state.", labels=["state"])
+        for state, enabled in (("enabled", True), ("disabled", False)):
+            sources.add_metric([state], by_state.get(enabled, 0))
+        yield sources
+        failing_family = GaugeMetricFamily("pipeline_sources_failing",
+                                           "Enabled sources whose last fetch failed, by failure code.",
+                                           labels=["reason"])
+        for reason, count in sorted(failing.failing.items()):
+            failing_family.add_metric([reason], count)
+        yield failing_family
+        notifications = GaugeMetricFamily("pipeline_notifications", "Notifications not sent, by status.",
+                                          labels=["status"])
+        for status in UNSENT:
+            notifications.add_metric([str(status)], unsent.get(status, 0))
+        yield notifications
+
+
+def registry(engine: Engine) -> CollectorRegistry:
+    """A registry holding only the database's metrics (no process metrics of the
+    endpoint itself: they would differ between replicas)."""
+    found = CollectorRegistry(auto_describe=False)
+    found.register(DatabaseCollector(engine))
+    return found
