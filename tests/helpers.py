@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -18,6 +19,13 @@ from pipeline.storage import schema
 
 def now() -> datetime:
     return datetime.now(UTC)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nothing listens on now (for a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout: float, every: float = 1.0) -> Any:

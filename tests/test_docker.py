@@ -17,7 +17,6 @@ why, where none can be had, unless PIPELINE_REQUIRE_DOCKER=1 (CI) makes that a f
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -34,7 +33,7 @@ from pipeline.storage import db, schema
 from tests import docker_stack
 from tests.docker_stack import Docker, NoDocker
 from tests.fault_proxy import FaultProxy, postgres_upstream
-from tests.helpers import add_source, wait_until
+from tests.helpers import add_source, free_port, wait_until
 from tests.http_server import Handler
 from tests.test_chaos import Site, check, done, seed
 
@@ -91,12 +90,6 @@ class GatedSite(Site):
             self.requests[n] += 1
         self.gates[n >= SOURCES].wait(600)
         super().feed(h)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tcp_url(url: str, proxy: FaultProxy | None, *, driver: str | None = None) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -16,7 +15,7 @@ import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.storage import schema
-from tests.helpers import add_raw_rows, add_source, now, wait_until
+from tests.helpers import add_raw_rows, add_source, free_port, now, wait_until
 from tests.test_cli import assert_one_line_error, run
 
 
@@ -61,9 +60,7 @@ def test_metrics_prints_each_queue_the_lateness_and_the_sources_once(engine, db_
 
 def test_metrics_serve_answers_scrapes_and_stops_on_ctrl_c(engine, db_url):
     seed(engine)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "pipeline.cli", "metrics", "serve", "--port", str(port)],
         env={**os.environ, "DATABASE_URL": db_url}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,7 +27,7 @@ import pytest
 import sqlalchemy as sa
 
 from pipeline.storage import db, schema
-from tests.helpers import add_source, wait_until
+from tests.helpers import add_source, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -37,12 +36,6 @@ ASSETS = ("listings_raw", "listings", "notifications")
 SENSORS = ("due_sources_sensor", "unprocessed_listings_sensor", "pending_notifications_sensor")
 JOBS = ("ingest", "collect", "process", "notify", "health_checks")
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Quickstart:

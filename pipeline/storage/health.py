@@ -125,7 +125,7 @@ def _lateness(conn: sa.Connection, span: timedelta, *, by_hour: bool) -> list[La
     where = (e.c.event == schema.EVENT_STARTED, e.c.occurred_at >= since, e.c.scheduled_at.is_not(None))
     if conn.dialect.name == "postgresql":
         late = sa.extract("epoch", e.c.occurred_at - e.c.scheduled_at)
-        start = sa.func.date_trunc("hour", e.c.occurred_at) if by_hour else sa.func.min(since)
+        start = sa.func.date_trunc("hour", e.c.occurred_at) if by_hour else since
         query = sa.select(
             start.label("start"), sa.func.count().label("fetches"),
             sa.func.percentile_cont(0.5).within_group(late).label("p50"),

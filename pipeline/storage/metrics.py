@@ -29,7 +29,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from sqlalchemy.engine import Engine
 
 from pipeline.storage import health, schema
-from pipeline.storage.status import UNSENT, queue_status
+from pipeline.storage.status import UNSENT, queue_status, waited_since
 
 LATENESS_SPAN = timedelta(hours=1)
 
@@ -59,8 +59,7 @@ class DatabaseCollector(Collector):
                 queue = f"{spec.table.name}.{spec.name}"
                 found = queue_status(conn, spec)
                 gauges["backlog"].add_metric([queue], found.waiting)
-                oldest = 0.0 if found.oldest_waiting is None else max(0.0, (at - found.oldest_waiting).total_seconds())
-                gauges["oldest"].add_metric([queue], oldest)
+                gauges["oldest"].add_metric([queue], waited_since(found.oldest_waiting, at))
                 gauges["in_flight"].add_metric([queue], found.in_flight)
                 gauges["expired"].add_metric([queue], found.expired_leases)
             late = health.lateness(conn, LATENESS_SPAN)

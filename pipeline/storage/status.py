@@ -99,7 +99,12 @@ def waited_seconds(conn: sa.Connection, spec: QueueSpec) -> float:
     the freshness checks judge."""
     now_sql = schema.now_sql(conn.dialect.name)
     now = conn.execute(sa.select(now_sql)).scalar_one()
-    oldest = oldest_waiting(conn, spec, now_sql)
+    return waited_since(oldest_waiting(conn, spec, now_sql), now)
+
+
+def waited_since(oldest: datetime | None, now: datetime) -> float:
+    """Seconds from ``oldest`` (a queue's oldest waiting row's due time) to ``now``, to
+    0.1 s; 0.0 when none waits."""
     return round(max(0.0, (now - oldest).total_seconds()), 1) if oldest else 0.0
 
 
