@@ -6,7 +6,7 @@ import random
 import time
 
 from pipeline.queue.claim import Strategy, WorkQueue
-from pipeline.storage import db, schema
+from pipeline.storage import counters, db, schema
 from tests.helpers import now
 
 
@@ -31,5 +31,33 @@ def drain(
                 return log
             fenced = queue.complete(claim, {"processed_at": now()})
             log.append((limit, claim.ids, fenced.lost))
+    finally:
+        engine.dispose()
+
+
+class _RolledBack(Exception):
+    pass
+
+
+def count(url: str, transactions: int) -> int:
+    """Add 1 to a counter and observe 0.3 s in the fetch-duration histogram, once per
+    transaction; every fifth transaction rolls back after its add. Returns how many
+    transactions committed."""
+    engine = db.create_engine(url)
+    committed = 0
+    try:
+        for i in range(transactions):
+            counts = counters.tally()
+            counters.SOURCES_CLAIMED.count(counts)
+            counters.FETCH_DURATION.observe(counts, 0.3)
+            try:
+                with engine.begin() as conn:
+                    counters.add(conn, counts)
+                    if i % 5 == 4:
+                        raise _RolledBack
+                committed += 1
+            except _RolledBack:
+                pass
+        return committed
     finally:
         engine.dispose()

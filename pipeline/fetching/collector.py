@@ -46,7 +46,7 @@ from pipeline.fetching.registry import adapter_for
 from pipeline.net.http import Fetcher
 from pipeline.queue.claim import Claim, Row, RowCompletion, WorkQueue
 from pipeline.queue.workpool import work_claimed
-from pipeline.storage import schema
+from pipeline.storage import counters, schema
 from pipeline.storage.bulk import insert_rows, on_conflict_insert
 
 log = logging.getLogger("pipeline.ingestion")
@@ -245,6 +245,7 @@ class Collector:
             )
             events = [self._completed_event(f, completions[f.source["id"]], new) for f in kept]
             insert_rows(conn, schema.ingestion_events, events)
+            counters.add(conn, counters.fetch_counts(events))  # last: see pipeline/storage/counters.py
         return events
 
     def _cap_items(self, conn: sa.Connection, fetched: Fetched) -> None:

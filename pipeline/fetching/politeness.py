@@ -49,7 +49,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from pipeline.core.kinds import SourceType
 from pipeline.core.urls import canonical_host
 from pipeline.queue.claim import Claim, Strategy, WorkQueue
-from pipeline.storage import schema
+from pipeline.storage import counters, schema
 from pipeline.storage.bulk import insert_ignoring_conflicts, insert_rows
 
 log = logging.getLogger(__name__)
@@ -207,7 +207,8 @@ class PoliteQueue(WorkQueue):
         """``record_started``: each claim also writes an ``ingestion.started`` event
         (``started_event``, run ``run_id``) for every source it hands out, in the claim's
         own statement or transaction: no extra round trip, and a source is never leased
-        without its event nor the event written for a claim that did not commit."""
+        without its event nor the event written for a claim that did not commit. It
+        counts them too (``counters.SOURCES_CLAIMED``), in the same way."""
         self.record_started, self.run_id = record_started, run_id
         super().__init__(engine, schema.SOURCES_DUE, lease_seconds=lease_seconds, strategy=strategy)
         self._next_start = self._build_next_start()
@@ -280,7 +281,8 @@ class PoliteQueue(WorkQueue):
                 sa.bindparam("started_run_id", type_=sa.Text()), taken.c.next_fetch_at,
             ),
         ).cte("started")
-        return sa.select(*taken.c).add_cte(started)
+        counted = counters.count_rows_of(sa.select(taken.c.id), counters.SOURCES_CLAIMED).cte("counted")
+        return sa.select(*taken.c).add_cte(started, counted)
 
     def _build_polite_claim(self) -> sa.Update:
         s, g, d = _sources, _groups, _groups.alias("d")
@@ -460,6 +462,8 @@ class PoliteQueue(WorkQueue):
                         next_request_at=now + timedelta(milliseconds=spacing[name]),
                     )
                 )
+            if self.record_started:  # last in the transaction: see pipeline/storage/counters.py
+                counters.add(conn, {(counters.SOURCES_CLAIMED.name, ""): len(taken)})
         return Claim(self.spec.name, worker, token, self.spec.sort(taken))
 
     def _take(

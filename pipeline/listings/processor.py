@@ -31,7 +31,7 @@ from pipeline.core.urls import item_key
 from pipeline.listings.normalize import Listing, normalise
 from pipeline.queue.claim import UNCLAIMED, Claim, Heartbeat, Row, RowCompletion, WorkQueue
 from pipeline.queue.recordset import json_rows, recordset
-from pipeline.storage import schema
+from pipeline.storage import counters, schema
 
 log = logging.getLogger("pipeline.listings.processor")
 
@@ -129,6 +129,7 @@ class Processor:
             with self.engine.begin() as conn:
                 self._write(conn, queue, claim, upsert, good, now, stats)
                 self._record_failures(conn, queue, claim, bad, now, stats)
+                _count(conn, counted, stats)
         except sa.exc.StatementError as exc:
             if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
                 raise  # the database is gone, not this batch's data: fail the step
@@ -141,6 +142,7 @@ class Processor:
                 try:
                     with self.engine.begin() as conn:
                         self._write(conn, queue, claim, upsert, [one], now, stats)
+                        _count(conn, counted, stats)
                 except sa.exc.StatementError as one_exc:
                     if isinstance(one_exc, sa.exc.DBAPIError) and one_exc.connection_invalidated:
                         raise
@@ -148,8 +150,10 @@ class Processor:
                         setattr(stats, name, value)
                     reason = str(one_exc.orig or one_exc).strip().splitlines()[0]
                     bad.append((one[0], f"the database refused this row's listing: {reason}"))
+            counted = asdict(stats)
             with self.engine.begin() as conn:
                 self._record_failures(conn, queue, claim, bad, now, stats)
+                _count(conn, counted, stats)
 
     def _write(
         self, conn: sa.Connection, queue: WorkQueue, claim: Claim, upsert: sa.Insert,
@@ -219,6 +223,21 @@ class Processor:
                     category = (config or {}).get("category")
                     self._categories[source_id] = category if isinstance(category, str) else None
         return self._categories
+
+
+# The counter outcome of each ProcessStats field that counts raw rows finished with.
+_OUTCOMES = {"inserted": "inserted", "updated": "updated", "unchanged": "unchanged",
+             "failed": "retrying", "gave_up": "gave_up"}
+
+
+def _count(conn: sa.Connection, before: dict[str, int], stats: ProcessStats) -> None:
+    """Add what this transaction did (``stats`` less ``before``) to the counters: the
+    transaction's last statement (pipeline/storage/counters.py)."""
+    now = asdict(stats)
+    tally = counters.tally()
+    for field_name, outcome in _OUTCOMES.items():
+        counters.RAW_ROWS_PROCESSED.count(tally, now[field_name] - before[field_name], outcome)
+    counters.add(conn, tally)
 
 
 def reopen_window(engine: Engine, start: datetime, end: datetime) -> int:

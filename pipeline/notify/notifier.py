@@ -43,7 +43,7 @@ from pipeline.notify.delivery import (
 from pipeline.notify.matching import Filter, FilterIndex, ListingText, Match
 from pipeline.queue.claim import Claim, Row, RowCompletion, WorkQueue
 from pipeline.queue.workpool import work_claimed
-from pipeline.storage import schema
+from pipeline.storage import counters, schema
 from pipeline.storage.bulk import ANY_UNIQUE_KEY, insert_ignoring_conflicts
 
 log = logging.getLogger("pipeline.notify.notifier")
@@ -76,6 +76,7 @@ class Attempt:
     error: DeliveryError | None
     finished: datetime
     exhausted: bool = False  # claimed too often: dead whatever ``attempts`` says
+    created_at: datetime | None = None  # the notification's, for the delivery latency
 
 
 @dataclass
@@ -121,9 +122,12 @@ class Notifier:
                 done = set(fenced.done)
                 stats.fenced_out += len(fenced.lost)
                 stats.listings_matched += len(done)
-                stats.notifications_created += _insert_notifications(
-                    conn, [m for m in matches if m.listing_id in done], channels, keys
-                )
+                created = _insert_notifications(conn, [m for m in matches if m.listing_id in done], channels, keys)
+                stats.notifications_created += created
+                counts = counters.tally()
+                counters.LISTINGS_MATCHED.count(counts, len(done))
+                counters.NOTIFICATIONS_CREATED.count(counts, created)
+                counters.add(conn, counts)  # last: see pipeline/storage/counters.py
 
     def rematch(
         self, start: datetime, end: datetime, *, any_age: bool = False, chunk: int = 1000,
@@ -152,7 +156,9 @@ class Notifier:
             matches = index.matches(_texts(rows), any_age=any_age)
             keys = {row["id"]: row["item_key"] for row in rows}
             with self.engine.begin() as conn:
-                created += _insert_notifications(conn, matches, channels, keys)
+                made = _insert_notifications(conn, matches, channels, keys)
+                counters.add(conn, {(counters.NOTIFICATIONS_CREATED.name, ""): made})
+            created += made
             if progress is not None:
                 progress(len(rows))
 
@@ -222,7 +228,7 @@ class Notifier:
             error = DeliveryError(f"unexpected {type(exc).__name__}: {exc}", code=CHANNEL_BUG)
         log.debug("notification %s: %s in %d ms", row["id"], "sent" if error is None else error.message,
                   int((time.monotonic() - started) * 1000))
-        return Attempt(claim, row["id"], row["attempts"], error, datetime.now(UTC))
+        return Attempt(claim, row["id"], row["attempts"], error, datetime.now(UTC), created_at=row["created_at"])
 
     def _record(self, queue: WorkQueue, attempts: Sequence[Attempt], stats: NotifyStats) -> None:
         """Record the attempts' outcomes (fenced). Deliveries are recorded on the pool's
@@ -247,6 +253,7 @@ class Notifier:
             completions.append(RowCompletion(a.claim, a.notification_id, values))
         with self.engine.begin() as conn:
             fenced = queue.complete_each(completions, conn=conn)
+            counters.add(conn, _delivery_counts(attempts, completions, set(fenced.done)))
         done = set(fenced.done)
         stats.fenced_out += len(fenced.lost)
         for a, c in zip(attempts, completions, strict=True):
@@ -260,6 +267,24 @@ class Notifier:
                 stats.errors[a.error.code] += 1
                 log.warning("notification %s failed (attempt %d, now %s): %s",
                             a.notification_id, a.attempts, status, a.error.message)
+
+
+_OUTCOME = {NotificationStatus.SENT: "sent", NotificationStatus.FAILED: "retrying", NotificationStatus.DEAD: "dead"}
+
+
+def _delivery_counts(
+    attempts: Sequence[Attempt], completions: Sequence[RowCompletion], done: set[int]
+) -> counters.Counts:
+    """The counts of the attempts recorded (``done``): outcomes, and the latency of those sent."""
+    counts = counters.tally()
+    for a, c in zip(attempts, completions, strict=True):
+        if a.notification_id not in done:
+            continue
+        status = c.values["status"]
+        counters.DELIVERIES.count(counts, value=_OUTCOME[status])
+        if status == NotificationStatus.SENT and a.created_at is not None:
+            counters.DELIVERY_LATENCY.observe(counts, max(0.0, (a.finished - a.created_at).total_seconds()))
+    return counts
 
 
 # A filter whose transaction commits this long after it began (its created_at) is still

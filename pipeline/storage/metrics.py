@@ -15,7 +15,9 @@ Gauges, each from one cheap query (the queues' partial indexes, the telemetry's
 * ``pipeline_sources{state}``, ``pipeline_sources_failing{reason}``,
   ``pipeline_notifications{status}`` (unsent ones).
 
-The counters and histograms of fetches, rows and deliveries are not here yet.
+Counters and histograms of the work done (fetches, raw rows, matches, deliveries), as
+the transactions that did it added them (pipeline/storage/counters.py, which names and
+describes each).
 """
 
 from __future__ import annotations
@@ -24,11 +26,16 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import sqlalchemy as sa
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector, CollectorRegistry
 from sqlalchemy.engine import Engine
 
-from pipeline.storage import health, schema
+from pipeline.storage import counters, health, schema
 from pipeline.storage.status import UNSENT, queue_status, waited_since
 
 LATENESS_SPAN = timedelta(hours=1)
@@ -68,6 +75,7 @@ class DatabaseCollector(Collector):
                 sa.select(s.c.enabled, sa.func.count()).group_by(s.c.enabled))}
             unsent = {str(status): int(count) for status, count in conn.execute(
                 sa.select(n.c.status, sa.func.count()).where(n.c.status.in_(UNSENT)).group_by(n.c.status))}
+            totals = counters.totals(conn)
         yield from gauges.values()
         lateness = GaugeMetricFamily("pipeline_fetch_lateness_seconds",
                                      "How late fetches started after their due time, over the last hour.",
@@ -92,6 +100,24 @@ class DatabaseCollector(Collector):
         for status in UNSENT:
             notifications.add_metric([str(status)], unsent.get(status, 0))
         yield notifications
+        yield from _counters(totals)
+
+
+def _counters(totals: dict[tuple[str, str], float]) -> Iterator[Metric]:
+    for counter in counters.COUNTERS:
+        if counter.label is None:
+            yield CounterMetricFamily(counter.name, counter.help, value=totals.get((counter.name, ""), 0.0))
+            continue
+        family = CounterMetricFamily(counter.name, counter.help, labels=[counter.label])
+        seen = {label for name, label in totals if name == counter.name}
+        for value in sorted(seen | set(counter.known)):
+            family.add_metric([value], totals.get((counter.name, value), 0.0))
+        yield family
+    for histogram in counters.HISTOGRAMS:
+        buckets, total = histogram.cumulative(totals)
+        spread = HistogramMetricFamily(histogram.name, histogram.help)
+        spread.add_metric([], buckets, sum_value=total)
+        yield spread
 
 
 def registry(engine: Engine) -> CollectorRegistry:

@@ -343,6 +343,18 @@ ingestion_events = sa.Table(
     sa.Index(None, "occurred_at"),
 )
 
+# Counters of work done (pipeline/storage/counters.py): a series' total is the sum of its
+# shards, each added to by the transaction that did the work. Never purged; its size is
+# bounded by (series x shards).
+metric_counts = sa.Table(
+    "metric_counts",
+    metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("label", sa.String(64), primary_key=True),  # the one label's value, or ""
+    sa.Column("shard", sa.SmallInteger(), primary_key=True),
+    sa.Column("value", sa.Double(), nullable=False),
+)
+
 worker_state = sa.Table(
     "worker_state",
     metadata,

@@ -49,7 +49,12 @@ taken AS
 (UPDATE sources SET attempts=(sources.attempts + 1), locked_until=(now() + %(claim_lease)s), claimed_by=%(claim_worker)s::VARCHAR, claim_token=%(claim_token)s::VARCHAR FROM picked WHERE sources.id = picked.id RETURNING sources.id, sources.name, sources.url, sources.source_type, sources.config, sources.enabled, sources.fetch_interval_minutes, sources.next_fetch_at, sources.last_fetched_at, sources.last_success_at, sources.consecutive_failures, sources.last_failure_reason, sources.disabled_reason, sources.priority, sources.etag, sources.last_modified, sources.content_hash, sources.created_at, sources.attempts, sources.politeness_group, sources.locked_until, sources.claimed_by, sources.claim_token),
 started AS
 (INSERT INTO ingestion_events (event, source_id, source_type, run_id, scheduled_at) SELECT %(param_1)s::VARCHAR AS anon_1, taken.id AS id, taken.source_type AS source_type, %(started_run_id)s::VARCHAR AS anon_2, taken.next_fetch_at AS next_fetch_at
-FROM taken)
+FROM taken),
+counted AS
+(INSERT INTO metric_counts (name, label, shard, value) SELECT %(param_8)s::VARCHAR AS anon_5, %(param_9)s::VARCHAR AS anon_6, CAST(floor(random() * %(random_1)s::INTEGER) AS SMALLINT) AS floor_1, CAST(count(*) AS FLOAT) AS count_4
+FROM (SELECT taken.id AS id
+FROM taken) AS anon_7
+HAVING count(*) > %(count_5)s::INTEGER ON CONFLICT (name, label, shard) DO UPDATE SET value = (metric_counts.value + excluded.value))
  SELECT taken.id, taken.name, taken.url, taken.source_type, taken.config, taken.enabled, taken.fetch_interval_minutes, taken.next_fetch_at, taken.last_fetched_at, taken.last_success_at, taken.consecutive_failures, taken.last_failure_reason, taken.disabled_reason, taken.priority, taken.etag, taken.last_modified, taken.content_hash, taken.created_at, taken.attempts, taken.politeness_group, taken.locked_until, taken.claimed_by, taken.claim_token
 FROM taken;
 

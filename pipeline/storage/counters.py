@@ -1,0 +1,203 @@
+"""Counters of the work done, kept in the database (``metric_counts``), so the work of
+every worker on every machine is counted in one place, exactly once, and every replica
+of ``pipeline metrics serve`` reads the same totals (pipeline/storage/metrics.py).
+
+A stage adds its counts in the transaction that does the work, as that transaction's
+last statement and only once (``add``): a batch that rolls back counts nothing, a row fenced out by
+another worker is not counted, and a retention purge, which deletes old telemetry, takes
+nothing away, so a counter never falls. Each add goes to one of ``SHARDS`` rows per
+series, picked at random, so two workers committing at once seldom wait on one row;
+the rows of one add are written by one statement in key order, and no transaction
+takes another lock after it, so two adds never wait on each other in a circle. A scrape
+sums the shards: at most (series x SHARDS) rows, however much work was counted.
+
+A histogram is counters too: one per bucket (not cumulative: the scrape cumulates), its
+sum and its count.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from pipeline.core.failures import FailureReason
+from pipeline.storage import schema
+from pipeline.storage.bulk import on_conflict_insert
+
+SHARDS = 16
+
+# (series name, label value) -> amount; a series without a label has the label "".
+Counts = defaultdict[tuple[str, str], float]
+
+
+def tally() -> Counts:
+    """Empty counts, to add to."""
+    return defaultdict(float)
+
+
+def _le(bound: float) -> str:
+    """A bucket's ``le`` label as the exposition shows it."""
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
+@dataclass(frozen=True)
+class Counter:
+    name: str  # as exposed, ending in _total
+    help: str
+    label: str | None = None  # the one label's name, if it has one
+    known: tuple[str, ...] = ()  # label values exposed (as 0) before any is counted
+
+    def count(self, counts: Counts, amount: float = 1, value: str = "") -> None:
+        counts[(self.name, value)] += amount
+
+
+@dataclass(frozen=True)
+class Histogram:
+    name: str
+    help: str
+    buckets: tuple[float, ...]  # upper bounds, ascending; +Inf is implied
+
+    def observe(self, counts: Counts, value: float) -> None:
+        bound = next((b for b in self.buckets if value <= b), float("inf"))
+        counts[(self.bucket_series, _le(bound))] += 1
+        counts[(self.sum_series, "")] += value
+
+    @property
+    def bucket_series(self) -> str:
+        return f"{self.name}_bucket"
+
+    @property
+    def sum_series(self) -> str:
+        return f"{self.name}_sum"
+
+    def cumulative(self, totals: Mapping[tuple[str, str], float]) -> tuple[list[tuple[str, float]], float]:
+        """The exposition's buckets (cumulative, ending with +Inf) and sum."""
+        running, buckets = 0.0, []
+        for bound in (*self.buckets, float("inf")):
+            le = _le(bound)
+            running += totals.get((self.bucket_series, le), 0.0)
+            buckets.append((le, running))
+        return buckets, totals.get((self.sum_series, ""), 0.0)
+
+
+# -- what is counted ------------------------------------------------------------------------
+# The collector (pipeline/fetching/collector.py, and the claim in politeness.py)
+
+SOURCES_CLAIMED = Counter("pipeline_sources_claimed_total", "Sources handed out for a fetch.")
+FETCH_RESULTS = ("new_items", "no_new_items", "not_modified", "failed")
+SOURCES_FETCHED = Counter(
+    "pipeline_sources_fetched_total",
+    "Fetches recorded, by result: new or changed items stored, none, an HTTP 304, or a failure.",
+    label="result", known=FETCH_RESULTS,
+)
+SOURCES_FETCH_ERRORS = Counter(
+    "pipeline_sources_fetch_errors_total", "Failed fetches, by failure code.",
+    label="reason", known=tuple(FailureReason),
+)
+FETCH_DURATION = Histogram(
+    "pipeline_sources_fetch_duration_seconds", "How long fetches took, request to parsed result.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
+ITEMS_STORED = Counter("pipeline_items_stored_total", "Items new or changed, stored as raw rows.")
+
+# The processor (pipeline/listings/processor.py)
+ROW_OUTCOMES = ("inserted", "updated", "unchanged", "retrying", "gave_up")
+RAW_ROWS_PROCESSED = Counter(
+    "pipeline_raw_rows_processed_total",
+    "Raw rows the processor finished with, by outcome: a new listing, a changed one, no change,"
+    " failed (to be retried), or given up.",
+    label="outcome", known=ROW_OUTCOMES,
+)
+
+# The notifier (pipeline/notify/notifier.py)
+LISTINGS_MATCHED = Counter("pipeline_listings_matched_total", "Listings matched against the filters.")
+NOTIFICATIONS_CREATED = Counter("pipeline_notifications_created_total", "Notifications created by matches.")
+DELIVERY_OUTCOMES = ("sent", "retrying", "dead")
+DELIVERIES = Counter(
+    "pipeline_notification_deliveries_total",
+    "Delivery attempts recorded, by outcome: sent, failed (to be retried), or dead.",
+    label="outcome", known=DELIVERY_OUTCOMES,
+)
+DELIVERY_LATENCY = Histogram(
+    "pipeline_notification_delivery_latency_seconds",
+    "From a notification's creation (its listing matched) to its delivery, retries included.",
+    buckets=(1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0),
+)
+
+COUNTERS = (SOURCES_CLAIMED, SOURCES_FETCHED, SOURCES_FETCH_ERRORS, ITEMS_STORED, RAW_ROWS_PROCESSED,
+            LISTINGS_MATCHED, NOTIFICATIONS_CREATED, DELIVERIES)
+HISTOGRAMS = (FETCH_DURATION, DELIVERY_LATENCY)
+
+
+def fetch_counts(events: Iterable[Mapping[str, object]]) -> Counts:
+    """The counts of the ``ingestion.completed`` events of a batch, as the collector
+    writes them (pipeline/fetching/collector.py ``_completed_event``)."""
+    counts = tally()
+    for event in events:
+        details = event.get("details") or {}
+        if not event["success"]:
+            result = "failed"
+            SOURCES_FETCH_ERRORS.count(counts, value=str(event["failure_reason"]))
+        elif isinstance(details, dict) and details.get("not_modified"):
+            result = "not_modified"
+        else:
+            result = "new_items" if event["items_new"] else "no_new_items"
+        SOURCES_FETCHED.count(counts, value=result)
+        ITEMS_STORED.count(counts, float(event["items_new"] or 0))  # type: ignore[arg-type]
+        FETCH_DURATION.observe(counts, float(event["duration_ms"] or 0) / 1000)  # type: ignore[arg-type]
+    return counts
+
+
+# -- writing and reading --------------------------------------------------------------------
+
+
+def add(conn: sa.Connection, counts: Mapping[tuple[str, str], float]) -> None:
+    """Add ``counts`` to the totals, in ``conn``'s transaction: call it last in the
+    transaction that did the work (see the module's docstring)."""
+    shard = random.randrange(SHARDS)
+    rows = [{"name": name, "label": label, "shard": shard, "value": float(value)}
+            for (name, label), value in sorted(counts.items()) if value]
+    if not rows:
+        return
+    conn.execute(_upsert(conn), rows)
+
+
+def _upsert(conn: sa.Connection) -> sa.Insert:
+    insert = on_conflict_insert(conn, schema.metric_counts)
+    if insert is None:
+        raise NotImplementedError(f"counters on {conn.dialect.name}")
+    return _adding(insert)
+
+
+def _adding(insert: postgresql.Insert | sqlite.Insert) -> sa.Insert:
+    """``insert`` adding to a shard's value where its row exists."""
+    t = schema.metric_counts
+    return insert.on_conflict_do_update(
+        index_elements=[t.c.name, t.c.label, t.c.shard], set_={"value": t.c.value + insert.excluded.value}
+    )
+
+
+def count_rows_of(select: sa.Select[Any], counter: Counter) -> sa.Insert:
+    """PostgreSQL: an INSERT adding the count of ``select``'s rows to ``counter``, to run
+    as a CTE of a statement that does the work (the claim's ``taken``); a random shard."""
+    counted = sa.select(
+        sa.literal(counter.name), sa.literal(""),
+        sa.cast(sa.func.floor(sa.func.random() * SHARDS), sa.SmallInteger()),
+        sa.cast(sa.func.count(), sa.Float()),
+    ).select_from(select.subquery()).having(sa.func.count() > 0)
+    return _adding(postgresql.insert(schema.metric_counts).from_select(["name", "label", "shard", "value"], counted))
+
+
+def totals(conn: sa.Connection, names: Iterable[str] | None = None) -> dict[tuple[str, str], float]:
+    """Every series' total (its shards summed)."""
+    t = schema.metric_counts
+    query = sa.select(t.c.name, t.c.label, sa.func.sum(t.c.value)).group_by(t.c.name, t.c.label)
+    if names is not None:
+        query = query.where(t.c.name.in_(list(names)))
+    return {(name, label): float(value) for name, label, value in conn.execute(query)}
