@@ -51,6 +51,17 @@ def test_a_page_that_advertises_its_feed_adds_the_feed(engine, db_url, site):
     assert stored(engine) == [site.url("/feed.xml")]
 
 
+def test_the_advertised_feed_keeps_the_options_given_for_the_page(engine, db_url, site):
+    result = run("sources", "add", site.url("/jobs"), "--check", "--priority", "7", "--adaptive",
+                 "--max-interval", "300", "--interval", "30", env=env(db_url))
+    assert result.returncode == 0, result.stderr
+    with engine.connect() as conn:
+        [row] = conn.execute(sa.select(schema.sources)).mappings().all()
+    assert row["url"] == site.url("/feed.xml")
+    assert (row["priority"], row["adaptive_cadence"], row["max_interval_minutes"], row["fetch_interval_minutes"]) == (
+        7, True, 300, 30)
+
+
 def test_a_feed_is_checked_and_added(engine, db_url, site):
     result = run("sources", "add", site.url("/feed.xml"), "--check", env=env(db_url))
     assert result.returncode == 0 and "checked: 2 items" in result.stderr, result.stderr

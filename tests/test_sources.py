@@ -309,7 +309,7 @@ def test_priority_is_set_on_add_import_and_set_and_shown_by_list_and_status(engi
     [
         (("--priority", "101"), "priority 101 is out of bounds: it must be -100 to 100"),
         (("--interval", "0"), "interval 0 is out of bounds"),
-        ((), "nothing to set: give --priority and/or --interval"),
+        ((), "nothing to set: give --priority, --interval, --adaptive/--fixed"),
     ],
 )
 def test_set_refuses_bad_values_in_one_line(engine, db_url, args, fragment):

@@ -101,6 +101,8 @@ def respec(spec: SourceSpec, url: str, group_by: str) -> SourceSpec:
         url, source_type=spec.source_type, name=None if spec.name == spec.url else spec.name,
         interval=spec.interval_minutes, category=spec.category, config=spec.config,
         politeness_group=spec.politeness_group if named else None, group_by=group_by,
+        priority=spec.priority, adaptive=spec.adaptive, min_interval=spec.min_interval_minutes,
+        max_interval=spec.max_interval_minutes,
     )
 
 

@@ -54,6 +54,11 @@ class SourceSpec:
     config: dict[str, Any] = field(default_factory=dict)
     politeness_group: str = politeness.DEFAULT  # make_spec names it (politeness.group_for)
     priority: int = 0  # due sources are claimed highest priority first (schema.SOURCES_DUE)
+    # Adaptive cadence (pipeline/core/cadence.py): the interval is learned within these
+    # bounds (None: the settings' defaults).
+    adaptive: bool = False
+    min_interval_minutes: int | None = None
+    max_interval_minutes: int | None = None
 
     def row(self) -> dict[str, Any]:
         config = dict(self.config)
@@ -67,6 +72,9 @@ class SourceSpec:
             "config": config,
             "politeness_group": self.politeness_group,
             "priority": self.priority,
+            "adaptive_cadence": self.adaptive,
+            "min_interval_minutes": self.min_interval_minutes,
+            "max_interval_minutes": self.max_interval_minutes,
         }
 
 
@@ -81,10 +89,16 @@ def make_spec(
     politeness_group: str | None = None,
     group_by: str = "host",
     priority: int | str | None = None,
+    adaptive: bool | str | None = None,
+    min_interval: int | str | None = None,
+    max_interval: int | str | None = None,
+    adaptive_default: bool = False,
     entry: str = "",
 ) -> SourceSpec:
     """Validate one entry; ``entry`` names it in errors (e.g. "line 4 of feeds.csv").
-    Its politeness group is ``politeness_group``, or named by ``group_by`` (host, domain)."""
+    Its politeness group is ``politeness_group``, or named by ``group_by`` (host, domain).
+    Its cadence is adaptive when ``adaptive`` says so, else when ``adaptive_default``
+    (PIPELINE_ADAPTIVE_CADENCE) does."""
     where = f"{entry}: " if entry else ""
     value = (url or "").strip()
     if not value:
@@ -134,6 +148,7 @@ def make_spec(
             value, kind, _text(politeness_group, "group", where) or None, by=group_by
         ),
         priority=check_priority(priority, where),
+        **check_cadence(adaptive, min_interval, max_interval, default=adaptive_default, where=where),
     )
     try:
         adapter_for(kind).check_config(spec.row()["config"])
@@ -215,27 +230,61 @@ def check_priority(priority: int | str | None, where: str = "") -> int:
     return value
 
 
-def _interval(interval: int | str | None, where: str) -> int:
+def _interval(interval: int | str | None, where: str, what: str = "interval") -> int:
     if interval is None or (isinstance(interval, str) and not interval.strip()):
         return schema.DEFAULT_FETCH_INTERVAL_MINUTES
+    if isinstance(interval, bool):
+        raise SourceError(f"{where}{what} {interval!r} is not a whole number of minutes")
     try:
         minutes = int(interval)
     except (TypeError, ValueError):
-        raise SourceError(f"{where}interval {interval!r} is not a whole number of minutes") from None
+        raise SourceError(f"{where}{what} {interval!r} is not a whole number of minutes") from None
     low, high = schema.MIN_FETCH_INTERVAL_MINUTES, schema.MAX_FETCH_INTERVAL_MINUTES
     if not low <= minutes <= high:
         raise SourceError(
-            f"{where}interval {minutes} is out of bounds: it must be {low} to {high} minutes"
+            f"{where}{what} {minutes} is out of bounds: it must be {low} to {high} minutes"
         )
     return minutes
+
+
+def _blank(value: object) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+_YES, _NO = ("true", "yes", "on", "1", "adaptive"), ("false", "no", "off", "0", "fixed")
+
+
+def check_cadence(
+    adaptive: bool | str | None, min_interval: int | str | None, max_interval: int | str | None,
+    *, default: bool = False, where: str = "",
+) -> dict[str, Any]:
+    """A source's cadence as SourceSpec fields: adaptive or not (``default`` when not
+    said), and the bounds of an adaptive one (each 1 to 10080 minutes, min <= max);
+    SourceError saying what is wrong otherwise."""
+    if _blank(adaptive):
+        on = default
+    elif isinstance(adaptive, bool):
+        on = adaptive
+    elif str(adaptive).strip().lower() in _YES + _NO:
+        on = str(adaptive).strip().lower() in _YES
+    else:
+        raise SourceError(f"{where}adaptive {adaptive!r}: use true or false")
+    low = None if _blank(min_interval) else _interval(min_interval, where, "min interval")
+    high = None if _blank(max_interval) else _interval(max_interval, where, "max interval")
+    if not on and (low is not None or high is not None):
+        raise SourceError(f"{where}a min or max interval bounds an adaptive cadence: this source's is fixed")
+    if low is not None and high is not None and low > high:
+        raise SourceError(f"{where}min interval {low} is more than max interval {high}")
+    return {"adaptive": on, "min_interval_minutes": low, "max_interval_minutes": high}
 
 
 # -- files --------------------------------------------------------------------------------
 
 
-def read_source_file(path: Path, *, group_by: str = "host") -> list[SourceSpec]:
+def read_source_file(path: Path, *, group_by: str = "host", adaptive_default: bool = False) -> list[SourceSpec]:
     """Every entry of an OPML, YAML or CSV file, validated; SourceError names bad ones.
-    An entry's ``group`` names its politeness group; else ``group_by`` does."""
+    An entry's ``group`` names its politeness group; else ``group_by`` does. An entry's
+    ``adaptive`` says its cadence; else ``adaptive_default`` does."""
     try:
         text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
@@ -244,15 +293,17 @@ def read_source_file(path: Path, *, group_by: str = "host") -> list[SourceSpec]:
         raise SourceError(f"{path}: cannot be read: {exc}") from None
     suffix = path.suffix.lower()
     if suffix in (".opml", ".xml"):
-        return _from_opml(text, path.name, group_by)
+        return _from_opml(text, path.name, group_by, adaptive_default)
     if suffix in (".yaml", ".yml"):
-        return _from_yaml(text, path.name, group_by)
+        return _from_yaml(text, path.name, group_by, adaptive_default)
     if suffix == ".csv":
-        return _from_csv(text, path.name, group_by)
+        return _from_csv(text, path.name, group_by, adaptive_default)
     raise SourceError(f"{path}: unknown file type {suffix!r}: use .opml, .yaml or .csv")
 
 
-def _collect(entries: Iterable[tuple[str, dict[str, Any]]], file: str, group_by: str) -> list[SourceSpec]:
+def _collect(
+    entries: Iterable[tuple[str, dict[str, Any]]], file: str, group_by: str, adaptive_default: bool
+) -> list[SourceSpec]:
     """Validate every entry, reporting all the bad ones at once."""
     specs, problems = [], []
     for entry, fields in entries:
@@ -268,6 +319,10 @@ def _collect(entries: Iterable[tuple[str, dict[str, Any]]], file: str, group_by:
                     politeness_group=fields.get("group"),
                     group_by=group_by,
                     priority=fields.get("priority"),
+                    adaptive=fields.get("adaptive"),
+                    min_interval=fields.get("min_interval"),
+                    max_interval=fields.get("max_interval"),
+                    adaptive_default=adaptive_default,
                     entry=entry,
                 )
             )
@@ -281,7 +336,7 @@ def _collect(entries: Iterable[tuple[str, dict[str, Any]]], file: str, group_by:
     return specs
 
 
-def _from_opml(text: str, file: str, group_by: str) -> list[SourceSpec]:
+def _from_opml(text: str, file: str, group_by: str, adaptive_default: bool) -> list[SourceSpec]:
     # No DTDs at all: an OPML file never needs one, and refusing them rules out entity
     # expansion (the "billion laughs") whatever the XML parser would allow.
     if re.search(r"<!(DOCTYPE|ENTITY)", text, re.IGNORECASE):
@@ -314,15 +369,18 @@ def _from_opml(text: str, file: str, group_by: str) -> list[SourceSpec]:
                         "name": label,
                         "category": child.get("category") or category,
                         "priority": child.get("priority"),
+                        "adaptive": child.get("adaptive"),
+                        "min_interval": child.get("min_interval"),
+                        "max_interval": child.get("max_interval"),
                     },
                 )
             )
 
     walk(body, None)
-    return _collect(entries, file, group_by)
+    return _collect(entries, file, group_by, adaptive_default)
 
 
-def _from_yaml(text: str, file: str, group_by: str) -> list[SourceSpec]:
+def _from_yaml(text: str, file: str, group_by: str, adaptive_default: bool) -> list[SourceSpec]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -339,23 +397,24 @@ def _from_yaml(text: str, file: str, group_by: str) -> list[SourceSpec]:
         if not isinstance(item, dict):
             raise SourceError(f"{entry}: expected a URL or a mapping, got {type(item).__name__}")
         entries.append((entry, item))
-    return _collect(entries, file, group_by)
+    return _collect(entries, file, group_by, adaptive_default)
 
 
-def _from_csv(text: str, file: str, group_by: str) -> list[SourceSpec]:
+def _from_csv(text: str, file: str, group_by: str, adaptive_default: bool) -> list[SourceSpec]:
     reader = csv.DictReader(io.StringIO(text))
     fields = [f.strip().lower() for f in reader.fieldnames or []]
     if "url" not in fields:
         raise SourceError(
             f"{file}: the header must name a 'url' column"
-            " (and optionally type, name, interval, category, config, group, priority)"
+            " (and optionally type, name, interval, category, config, group, priority, adaptive,"
+            " min_interval, max_interval)"
         )
     reader.fieldnames = fields
     entries = [
         (f"{file}, line {reader.line_num}", {k: (v or "").strip() for k, v in row.items() if k})
         for row in reader
     ]
-    return _collect(entries, file, group_by)
+    return _collect(entries, file, group_by, adaptive_default)
 
 
 # -- the catalogue --------------------------------------------------------------------------
@@ -399,6 +458,7 @@ def list_sources(conn: sa.Connection) -> list[dict[str, Any]]:
         t.c.id, t.c.name, t.c.url, t.c.source_type, t.c.enabled, t.c.fetch_interval_minutes,
         t.c.next_fetch_at, t.c.last_success_at, t.c.consecutive_failures,
         t.c.last_failure_reason, t.c.disabled_reason, t.c.priority, t.c.politeness_group, t.c.config,
+        t.c.adaptive_cadence, t.c.min_interval_minutes, t.c.max_interval_minutes,
     ]
     rows = [dict(r) for r in conn.execute(sa.select(*columns).order_by(t.c.id)).mappings()]
     for row in rows:
@@ -422,16 +482,35 @@ def enable_source(conn: sa.Connection, source_id: int) -> None:
 
 
 def set_source(conn: sa.Connection, source_id: int, *, priority: int | str | None = None,
-               interval: int | str | None = None) -> None:
-    """Change a source's priority and/or fetch interval (validated as ``make_spec`` does).
-    A new interval applies from the next fetch on: ``next_fetch_at`` is left as it is."""
+               interval: int | str | None = None, adaptive: bool | None = None,
+               min_interval: int | str | None = None, max_interval: int | str | None = None) -> None:
+    """Change a source's priority, fetch interval and/or cadence (validated as
+    ``make_spec`` does, the bounds together with those the source keeps). A new interval
+    applies from the next fetch on: ``next_fetch_at`` is left as it is."""
     values: dict[str, Any] = {}
     if priority is not None:
         values["priority"] = check_priority(priority)
     if interval is not None:
         values["fetch_interval_minutes"] = _interval(interval, "")
+    if adaptive is not None or min_interval is not None or max_interval is not None:
+        t = schema.sources
+        row = conn.execute(
+            sa.select(t.c.adaptive_cadence, t.c.min_interval_minutes, t.c.max_interval_minutes)
+            .where(t.c.id == source_id)
+        ).first()
+        if row is None:
+            raise SourceError(f"no source with id {source_id}")
+        keep = adaptive is not False  # a fixed cadence keeps no bounds but those given
+        cadence = check_cadence(
+            row.adaptive_cadence if adaptive is None else adaptive,
+            row.min_interval_minutes if min_interval is None and keep else min_interval,
+            row.max_interval_minutes if max_interval is None and keep else max_interval,
+        )
+        values.update(adaptive_cadence=cadence["adaptive"], min_interval_minutes=cadence["min_interval_minutes"],
+                      max_interval_minutes=cadence["max_interval_minutes"])
     if not values:
-        raise SourceError("nothing to set: give --priority and/or --interval")
+        raise SourceError("nothing to set: give --priority, --interval, --adaptive/--fixed,"
+                          " --min-interval or --max-interval")
     _update_source(conn, source_id, **values)
 
 

@@ -16,6 +16,10 @@ from pipeline.storage import schema
 
 PRIORITY_HELP = (f"Among due sources, higher is fetched first ({schema.MIN_PRIORITY} to "
                  f"{schema.MAX_PRIORITY}).")
+ADAPTIVE_HELP = ("Adaptive: the interval is learned from how often the source publishes, within its"
+                 " bounds (docs/runbook.md, Adaptive cadence); fixed: every --interval minutes.")
+BOUND_HELP = ("{} interval an adaptive cadence may take, in minutes; default:"
+              " PIPELINE_ADAPTIVE_MIN_MINUTES (15) / PIPELINE_ADAPTIVE_MAX_MINUTES (1440).")
 
 
 @click.group("sources")
@@ -39,12 +43,17 @@ def sources_group() -> None:
                    " PIPELINE_POLITENESS_GROUP_BY=domain; youtube for YouTube sources).")
 @click.option("--priority", type=int, default=0, show_default=True,
               help=PRIORITY_HELP)
+@click.option("--adaptive/--fixed", "adaptive", default=None,
+              help=ADAPTIVE_HELP + " Default: PIPELINE_ADAPTIVE_CADENCE (off: fixed).")
+@click.option("--min-interval", type=int, metavar="MIN", help=BOUND_HELP.format("Shortest"))
+@click.option("--max-interval", type=int, metavar="MIN", help=BOUND_HELP.format("Longest"))
 @click.option("--check", is_flag=True,
               help="Fetch the source once first and say what it holds; nothing is stored if it"
                    " fails. A page that advertises one feed is replaced by that feed.")
 def sources_add(
     url: str, source_type: str | None, name: str | None, interval: int, category: str | None,
-    config: str | None, group: str | None, priority: int, check: bool,
+    config: str | None, group: str | None, priority: int, adaptive: bool | None,
+    min_interval: int | None, max_interval: int | None, check: bool,
 ) -> None:
     """Add a source and print its id.
 
@@ -55,6 +64,8 @@ def sources_add(
     spec = sources.make_spec(
         url, source_type=source_type, name=name, interval=interval, category=category,
         config=config, politeness_group=group, group_by=settings.politeness_group_by, priority=priority,
+        adaptive=adaptive, min_interval=min_interval, max_interval=max_interval,
+        adaptive_default=settings.adaptive_cadence,
     )
     if check:
         from pipeline.catalogue import discovery
@@ -81,7 +92,8 @@ def sources_import(file: Path, check: bool) -> None:
     All entries are checked first: one bad entry rejects the whole file.
     """
     settings = Settings.from_env()
-    specs = sources.read_source_file(file, group_by=settings.politeness_group_by)
+    specs = sources.read_source_file(file, group_by=settings.politeness_group_by,
+                                     adaptive_default=settings.adaptive_cadence)
     if check:
         from pipeline.catalogue import discovery
         from pipeline.net.http import Fetcher
@@ -116,8 +128,12 @@ def sources_list(as_json: bool) -> None:
         )
         due = row["next_fetch_at"].isoformat() if row["next_fetch_at"] else "now"
         priority = f", priority {row['priority']}" if row["priority"] else ""
+        adaptive = ""
+        if row["adaptive_cadence"]:
+            low, high = row["min_interval_minutes"] or "default", row["max_interval_minutes"] or "default"
+            adaptive = f" (adaptive, {low} to {high})"
         click.echo(
-            f"{row['id']:>6}  {row['source_type']:<7} every {row['fetch_interval_minutes']} min,"
+            f"{row['id']:>6}  {row['source_type']:<7} every {row['fetch_interval_minutes']} min{adaptive},"
             f" next {due}{priority}, {state}{failing}  {row['url']}"
         )
 
@@ -126,10 +142,17 @@ def sources_list(as_json: bool) -> None:
 @click.argument("source_id", type=common.ID)
 @click.option("--priority", type=int, help=PRIORITY_HELP)
 @click.option("--interval", type=int, help="Minutes between fetches (1 to 10080), from the next fetch on.")
-def sources_set(source_id: int, priority: int | None, interval: int | None) -> None:
-    """Change a source's priority or fetch interval."""
+@click.option("--adaptive/--fixed", "adaptive", default=None, help=ADAPTIVE_HELP)
+@click.option("--min-interval", type=int, metavar="MIN", help=BOUND_HELP.format("Shortest"))
+@click.option("--max-interval", type=int, metavar="MIN", help=BOUND_HELP.format("Longest"))
+def sources_set(
+    source_id: int, priority: int | None, interval: int | None, adaptive: bool | None,
+    min_interval: int | None, max_interval: int | None,
+) -> None:
+    """Change a source's priority, fetch interval or cadence."""
     with common.engine().begin() as conn:
-        sources.set_source(conn, source_id, priority=priority, interval=interval)
+        sources.set_source(conn, source_id, priority=priority, interval=interval, adaptive=adaptive,
+                           min_interval=min_interval, max_interval=max_interval)
 
 
 @sources_group.command("enable")

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
+from pipeline.core.cadence import MAX_INTERVAL_MINUTES, MIN_INTERVAL_MINUTES
 from pipeline.core.errors import ConfigError
 
 DEFAULT_LEASE_SECONDS = 300
@@ -38,6 +39,9 @@ DEFAULT_LATENESS_MAX_MINUTES = 15
 DEFAULT_INGEST_LINGER_SECONDS = 300
 DEFAULT_BACKFILL_START = date(2025, 1, 1)
 DEFAULT_RUN_RETENTION_DAYS = 14  # Dagster runs (and their event logs) kept this long
+# Adaptive cadence (pipeline/core/cadence.py): a source's bounds when it sets none.
+DEFAULT_ADAPTIVE_MIN_MINUTES = 15
+DEFAULT_ADAPTIVE_MAX_MINUTES = 1440
 
 
 def project_root() -> Path:
@@ -142,10 +146,22 @@ class Settings:
     lateness_max_minutes: int = DEFAULT_LATENESS_MAX_MINUTES
     backfill_start: date = DEFAULT_BACKFILL_START
     run_retention_days: int = DEFAULT_RUN_RETENTION_DAYS
+    # new sources learn their interval (``sources add`` and imports, unless told)
+    adaptive_cadence: bool = False
+    adaptive_min_minutes: int = DEFAULT_ADAPTIVE_MIN_MINUTES  # bounds of a source that sets none
+    adaptive_max_minutes: int = DEFAULT_ADAPTIVE_MAX_MINUTES
 
     def max_runs(self, stage: str) -> int:
         """Runs of ``stage`` (one of STAGES) in flight at once: PIPELINE_<STAGE>_MAX_RUNS."""
         return self.stage_max_runs[STAGES.index(stage)]
+
+    def __post_init__(self) -> None:
+        low, high = self.adaptive_min_minutes, self.adaptive_max_minutes
+        if not MIN_INTERVAL_MINUTES <= low <= high <= MAX_INTERVAL_MINUTES:
+            raise ConfigError(
+                f"PIPELINE_ADAPTIVE_MIN_MINUTES={low} and PIPELINE_ADAPTIVE_MAX_MINUTES={high}: need"
+                f" {MIN_INTERVAL_MINUTES} <= min <= max <= {MAX_INTERVAL_MINUTES}"
+            )
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -187,4 +203,7 @@ class Settings:
             lateness_max_minutes=_int_env("PIPELINE_LATENESS_MAX_MINUTES", DEFAULT_LATENESS_MAX_MINUTES),
             backfill_start=_date_env("PIPELINE_BACKFILL_START", DEFAULT_BACKFILL_START),
             run_retention_days=_int_env("PIPELINE_RUN_RETENTION_DAYS", DEFAULT_RUN_RETENTION_DAYS),
+            adaptive_cadence=_choice_env("PIPELINE_ADAPTIVE_CADENCE", ("off", "on")) == "on",
+            adaptive_min_minutes=_int_env("PIPELINE_ADAPTIVE_MIN_MINUTES", DEFAULT_ADAPTIVE_MIN_MINUTES),
+            adaptive_max_minutes=_int_env("PIPELINE_ADAPTIVE_MAX_MINUTES", DEFAULT_ADAPTIVE_MAX_MINUTES),
         )

@@ -93,10 +93,21 @@ class Item:
 
 
 @dataclass(frozen=True)
+class Parsed:
+    """A document's items, and how soon it says it is worth reading again."""
+
+    items: list[Item]
+    refresh_minutes: float | None = None  # RSS <ttl>, sy:updatePeriod / sy:updateFrequency
+
+
+@dataclass(frozen=True)
 class Outcome:
     """What one fetch produced, besides its items."""
 
     items: list[Item] = field(default_factory=list)
+    # The publisher's "not sooner than" (the document's hints, Cache-Control, Expires):
+    # a floor of an adaptive cadence (pipeline/core/cadence.py).
+    refresh_minutes: float | None = None
     http_status: int | None = None
     etag: str | None = None
     last_modified: str | None = None
@@ -120,17 +131,18 @@ class Adapter(Protocol):
 def fetch_and_parse(
     source: Mapping[str, Any],
     fetcher: Fetcher,
-    parse: Callable[[FetchResult], list[Item]],
+    parse: Callable[[FetchResult], list[Item] | Parsed],
     *,
     url: str | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> Outcome:
     """A conditional GET of ``url`` (default: the source's URL); ``parse`` turns a fresh
-    body into items."""
+    body into items (and, for a feed, its refresh hints)."""
     result = fetcher.fetch(
         url or source["url"], etag=source.get("etag"), last_modified=source.get("last_modified"),
         headers=headers,
     )
+    fresh = None if result.fresh_seconds is None else result.fresh_seconds / 60
     if result.not_modified:  # keep the validators we sent unless the server sent new ones
         return Outcome(
             http_status=304,
@@ -138,9 +150,15 @@ def fetch_and_parse(
             last_modified=result.last_modified or source.get("last_modified"),
             moved_to=result.moved_to,
             not_modified=True,
+            refresh_minutes=fresh,
         )
+    parsed = parse(result)
+    if isinstance(parsed, list):
+        parsed = Parsed(parsed)
+    hints = [m for m in (fresh, parsed.refresh_minutes) if m is not None]
     return Outcome(
-        items=parse(result),
+        items=parsed.items,
+        refresh_minutes=max(hints) if hints else None,
         http_status=result.status,
         etag=result.etag,
         last_modified=result.last_modified,

@@ -40,8 +40,14 @@ from pipeline.core.failures import FailureReason
 from pipeline.core.kinds import SourceType
 from pipeline.core.settings import Settings
 from pipeline.fetching.base import Item, Outcome
-from pipeline.fetching.decide import after_failure, after_success
-from pipeline.fetching.politeness import PoliteQueue, defer, ensure_groups, started_event
+from pipeline.fetching.decide import Cadence, after_failure, after_success
+from pipeline.fetching.politeness import (
+    PoliteQueue,
+    cadence_floor_minutes,
+    defer,
+    ensure_groups,
+    started_event,
+)
 from pipeline.fetching.registry import adapter_for
 from pipeline.net.http import Fetcher
 from pipeline.queue.claim import Claim, Row, RowCompletion, WorkQueue
@@ -124,6 +130,7 @@ class Collector:
     write_window: float = 0.1
     random_unit: Callable[[], float] = random.random
     _storing: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+    _group_floors: dict[str, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def run(self, *, max_sources: int | None = None, concurrency: int | None = None) -> CollectStats:
         """Claim due sources until none is due or ``max_sources`` were claimed."""
@@ -285,9 +292,17 @@ class Collector:
                 source, fetched.error, finished=fetched.finished, u=self.random_unit(), policy=self.policy
             ).values()
         moved = outcome.moved_to
+        adaptive = None
+        if source["adaptive_cadence"]:
+            group = source["politeness_group"]
+            if group not in self._group_floors:  # once per run: a group's size changes slowly
+                self._group_floors[group] = cadence_floor_minutes(conn, group)
+            adaptive = Cadence(self.settings.adaptive_min_minutes, self.settings.adaptive_max_minutes,
+                               group_floor_minutes=self._group_floors[group], u=self.random_unit())
         decision = after_success(
             source, outcome, finished=fetched.finished, group_by=self.settings.politeness_group_by,
             moved_url_taken=bool(moved and moved != source["url"] and _url_taken(conn, moved)),
+            adaptive=adaptive,
         )
         if decision.new_group is not None:
             ensure_groups(conn, [decision.new_group])

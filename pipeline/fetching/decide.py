@@ -7,15 +7,16 @@ fetch's completion. Tested without a database in tests/test_decide.py.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
+from pipeline.core import cadence
 from pipeline.core.backoff import BackoffPolicy, next_fetch_after_success, retry_after_failure
 from pipeline.core.errors import FetchError
 from pipeline.core.failures import FailureReason
-from pipeline.fetching.base import Outcome
+from pipeline.fetching.base import Item, Outcome
 from pipeline.fetching.politeness import group_for
 
 
@@ -33,6 +34,7 @@ class SourceDecision:
     new_group: str | None = None  # the redirect's host group, for a source in its host's group
     config: Mapping[str, Any] | None = None  # the config with the adapter's updates merged
     disabled_reason: str | None = None  # permanent failures disabled the source
+    interval_minutes: int | None = None  # an adaptive cadence's new interval
 
     def values(self) -> dict[str, Any]:
         """The columns the fetch's completion writes."""
@@ -53,15 +55,52 @@ class SourceDecision:
             values["config"] = dict(self.config)
         if self.disabled_reason is not None:
             values.update(enabled=False, disabled_reason=self.disabled_reason)
+        if self.interval_minutes is not None:
+            values["fetch_interval_minutes"] = self.interval_minutes
         return values
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """What an adaptive cadence needs besides the source and its outcome."""
+
+    default_min_minutes: int  # the bounds of a source that sets none (Settings)
+    default_max_minutes: int
+    group_floor_minutes: float = 0.0  # politeness.cadence_floor_minutes of the source's group
+    u: float = 0.5  # uniform in [0, 1): the jitter
+
+
+def _published(items: Sequence[Item]) -> Iterator[datetime]:
+    for item in items:
+        stamp = item.raw.get("published_at")
+        if isinstance(stamp, str):
+            try:
+                parsed = datetime.fromisoformat(stamp)
+            except ValueError:
+                continue
+            yield parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _adaptive(source: Mapping[str, Any], outcome: Outcome, finished: datetime, how: Cadence) -> int:
+    """The source's next interval by its publishing (pipeline/core/cadence.py)."""
+    bounds = cadence.Bounds(
+        min_minutes=source["min_interval_minutes"] or how.default_min_minutes,
+        max_minutes=source["max_interval_minutes"] or how.default_max_minutes,
+        hint_minutes=outcome.refresh_minutes,
+        group_floor_minutes=how.group_floor_minutes,
+    )
+    gap = cadence.publishing_gap(_published(outcome.items), finished)
+    return cadence.next_interval(source["fetch_interval_minutes"], gap, bounds, unchanged=outcome.not_modified)
 
 
 def after_success(
     source: Mapping[str, Any], outcome: Outcome, *, finished: datetime, group_by: str,
-    moved_url_taken: bool = False,
+    moved_url_taken: bool = False, adaptive: Cadence | None = None,
 ) -> SourceDecision:
-    """The next fetch one interval after this one; the server's validators kept; a
-    permanent redirect followed unless its target is another source already."""
+    """The next fetch one interval after this one (for a source with adaptive cadence,
+    the interval learned now, jittered: ``adaptive`` must be given); the server's
+    validators kept; a permanent redirect followed unless its target is another source
+    already."""
     new_url = new_group = None
     if outcome.moved_to and outcome.moved_to != source["url"] and not moved_url_taken:
         new_url = outcome.moved_to
@@ -69,8 +108,16 @@ def after_success(
         if source["politeness_group"] == group_for(source["url"], source["source_type"], by=group_by):
             new_group = group_for(new_url, source["source_type"], by=group_by)
     config = {**(source["config"] or {}), **outcome.config_updates} if outcome.config_updates else None
+    interval = None
+    next_fetch_at = next_fetch_after_success(finished, source["fetch_interval_minutes"])
+    if source.get("adaptive_cadence"):
+        if adaptive is None:
+            raise ValueError(f"source {source['id']} has an adaptive cadence: its decision needs a Cadence")
+        interval = _adaptive(source, outcome, finished, adaptive)
+        next_fetch_at = finished + cadence.jittered(interval, adaptive.u)
     return SourceDecision(
-        next_fetch_at=next_fetch_after_success(finished, source["fetch_interval_minutes"]),
+        next_fetch_at=next_fetch_at,
+        interval_minutes=interval,
         fetched_at=finished,
         consecutive_failures=0,
         etag=outcome.etag,

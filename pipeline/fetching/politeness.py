@@ -186,6 +186,23 @@ def list_groups(conn: Connection) -> list[dict[str, Any]]:
     return [dict(row) for row in conn.execute(query).mappings()]
 
 
+def cadence_floor_minutes(conn: Connection, name: str) -> float:
+    """The shortest interval at which group ``name`` can fetch each of its enabled
+    sources: its spacing times their number (0 for a group without spacing, whose
+    fetches in flight bound how many at once, not how often)."""
+    g, d, s = _groups, _groups.alias("d"), _sources
+    spacing = conn.execute(
+        sa.select(sa.func.coalesce(g.c.min_interval_ms, d.c.min_interval_ms))
+        .select_from(g).join(d, d.c.name == DEFAULT).where(g.c.name == name)
+    ).scalar()
+    if not spacing:
+        return 0.0
+    count = conn.execute(
+        sa.select(sa.func.count()).select_from(s).where(s.c.politeness_group == name, s.c.enabled)
+    ).scalar_one()
+    return float(spacing) * int(count) / 60_000
+
+
 def defer(conn: Connection, name: str, until: datetime, reason: str) -> None:
     """Start no fetch of group ``name`` before ``until`` (a Retry-After that applies to
     the whole host); an earlier deferral is never shortened."""

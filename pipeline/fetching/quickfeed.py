@@ -347,7 +347,15 @@ def _entry(item: ET.Element, keys: _Keys, base: str) -> dict[str, Any]:
 
 
 def entries(document: bytes, detected: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    """The entries feedparser would find in ``document``, or None when unsure.
+    """The entries feedparser would find in ``document``, or None when unsure (``parse``)."""
+    found = parse(document, detected)
+    return None if found is None else found[0]
+
+
+def parse(document: bytes, detected: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, str]] | None:
+    """The entries feedparser would find in ``document``, and the refresh hints of its
+    feed as feedparser names them (``ttl``, ``sy_updateperiod``, ``sy_updatefrequency``);
+    or None when unsure.
 
     ``document`` is feedparser's own UTF-8 conversion of the response
     (``feedparser.encodings.convert_to_utf8``), ``detected`` what that conversion
@@ -370,13 +378,16 @@ def entries(document: bytes, detected: Mapping[str, Any]) -> list[dict[str, Any]
     try:
         if root.tag == f"{{{_ATOM}}}feed":
             items = [e for e in root if e.tag == f"{{{_ATOM}}}entry"]
+            feed: list[ET.Element] = [root]
         elif root.tag == "rss" and not {_attribute_key(name) for name in root.attrib} - {"version", *_BASE}:
             channels = [e for e in root if e.tag == "channel"]
             if len(channels) != 1 or len(root) != 1:
                 return None
             items = [e for e in channels[0] if e.tag == "item"]
+            feed = channels
         elif root.tag == f"{{{_RDF}}}RDF":  # RSS 1.0: the items beside the channel
             items = [e for e in root if e.tag == f"{{{_RSS1}}}item"]
+            feed = [e for e in root if e.tag == f"{{{_RSS1}}}channel"]
         else:
             return None
         if not items:
@@ -388,6 +399,17 @@ def entries(document: bytes, detected: Mapping[str, Any]) -> list[dict[str, Any]
                 return None  # an xml:base below the root: links resolve level by level
         if opened != len(items):
             return None
-        return [_entry(item, keys, base) for item in items]
+        return [_entry(item, keys, base) for item in items], _hints(feed)
     except NotPlainFeed:
         return None
+
+
+_SY = "http://purl.org/rss/1.0/modules/syndication/"
+# The feed-level elements that say how often to refresh, by feedparser's names.
+_HINTS = {"ttl": "ttl", f"{{{_SY}}}updatePeriod": "sy_updateperiod", f"{{{_SY}}}updateFrequency": "sy_updatefrequency"}
+
+
+def _hints(feed: list[ET.Element]) -> dict[str, str]:
+    """The refresh hints among the feed element's children (the last of each, as
+    feedparser keeps it), their text stripped."""
+    return {_HINTS[child.tag]: _text(child) for element in feed for child in element if child.tag in _HINTS}

@@ -13,6 +13,7 @@ import calendar
 import codecs
 import hashlib
 import logging
+import math
 import re
 import xml.sax
 from collections.abc import Callable, Mapping
@@ -26,7 +27,7 @@ from feedparser.encodings import convert_to_utf8
 from pipeline.core.errors import FetchError
 from pipeline.core.failures import FailureReason
 from pipeline.fetching import charset, quickfeed
-from pipeline.fetching.base import Item, Outcome, fetch_and_parse
+from pipeline.fetching.base import Item, Outcome, Parsed, fetch_and_parse
 from pipeline.fetching.jsonfeed import looks_like_json, parse_json_feed
 from pipeline.net.http import Fetcher
 
@@ -75,8 +76,20 @@ def parse_feed(
     item: Callable[[Mapping[str, Any], str], Item] | None = None,
     content_location: str | None = None,
 ) -> list[Item]:
-    """Items of a feed document (RSS, Atom, or JSON Feed); FetchError(parse_error) when
-    it is not a usable feed.
+    """Items of a feed document (``read_feed``)."""
+    return read_feed(body, url, content_type, item=item, content_location=content_location).items
+
+
+def read_feed(
+    body: bytes,
+    url: str,
+    content_type: str | None = None,
+    *,
+    item: Callable[[Mapping[str, Any], str], Item] | None = None,
+    content_location: str | None = None,
+) -> Parsed:
+    """Items of a feed document (RSS, Atom, or JSON Feed), and its refresh hints;
+    FetchError(parse_error) when it is not a usable feed.
 
     ``item`` turns one feedparser entry into an Item (default: a generic feed entry).
     Relative links are resolved against ``xml:base``, else ``content_location`` (the
@@ -84,7 +97,7 @@ def parse_feed(
     """
     base = content_location or url
     if looks_like_json(body):  # JSON Feed: the same adapter, whatever the Content-Type says
-        return parse_json_feed(body, base)
+        return Parsed(parse_json_feed(body, base))
     body = _without_leading_space(body)
     body, content_type = charset.as_read(body, content_type)  # its real encoding, if mislabelled
     headers = {"content-type": content_type} if content_type else {}
@@ -103,19 +116,47 @@ def parse_feed(
         raise FetchError(
             FailureReason.PARSE_ERROR, "the document declares XML entities; they are never expanded"
         )
-    entries = None
+    found = None
     if item is None and not content_location and not any(FEEDPARSER_OPTIONS.values()):
         # Plain RSS 2.0, RSS 1.0 and Atom 1.0 read at about a fifth of the CPU, with
         # feedparser's results (pipeline/fetching/quickfeed.py); None for anything else.
-        entries = quickfeed.entries(document, detected)
-    if entries is None:
-        entries = _feedparser_entries(body, headers, url)
+        found = quickfeed.parse(document, detected)
+    entries, feed = found if found is not None else _feedparser_entries(body, headers, url)
     make = item or _item
-    return [make(entry, base) for entry in entries]
+    return Parsed([make(entry, base) for entry in entries], refresh_minutes(feed))
 
 
-def _feedparser_entries(body: bytes, headers: dict[str, str], url: str) -> list[Any]:
-    """feedparser's entries for ``body``; FetchError(parse_error) when it is not a usable feed."""
+# sy:updatePeriod's periods in minutes (the syndication module: the default is daily).
+_PERIODS = {"hourly": 60, "daily": 1440, "weekly": 10080, "monthly": 43200, "yearly": 525600}
+
+
+def refresh_minutes(feed: Mapping[str, Any]) -> float | None:
+    """How soon the feed says it is worth reading again, in minutes: RSS ``<ttl>``, or
+    ``sy:updatePeriod`` / ``sy:updateFrequency`` (times per period, default 1); the longer
+    when both are given; None when neither is, or neither is a usable number."""
+    hints = []
+    ttl = _positive(feed.get("ttl"))
+    if ttl is not None:
+        hints.append(ttl)
+    period = str(feed.get("sy_updateperiod") or "").strip().lower()
+    if period in _PERIODS:
+        frequency = _positive(feed.get("sy_updatefrequency") or "1")
+        if frequency is not None:
+            hints.append(_PERIODS[period] / frequency)
+    return max(hints) if hints else None
+
+
+def _positive(value: Any) -> float | None:
+    try:
+        number = float(str(value).strip())
+    except (TypeError, ValueError):
+        return None
+    return number if 0 < number < math.inf else None
+
+
+def _feedparser_entries(body: bytes, headers: dict[str, str], url: str) -> tuple[list[Any], Mapping[str, Any]]:
+    """feedparser's entries and feed-level fields for ``body``; FetchError(parse_error)
+    when it is not a usable feed."""
     parsed = feedparser.parse(body, response_headers=headers, **FEEDPARSER_OPTIONS)
     problem = parsed.get("bozo_exception")
     if problem is not None and not isinstance(problem, _TOLERATED):
@@ -131,7 +172,7 @@ def _feedparser_entries(body: bytes, headers: dict[str, str], url: str) -> list[
             raise FetchError(FailureReason.PARSE_ERROR, f"unreadable feed: {problem}")
     if not parsed.get("version") and not parsed.entries:
         raise FetchError(FailureReason.PARSE_ERROR, "not a feed (no RSS or Atom document found)")
-    return list(parsed.entries)
+    return list(parsed.entries), parsed.get("feed") or {}
 
 
 def _first(entry: Mapping[str, Any], *keys: str) -> Any:
@@ -184,6 +225,6 @@ class RssAdapter:
     def fetch(self, source: Mapping[str, Any], fetcher: Fetcher) -> Outcome:
         return fetch_and_parse(
             source, fetcher,
-            lambda result: parse_feed(result.body, result.url, result.content_type,
-                                      content_location=result.content_location),
+            lambda result: read_feed(result.body, result.url, result.content_type,
+                                     content_location=result.content_location),
         )

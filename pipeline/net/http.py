@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.cookiejar
 import ipaddress
 import logging
+import re
 import socket
 import ssl
 import threading
@@ -269,10 +270,42 @@ class FetchResult:
     elapsed_ms: int
     # Content-Location, made absolute: the base for relative links in the body.
     content_location: str | None = None
+    # How long the response says it stays fresh (Cache-Control max-age, else Expires).
+    fresh_seconds: float | None = None
 
     @property
     def not_modified(self) -> bool:
         return self.status == 304
+
+
+_MAX_AGE = re.compile(r"(?:^|,)\s*max-age\s*=\s*\"?(\d+)\"?\s*(?:,|$)", re.IGNORECASE)
+_NO_FRESHNESS = re.compile(r"(?:^|,)\s*(?:no-cache|no-store)\s*(?:[=,]|$)", re.IGNORECASE)
+
+
+def fresh_for(headers: Mapping[str, str], now: datetime) -> float | None:
+    """Seconds the response says it stays fresh (RFC 9111 4.2.1: ``Cache-Control:
+    max-age``, else ``Expires`` less ``Date``, else less ``now``); None when it says
+    nothing, or ``no-cache`` / ``no-store``, or a freshness of 0."""
+    control = headers.get("cache-control") or ""  # httpx joins repeated headers with ","
+    if _NO_FRESHNESS.search(control):
+        return None
+    if (found := _MAX_AGE.search(control)) is not None:
+        return float(found.group(1)) or None
+    expires = _http_date(headers.get("expires"))
+    if expires is None:
+        return None
+    seconds = (expires - (_http_date(headers.get("date")) or now)).total_seconds()
+    return seconds if seconds > 0 else None
+
+
+def _http_date(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        when = parsedate_to_datetime(value.strip())
+    except (TypeError, ValueError, OverflowError, IndexError):
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 def parse_retry_after(value: str | None, now: datetime) -> datetime | None:
@@ -282,11 +315,7 @@ def parse_retry_after(value: str | None, now: datetime) -> datetime | None:
     value = value.strip()
     if value.isdigit():
         return now + timedelta(seconds=min(int(value), RETRY_AFTER_MAX_SECONDS))
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, OverflowError, IndexError):
-        return None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
+    return _http_date(value)
 
 
 class Fetcher:
@@ -437,6 +466,7 @@ class Fetcher:
                 last_modified=response.headers.get("last-modified"),
                 moved_to=moved_to,
                 elapsed_ms=int((time.monotonic() - started) * 1000),
+                fresh_seconds=fresh_for(response.headers, datetime.now(UTC)),
             )
         raise FetchError(
             FailureReason.HTTP_4XX,

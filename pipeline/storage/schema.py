@@ -13,12 +13,12 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
 
+from pipeline.core import cadence
 from pipeline.core.kinds import ChannelKind, NotificationStatus, SourceType, sql_in
 from pipeline.queue.claim import AgedTerm, OrderTerm, QueueSpec, sql_now
 
 _ZERO = timedelta(0)
-MIN_FETCH_INTERVAL_MINUTES = 1
-MAX_FETCH_INTERVAL_MINUTES = 10080  # one week
+MIN_FETCH_INTERVAL_MINUTES, MAX_FETCH_INTERVAL_MINUTES = cadence.MIN_INTERVAL_MINUTES, cadence.MAX_INTERVAL_MINUTES
 DEFAULT_FETCH_INTERVAL_MINUTES = 60
 # A source's priority: due sources are claimed highest first (SOURCES_DUE's order), a
 # source's priority rising by one for every PRIORITY_AGING_MINUTES it has been due.
@@ -149,6 +149,12 @@ sources = sa.Table(
     sa.Column("last_failure_reason", sa.String(32)),
     sa.Column("disabled_reason", sa.Text()),
     sa.Column("priority", sa.Integer(), nullable=False, server_default=sa.text("0")),
+    # Adaptive cadence (pipeline/core/cadence.py): fetch_interval_minutes is learned from
+    # the source's publishing, within [min_interval_minutes, max_interval_minutes] (NULL:
+    # the settings' PIPELINE_ADAPTIVE_MIN_MINUTES / _MAX_MINUTES).
+    sa.Column("adaptive_cadence", sa.Boolean(), nullable=False, server_default=sa.false()),
+    sa.Column("min_interval_minutes", sa.Integer()),
+    sa.Column("max_interval_minutes", sa.Integer()),
     sa.Column("etag", sa.Text()),
     sa.Column("last_modified", sa.Text()),
     sa.Column("content_hash", sa.String(64)),
