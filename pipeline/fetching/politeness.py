@@ -46,6 +46,7 @@ import sqlalchemy as sa
 import tldextract
 from sqlalchemy.engine import Connection, RowMapping
 
+from pipeline.core.inputs import NAME_CHARS, text_problem
 from pipeline.core.kinds import SourceType
 from pipeline.core.urls import canonical_host
 from pipeline.queue.claim import Claim, Strategy, WorkQueue
@@ -130,6 +131,8 @@ def set_limits(
 ) -> None:
     """Set a group's limits (creating its row); ``reset`` returns them to the defaults.
     The default group's limits (``*``) are every other group's defaults."""
+    if problem := text_problem(name, "group", NAME_CHARS):
+        raise ValueError(problem)
     if max_in_flight is not None and max_in_flight < 1:
         raise ValueError(f"max in flight must be at least 1, got {max_in_flight}")
     if min_interval_seconds is not None and min_interval_seconds < 0:

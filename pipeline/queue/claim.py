@@ -144,6 +144,9 @@ class QueueSpec:
     # with no outcome recorded): ``WorkQueue.isolate`` has them worked on one at a time,
     # so work that kills its worker uses up its own attempts, not its neighbours'.
     suspect: Callable[[Row], bool] | None = None
+    # The columns ``pending`` tests, which lead the queue's index where there are no
+    # partial indexes (MariaDB: see ``indexes``).
+    pending_on: tuple[sa.Column[Any], ...] = ()
 
     def exhausted(self, row: Row, max_attempts: int) -> bool:
         """True when ``row`` was claimed more than ``max_attempts`` times without being
@@ -176,7 +179,14 @@ class QueueSpec:
         return [self.ready(now)] if self.ready is not None else []
 
     def indexes(self) -> list[sa.Index]:
-        """The queue's partial indexes; call once, when the schema is defined."""
+        """The queue's indexes; call once, when the schema is defined.
+
+        PostgreSQL and SQLite: two partial indexes, of the free rows (in the queue's
+        order) and of the leased ones (by lease). MariaDB has no partial index: one
+        index leads with the ``pending`` columns and the lease, then the order, so both
+        branches of the claim read a range of it (the free rows: ``pending`` and
+        ``locked_until IS NULL`` in the queue's order; the expired leases: a range of
+        ``locked_until``)."""
         t = self.table
         free, leased = self.free(), self.leased()
         return [
@@ -185,13 +195,16 @@ class QueueSpec:
                 *self.index_on,
                 postgresql_where=free,
                 sqlite_where=free,
-            ),
+            ).ddl_if(dialect=("postgresql", "sqlite")),  # type: ignore[arg-type]  # a tuple is documented
             sa.Index(
                 f"ix_{t.name}_{self.name}_leased",
                 t.c.locked_until,
                 postgresql_where=leased,
                 sqlite_where=leased,
-            ),
+            ).ddl_if(dialect=("postgresql", "sqlite")),  # type: ignore[arg-type]  # a tuple is documented
+            sa.Index(
+                f"ix_{t.name}_{self.name}_free", *self.pending_on, t.c.locked_until, *self.index_on,
+            ).ddl_if(dialect=("mysql", "mariadb")),  # type: ignore[arg-type]
         ]
 
     def sort(self, rows: Iterable[Row]) -> list[Row]:

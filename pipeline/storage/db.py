@@ -1,12 +1,14 @@
 """Connecting to the pipeline database: parsing DATABASE_URL and configuring the engine.
 
-``DATABASE_URL`` is a SQLAlchemy URL; ``postgresql://`` is driven by psycopg 3. Unset, the
+``DATABASE_URL`` is a SQLAlchemy URL; ``postgresql://`` is driven by psycopg 3,
+``mysql://`` and ``mariadb://`` (MariaDB 10.6 or newer) by PyMySQL. Unset, the
 embedded default is a SQLite file in the project-local state folder (WAL mode, a busy
 timeout, every transaction ``BEGIN IMMEDIATE`` so writers queue instead of failing).
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 # on anything but the database (fetches and deliveries run outside them).
 IDLE_IN_TRANSACTION_TIMEOUT_MS = 60_000
 MIN_SQLITE_VERSION = (3, 35, 0)  # UPDATE ... RETURNING
+MIN_MARIADB_VERSION = (10, 6)  # FOR UPDATE SKIP LOCKED
 
 
 def parse_url(raw: str) -> sa.URL:
@@ -37,6 +40,8 @@ def parse_url(raw: str) -> sa.URL:
         raise ConfigError(f"DATABASE_URL {raw!r} is not a database URL") from None
     if url.drivername in ("postgres", "postgresql"):
         url = url.set(drivername="postgresql+psycopg")
+    if url.drivername in ("mysql", "mariadb"):
+        url = url.set(drivername=f"{url.drivername}+pymysql")
     return url
 
 
@@ -83,6 +88,38 @@ def _configure_postgres(engine: Engine) -> None:
         dbapi_conn.autocommit = autocommit
 
 
+def _configure_mariadb(engine: Engine) -> None:
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        cur.execute("SELECT VERSION()")
+        version = str(cur.fetchone()[0])
+        found = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+        if "mariadb" not in version.lower() or found < MIN_MARIADB_VERSION:
+            cur.close()
+            need = ".".join(map(str, MIN_MARIADB_VERSION))
+            raise ConfigError(
+                f"the database is {version}: the pipeline needs MariaDB {need} or newer (SKIP LOCKED;"
+                " MySQL lacks unique keys on long text)"
+            )
+        cur.execute("SELECT @@collation_database, DATABASE()")
+        collation, database = cur.fetchone()
+        if database is not None and not (str(collation).startswith("utf8mb4_") and str(collation).endswith("_bin")):
+            cur.close()
+            raise ConfigError(
+                f"database {database} compares text by {collation}: the pipeline's keys (URLs, item ids) are"
+                f" case-sensitive; create it with CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+            )
+        # Every timestamp is UTC (CURRENT_TIMESTAMP defaults too); strict, standard SQL;
+        # a transaction left idle ends as on PostgreSQL (IDLE_IN_TRANSACTION_TIMEOUT_MS).
+        cur.execute(
+            "SET time_zone = '+00:00',"
+            " sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_DATE,NO_ENGINE_SUBSTITUTION',"
+            f" idle_transaction_timeout = {IDLE_IN_TRANSACTION_TIMEOUT_MS // 1000}"
+        )
+        cur.close()
+
+
 def create_engine(raw_url: str, **kwargs: Any) -> Engine:
     """An engine for DATABASE_URL; raises ConfigError for a URL it cannot use."""
     url = parse_url(raw_url)
@@ -95,6 +132,12 @@ def create_engine(raw_url: str, **kwargs: Any) -> Engine:
             )
         if url.database and url.database != ":memory:":
             Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    if backend in ("mysql", "mariadb"):
+        # READ COMMITTED: a claim's SKIP LOCKED scan locks the rows it takes, not every
+        # row it reads past (InnoDB's REPEATABLE READ locks gaps and read rows too).
+        kwargs.setdefault("isolation_level", "READ COMMITTED")
+        kwargs.setdefault("connect_args", {}).setdefault("connect_timeout", 10)
+        kwargs["connect_args"].setdefault("charset", "utf8mb4")
     if backend == "postgresql":
         # No pool_pre_ping: it costs a round trip per checkout, a fifth of a small claim.
         # A connection lost to a server restart fails one statement; SQLAlchemy then
@@ -116,6 +159,8 @@ def create_engine(raw_url: str, **kwargs: Any) -> Engine:
         _configure_sqlite(engine)
     if backend == "postgresql":
         _configure_postgres(engine)
+    if backend in ("mysql", "mariadb"):
+        _configure_mariadb(engine)
     return engine
 
 

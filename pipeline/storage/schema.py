@@ -10,10 +10,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.engine import Dialect
 
 from pipeline.core import cadence
+from pipeline.core.inputs import MAX_ITEM_ID_CHARS, NAME_CHARS
 from pipeline.core.kinds import ChannelKind, NotificationStatus, SourceType, sql_in
 from pipeline.queue.claim import AgedTerm, OrderTerm, QueueSpec, sql_now
 
@@ -36,15 +37,26 @@ metadata = sa.MetaData(
 )
 
 
+# SQLAlchemy's names of the MySQL family: MariaDB through a ``mysql+`` URL is "mysql".
+MARIADB = ("mysql", "mariadb")
+
+
 class UTCDateTime(sa.TypeDecorator[datetime]):
     """A timezone-aware UTC timestamp on every database.
 
     PostgreSQL stores ``timestamptz``. SQLite has no such type: values are stored as
     naive UTC text (which sorts and compares correctly) and come back tagged UTC.
+    MariaDB stores naive UTC in ``DATETIME(6)`` (microseconds; the session's time zone
+    is UTC, pipeline/storage/db.py, so its CURRENT_TIMESTAMP defaults are UTC too).
     """
 
     impl = sa.DateTime(timezone=True)
     cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> sa.types.TypeEngine[Any]:
+        if dialect.name in MARIADB:
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        return dialect.type_descriptor(self.impl)
 
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
@@ -52,7 +64,7 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
         if value.tzinfo is None:
             raise ValueError(f"naive datetime {value!r}: the pipeline stores UTC-aware times only")
         value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" or dialect.name in MARIADB else value
 
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
         if value is None:
@@ -70,6 +82,9 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
 JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 # SQLite only auto-increments an INTEGER PRIMARY KEY; BIGINT everywhere else.
 IdType = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+# Text in a primary key or a plain index: MariaDB indexes a bounded VARCHAR only.
+NameType = sa.Text().with_variant(sa.String(NAME_CHARS), *MARIADB)
+ItemIdType = sa.Text().with_variant(sa.String(MAX_ITEM_ID_CHARS), *MARIADB)
 
 
 def _id() -> sa.Column[Any]:
@@ -112,7 +127,7 @@ DEFAULT_MIN_INTERVAL_MS = 1000
 politeness_groups = sa.Table(
     "politeness_groups",
     metadata,
-    sa.Column("name", sa.Text(), primary_key=True),
+    sa.Column("name", NameType, primary_key=True),
     sa.Column("max_in_flight", sa.Integer()),  # NULL: the default group's
     sa.Column("min_interval_ms", sa.Integer()),  # NULL: the default group's
     # No fetch of the group starts before this: the spacing after the last claim, or a
@@ -167,7 +182,7 @@ sources = sa.Table(
     # cannot add one to an existing table without copying it.
     sa.Column(
         "politeness_group",
-        sa.Text(),
+        NameType,
         nullable=False,
         server_default=sa.text(f"'{DEFAULT_POLITENESS_GROUP}'"),
     ),
@@ -228,7 +243,7 @@ source_items = sa.Table(
         sa.ForeignKey("sources.id", ondelete="CASCADE"),
         primary_key=True,
     ),
-    sa.Column("source_item_id", sa.Text(), primary_key=True),
+    sa.Column("source_item_id", ItemIdType, primary_key=True),
     sa.Column("content_hash", sa.String(64), nullable=False),
     sa.Column("first_seen_at", UTCDateTime(), nullable=False, server_default=_now()),
     sa.Column("changed_at", UTCDateTime(), nullable=False, server_default=_now()),
@@ -364,7 +379,7 @@ metric_counts = sa.Table(
 worker_state = sa.Table(
     "worker_state",
     metadata,
-    sa.Column("worker_name", sa.Text(), primary_key=True),
+    sa.Column("worker_name", NameType, primary_key=True),
     sa.Column("last_run_at", UTCDateTime()),
     sa.Column("last_status", sa.Text()),
     sa.Column("last_error", sa.Text()),
@@ -401,6 +416,7 @@ SOURCES_DUE = QueueSpec(
         OrderTerm(sources.c.next_fetch_at, nulls_first=True),
         OrderTerm(sources.c.id),
     ),
+    pending_on=(sources.c.enabled,),
     index_on=(sources.c.next_fetch_at,),
     attempts=sources.c.attempts,
     suspect=lambda row: row["attempts"] > 1,  # reset when a fetch completes
@@ -412,6 +428,7 @@ RAW_UNPROCESSED = QueueSpec(
     table=listings_raw,
     pending=listings_raw.c.processed_at.is_(None),
     order=(OrderTerm(listings_raw.c.fetched_at), OrderTerm(listings_raw.c.id)),
+    pending_on=(listings_raw.c.processed_at,),
     index_on=(listings_raw.c.fetched_at, listings_raw.c.id),
     attempts=listings_raw.c.attempts,
     suspect=lambda row: row["attempts"] > 1,  # a stopped worker, or a failure (rare)
@@ -425,6 +442,7 @@ LISTINGS_UNMATCHED = QueueSpec(
     table=listings,
     pending=listings.c.matched_at.is_(None),
     order=(OrderTerm(listings.c.updated_at), OrderTerm(listings.c.id)),
+    pending_on=(listings.c.matched_at,),
     index_on=(listings.c.updated_at, listings.c.id),
 )
 
@@ -439,6 +457,7 @@ NOTIFICATIONS_DUE = QueueSpec(
     ),
     ready=_attempt_due,
     order=(OrderTerm(notifications.c.next_attempt_at), OrderTerm(notifications.c.id)),
+    pending_on=(notifications.c.status,),
     index_on=(notifications.c.next_attempt_at, notifications.c.id),
     attempts=notifications.c.attempts,
     # Claimed before, and no outcome recorded: a failed send records its error. (A
