@@ -1,4 +1,4 @@
-"""The claim primitive's contract, on PostgreSQL and SQLite, for every claim strategy."""
+"""The claim primitive's contract, on PostgreSQL, SQLite and MariaDB, for every claim strategy."""
 
 from __future__ import annotations
 
@@ -13,11 +13,17 @@ import sqlalchemy as sa
 from pipeline.fetching.politeness import PoliteQueue
 from pipeline.queue.claim import UNCLAIMED, RowCompletion, Strategy, WorkQueue, strategy_for
 from pipeline.storage import db, schema
+from tests.conftest import BACKENDS_WITH_MARIADB
 from tests.helpers import add_raw_rows, add_source, now, raw_states, round_trips, wire_messages
 
-# Every test runs on both databases, with the database's own strategy and with the
+# Every test runs on each database, with the database's own strategy and with the
 # portable default that any other SQLAlchemy dialect would get.
 STRATEGIES = ("native", "portable")
+
+
+@pytest.fixture(params=BACKENDS_WITH_MARIADB)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(params=STRATEGIES)
@@ -345,13 +351,13 @@ def test_complete_and_claim_is_one_round_trip_and_one_transaction(pg_engine):
     assert fenced.done == following.ids and not last
 
 
-def test_skip_locked_passes_over_rows_another_transaction_holds(pg_engine):
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"], indirect=True)  # row locks
+def test_skip_locked_passes_over_rows_another_transaction_holds(engine):
     """A row locked by a transaction in flight is skipped, then re-checked once it commits."""
-    engine = pg_engine
     with engine.begin() as conn:
         source_id = add_source(conn)
         ids = add_raw_rows(conn, source_id, 3)
-    queue = raw_queue(engine, Strategy.POSTGRES)
+    queue = raw_queue(engine, strategy_for(engine.dialect.name))
     t = schema.listings_raw
     with engine.connect() as holder:
         tx = holder.begin()

@@ -12,9 +12,15 @@ import sqlalchemy as sa
 
 from pipeline.storage import schema
 from tests.claim_workers import drain
+from tests.conftest import BACKENDS_WITH_MARIADB
 from tests.helpers import add_raw_rows, add_source
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=BACKENDS_WITH_MARIADB)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def run_workers(url: str, processes: int, max_batch: int, strategy: str | None = None):

@@ -21,7 +21,7 @@ from pipeline.fetching import politeness
 from pipeline.fetching.politeness import PoliteQueue
 from pipeline.queue.claim import QueueSpec, WorkQueue
 from pipeline.storage import bulk, db, schema
-from tests.conftest import BACKENDS, PostgresDatabases
+from tests.conftest import BACKENDS_WITH_MARIADB, MariaDatabases, PostgresDatabases
 from tests.helpers import now
 
 ROWS = 100_000
@@ -113,13 +113,17 @@ def populate(conn: sa.Connection) -> None:
     _insert(conn, s.notifications, notifications)
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="module", params=BACKENDS_WITH_MARIADB)
 def big_engine(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[sa.Engine]:
     """One populated database per backend, shared by this module's read-only plan tests."""
     if request.param == "sqlite":
         path = tmp_path_factory.mktemp("plans") / "big.db"
         shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
         url, drop = f"sqlite:///{path}", None
+    elif request.param == "mariadb":
+        maria: MariaDatabases = request.getfixturevalue("mariadb_databases")
+        name = maria.migrated()
+        url, drop = maria.url(name), lambda: maria.drop(name)
     else:
         databases: PostgresDatabases = request.getfixturevalue("pg_databases")
         name = databases.migrated()
@@ -128,18 +132,31 @@ def big_engine(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[sa.
     with engine.begin() as conn:
         populate(conn)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.exec_driver_sql("ANALYZE")
+        if engine.dialect.name in schema.MARIADB:
+            conn.exec_driver_sql("ANALYZE TABLE sources, listings_raw, listings, notifications")
+        else:
+            conn.exec_driver_sql("ANALYZE")
     yield engine
     engine.dispose()
     if drop:
         drop()
 
 
+def mariadb_plans(conn: sa.Connection, statements: list[tuple[str, object]]) -> list[dict]:
+    """MariaDB's EXPLAIN of each statement, one dict per table access."""
+    plans = []
+    for statement, parameters in statements:
+        result = conn.exec_driver_sql("EXPLAIN " + statement, parameters)
+        plans += [dict(zip(result.keys(), row, strict=True)) for row in result]
+    return plans
+
+
 def captured_claim_sql(engine: sa.Engine, spec: QueueSpec) -> tuple[str, object]:
     seen: list[tuple[str, object]] = []
 
     def capture(conn, cursor, statement, parameters, context, executemany):
-        if "claim_token" in statement and statement.lstrip().upper().startswith(("WITH", "UPDATE")):
+        claim = "claim_token" in statement and statement.lstrip().upper().startswith(("WITH", "UPDATE"))
+        if claim or "SKIP LOCKED" in statement:  # MariaDB: the claim's locking reads too
             seen.append((statement, parameters))
 
     queue = WorkQueue(engine, spec)
@@ -154,6 +171,8 @@ def captured_claim_sql(engine: sa.Engine, spec: QueueSpec) -> tuple[str, object]
         # (test_claim.py checks on the wire that it is what is sent).
         assert not seen and queue._claim_sql is not None
         return queue._claim_sql, queue._claim_params("probe", 10)[1]
+    if engine.dialect.name in schema.MARIADB:
+        return seen  # the locking reads (expired leases, then free rows), and the UPDATE by ids
     assert len(seen) == 1
     return seen[0]
 
@@ -188,6 +207,22 @@ def postgres_plans(conn: sa.Connection, statement: str, parameters: dict) -> lis
 @pytest.mark.parametrize("spec", schema.QUEUES, ids=lambda q: f"{q.table.name}-{q.name}")
 def test_claim_uses_the_partial_indexes(big_engine: sa.Engine, spec: QueueSpec) -> None:
     table = spec.table.name
+    if big_engine.dialect.name in schema.MARIADB:
+        # Both locking reads (a claim that fills up on expired leases sends only the
+        # first), explained with the parameters a real claim sent.
+        [(_, parameters), *_] = [sp for sp in captured_claim_sql(big_engine, spec) if "SKIP LOCKED" in sp[0]]
+        queue = WorkQueue(big_engine, spec)
+        assert queue._locking is not None
+        statements = [(str(select.compile(dialect=big_engine.dialect)), parameters) for select in queue._locking]
+        with big_engine.connect() as conn:
+            plan = mariadb_plans(conn, statements)
+        text = "\n".join(map(str, plan))
+        assert len(plan) == 2, f"both branches read:\n{text}"
+        # A range of the queue's index for each branch ("ref" and "range"), never a
+        # scan of the table ("ALL") nor of a whole index ("index").
+        assert all(p["type"] in ("ref", "range", "ref_or_null") for p in plan), f"a scan:\n{text}"
+        assert all(p["key"] == f"ix_{table}_{spec.name}_free" for p in plan), text
+        return
     statement, parameters = captured_claim_sql(big_engine, spec)
     with big_engine.connect() as conn:
         if big_engine.dialect.name == "postgresql":
@@ -231,6 +266,11 @@ def test_the_polite_claim_of_due_sources_is_index_scans_too(big_engine: sa.Engin
     plans = []
     with big_engine.connect() as conn:
         for statement, parameters in seen:
+            if big_engine.dialect.name in schema.MARIADB:
+                accesses = [p for p in mariadb_plans(conn, [(statement, parameters)]) if p["table"] == "sources"]
+                assert all(p["type"] not in ("ALL", "index") for p in accesses), f"a scan of sources:\n{accesses}"
+                plans.append("\n".join(str(p["key"]) for p in accesses))
+                continue
             if big_engine.dialect.name == "postgresql":
                 plan = [r[0] for r in conn.exec_driver_sql("EXPLAIN " + statement, parameters)]
                 scans = [line for line in plan if re.search(r"Seq Scan on sources\b", line)]

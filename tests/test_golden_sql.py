@@ -23,7 +23,7 @@ from pipeline.queue.claim import QueueSpec, WorkQueue
 from pipeline.storage import schema
 
 GOLDEN = Path(__file__).resolve().parent.parent / "pipeline" / "queue" / "sql"
-DIALECTS = {"postgresql": "postgresql+psycopg://", "sqlite": "sqlite://"}
+DIALECTS = {"postgresql": "postgresql+psycopg://", "sqlite": "sqlite://", "mariadb": "mysql+pymysql://"}
 _T = datetime(2026, 1, 1, tzinfo=UTC)
 # The columns each stage's completion sets (its usual case).
 COMPLETES = {
@@ -34,8 +34,13 @@ COMPLETES = {
 }
 
 
-def _serves(spec: QueueSpec, name: str) -> str:
+def _serves(spec: QueueSpec, name: str, dialect: str) -> str:
     t = spec.table.name
+    if name in ("claim_expired", "claim_free"):
+        return (f"ix_{t}_{spec.name}_free (MariaDB: the pending columns and the lease lead it), a range;"
+                " locking the rows taken, skipping those other claims hold")
+    if name == "claim" and dialect == "mariadb":
+        return f"pk_{t} (the ids the locking reads took, in the same transaction)"
     if name == "claim":
         return (f"ix_{t}_{spec.name}_free (rows never leased, in the queue's order) and"
                 f" ix_{t}_{spec.name}_leased (expired leases, oldest first); the update by pk_{t}")
@@ -51,7 +56,7 @@ def render(spec: QueueSpec, dialect: str, queue: WorkQueue, label: str = "") -> 
     ]
     for name, statement in queue.statements(completes).items():
         what = f"{name} (sets {', '.join(completes)})" if name.startswith("complete") else name
-        serves = _serves(spec, name)
+        serves = _serves(spec, name, dialect)
         if label and name == "claim":
             serves += "; each group's fetches in flight counted over ix_sources_politeness_leased"
         compiled = "\n".join(

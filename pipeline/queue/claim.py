@@ -34,6 +34,8 @@ from pipeline.queue.recordset import json_rows, recordset
 log = logging.getLogger(__name__)
 
 Predicate = sa.ColumnElement[bool]
+# SQLAlchemy's names of the MySQL family: MariaDB through a ``mysql+`` URL is "mysql".
+MARIADB = ("mysql", "mariadb")
 # A claimed row: its columns by name (a dict from the driver on PostgreSQL's fast path).
 Row = Mapping[Any, Any]
 
@@ -58,6 +60,12 @@ class OrderTerm:
         ``dialect`` are for terms that depend on the time (``AgedTerm``)."""
         column = self.column if over is None else over.c[self.column.name]
         term = column.desc() if self.descending else column.asc()
+        if dialect in MARIADB:
+            # No NULLS FIRST/LAST there; its own order puts NULLs first when ascending.
+            if self.nulls_first is not None and self.nulls_first == self.descending:
+                raise NotImplementedError(f"{self.column} with NULLs {'first' if self.nulls_first else 'last'}"
+                                          " on MariaDB")
+            return term
         if self.nulls_first is True:
             return term.nulls_first()
         if self.nulls_first is False:
@@ -102,6 +110,8 @@ class AgedTerm(OrderTerm):
         seconds: sa.ColumnElement[Any] = sa.literal_column(f"{self.step.total_seconds():.1f}")
         if dialect == "postgresql":
             steps: sa.ColumnElement[Any] = sa.func.floor(sa.extract("epoch", now - since) / seconds)
+        elif dialect in MARIADB:
+            steps = sa.func.floor(sa.func.timestampdiff(sa.literal_column("SECOND"), since, now) / seconds)
         else:  # SQLite: times are UTC text; a due row's age is never negative, so the cast floors
             age = (sa.func.julianday(now) - sa.func.julianday(since)) * sa.literal_column("86400.0")
             steps = sa.cast(age / seconds, sa.Integer())
@@ -288,6 +298,9 @@ class Strategy(Enum):
     POSTGRES = "postgres"  # one CTE round trip with FOR UPDATE SKIP LOCKED
     SQLITE = "sqlite"  # one UPDATE ... RETURNING under BEGIN IMMEDIATE
     PORTABLE = "portable"  # read candidates, then one guarded UPDATE per row
+    # A short transaction: SELECT ... FOR UPDATE SKIP LOCKED, an UPDATE of exactly the
+    # ids it locked, a read-back (MariaDB has SKIP LOCKED but no UPDATE ... RETURNING).
+    MARIADB = "mariadb"
 
 
 def strategy_for(dialect_name: str) -> Strategy:
@@ -295,6 +308,8 @@ def strategy_for(dialect_name: str) -> Strategy:
         return Strategy.POSTGRES
     if dialect_name == "sqlite":
         return Strategy.SQLITE
+    if dialect_name in MARIADB:
+        return Strategy.MARIADB
     return Strategy.PORTABLE
 
 
@@ -344,6 +359,8 @@ class WorkQueue:
         self._claim_sql = self._driver_sql(self._claim_stmt)[0] if self.strategy is Strategy.POSTGRES else None
         self._fenced: dict[tuple[str, ...], sa.Update] = {}
         self._fenced_sql: dict[tuple[str, ...], _DriverStatement] = {}
+        # MariaDB's claim locks each branch's rows with a query of its own.
+        self._locking = self._candidates(lock=True) if self.strategy is Strategy.MARIADB else None
         # The unlocked candidate query (portable claims) and the sensor's capped count.
         self._chosen = self._chosen_ids()
         self._count_stmt = sa.select(sa.func.count()).select_from(self._chosen.subquery())
@@ -431,7 +448,10 @@ class WorkQueue:
         ``completes`` (and, on PostgreSQL, its one-statement form for rows with values of
         their own) and the lease extension. tests/test_golden_sql.py renders them into
         pipeline/queue/sql/, so a change to a hot query is reviewed as a diff."""
-        named: dict[str, sa.Executable] = {"claim": self._claim_stmt}
+        named: dict[str, sa.Executable] = {}
+        if self._locking is not None:  # MariaDB: the claim's locking reads, then its UPDATE
+            named["claim_expired"], named["claim_free"] = self._locking
+        named["claim"] = self._claim_stmt
         named["complete"] = self._fenced_statement(completes)
         if self.strategy is Strategy.POSTGRES:
             named["complete_each"] = self._fenced_each_statement(completes)
@@ -443,6 +463,8 @@ class WorkQueue:
         token, params = self._claim_params(worker, limit)
         if self.strategy is Strategy.PORTABLE:
             rows: Sequence[Row] = self._claim_portable(params)
+        elif self.strategy is Strategy.MARIADB:
+            rows = self._claim_mariadb(params, limit)
         elif self._claim_sql is not None:
             with self._driver() as pg:
                 rows = self._rows(pg.execute(self._claim_sql, params, prepare=True))
@@ -573,6 +595,14 @@ class WorkQueue:
                 .values(self._lease_values())
                 .returning(*self.columns)
             )
+        if self.strategy is Strategy.MARIADB:
+            # UPDATE t SET <lease> WHERE id IN (:ids): the ids the claim's SELECT ... FOR
+            # UPDATE SKIP LOCKED locked in the same transaction (``_claim_mariadb``).
+            return (
+                sa.update(t)
+                .where(t.c.id.in_(sa.bindparam("claim_ids", expanding=True)))
+                .values(self._lease_values())
+            )
         if self.strategy is Strategy.SQLITE:
             # UPDATE t SET <lease> WHERE id IN (<expired> UNION ALL <free> LIMIT n)
             # RETURNING *, inside BEGIN IMMEDIATE (pipeline/storage/db.py begins every SQLite
@@ -610,6 +640,34 @@ class WorkQueue:
             if not taken:
                 return []
             return conn.execute(sa.select(*self.columns).where(t.c.id.in_(taken))).mappings().all()
+
+    def _claim_mariadb(self, params: dict[str, Any], limit: int) -> Sequence[Row]:
+        """One short transaction (READ COMMITTED, pipeline/storage/db.py): lock up to
+        ``limit`` expired leases, then free rows, with ``FOR UPDATE SKIP LOCKED`` (each a
+        range of the queue's index), lease exactly the ids locked, read them back. The
+        locks hold to the commit, so no other claim can take or change those rows in
+        between: the same rows, once, as PostgreSQL's one statement. Now is the
+        database's clock (``_database_time``)."""
+        t = self.spec.table
+        assert self._locking is not None
+        expired, free = self._locking
+        with self.engine.begin() as conn:
+            params.update(self._database_time(conn, self.lease))
+            ids = list(conn.execute(expired, params).scalars())
+            if len(ids) < limit:
+                ids += conn.execute(free, {**params, "claim_limit": limit - len(ids)}).scalars()
+            if not ids:
+                return []
+            conn.execute(self._claim_stmt, {**params, "claim_ids": ids})
+            return conn.execute(sa.select(*self.columns).where(t.c.id.in_(ids))).mappings().all()
+
+    def _database_time(self, conn: Connection, lease: timedelta) -> dict[str, Any]:
+        """MariaDB: ``claim_now`` and ``claim_until`` by the database's clock, read in
+        the transaction that uses them, so workers on hosts with skewed clocks agree
+        (PostgreSQL's statements read ``now()`` themselves)."""
+        now = conn.execute(sa.select(sa.func.utc_timestamp(sa.literal_column("6")))).scalar_one()
+        now = now.replace(tzinfo=UTC)
+        return {"claim_now": now, "claim_until": now + lease}
 
     def isolate(self, claim: Claim) -> Claim:
         """``claim`` itself, or, when it holds suspects (``QueueSpec.suspect``), a claim
@@ -664,7 +722,9 @@ class WorkQueue:
             else:
                 values = {name: sa.bindparam(f"set_{name}", type_=t.c[name].type) for name in columns}
                 values.update(locked_until=None, claimed_by=None, claim_token=None)
-            stmt = sa.update(t).where(*fence).values(values).returning(t.c.id)
+            stmt = sa.update(t).where(*fence).values(values)
+            if self.engine.dialect.update_returning:
+                stmt = stmt.returning(t.c.id)
             self._fenced[key] = stmt
         return stmt
 
@@ -701,12 +761,34 @@ class WorkQueue:
         if not wanted:
             return Fenced(done=[])
         params = {**params, "ids": wanted, "fence_token": claim.token, "fence_worker": claim.worker}
-        if conn is not None:
+        done: Sequence[int]
+        if not self.engine.dialect.update_returning:
+            if conn is not None:
+                done = self._fenced_locked(conn, stmt, params)
+            else:
+                with self.engine.begin() as own:
+                    done = self._fenced_locked(own, stmt, params)
+        elif conn is not None:
             done = conn.execute(stmt, params).scalars().all()
         else:
             with self._one_statement.begin() as own:
                 done = own.execute(stmt, params).scalars().all()
         return self._fenced_outcome(claim, wanted, done, action, quiet=quiet)
+
+    def _fenced_locked(self, conn: Connection, stmt: sa.Update, params: dict[str, Any]) -> list[int]:
+        """A fenced write where there is no ``UPDATE ... RETURNING`` (MariaDB): lock the
+        rows the fence admits (``SELECT id ... FOR UPDATE``, the fence's own predicate),
+        then run the write on exactly those ids. Held by this transaction, they cannot
+        leave the fence in between; "now" (an extension's fence) is one value for both
+        statements (on MariaDB, the database's)."""
+        if self.strategy is Strategy.MARIADB and "claim_now" in params:
+            params = {**params, **self._database_time(conn, params["claim_until"] - params["claim_now"])}
+        t = self.spec.table
+        assert stmt.whereclause is not None
+        done = list(conn.execute(sa.select(t.c.id).where(stmt.whereclause).with_for_update(), params).scalars())
+        if done:
+            conn.execute(stmt, {**params, "ids": done})
+        return done
 
     def _fenced_outcome(
         self, claim: Claim, wanted: Sequence[int], done: Sequence[int], action: str, *, quiet: bool

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from pipeline.core.failures import FailureReason
 from pipeline.storage import schema
@@ -169,7 +169,11 @@ def add(conn: sa.Connection, counts: Mapping[tuple[str, str], float]) -> None:
 
 
 def _upsert(conn: sa.Connection) -> sa.Insert:
-    insert = on_conflict_insert(conn, schema.metric_counts)
+    t = schema.metric_counts
+    if conn.dialect.name in schema.MARIADB:
+        duplicate = mysql.insert(t)
+        return duplicate.on_duplicate_key_update(value=t.c.value + duplicate.inserted.value)
+    insert = on_conflict_insert(conn, t)
     if insert is None:
         raise NotImplementedError(f"counters on {conn.dialect.name}")
     return _adding(insert)

@@ -1,0 +1,28 @@
+-- Queue listings.unmatched on mariadb: the statements pipeline/queue/claim.py sends,
+-- rendered by tests/test_golden_sql.py (which fails when they change).
+
+-- claim_expired
+-- served by ix_listings_unmatched_free (MariaDB: the pending columns and the lease lead it), a range; locking the rows taken, skipping those other claims hold
+SELECT listings.id
+FROM listings
+WHERE listings.matched_at IS NULL AND listings.locked_until IS NOT NULL AND listings.locked_until <= %(claim_now)s ORDER BY listings.locked_until
+ LIMIT %(claim_limit)s FOR UPDATE SKIP LOCKED;
+
+-- claim_free
+-- served by ix_listings_unmatched_free (MariaDB: the pending columns and the lease lead it), a range; locking the rows taken, skipping those other claims hold
+SELECT listings.id
+FROM listings
+WHERE listings.matched_at IS NULL AND listings.locked_until IS NULL ORDER BY listings.updated_at ASC, listings.id ASC
+ LIMIT %(claim_limit)s FOR UPDATE SKIP LOCKED;
+
+-- claim
+-- served by pk_listings (the ids the locking reads took, in the same transaction)
+UPDATE listings SET locked_until=%(claim_until)s, claimed_by=%(claim_worker)s, claim_token=%(claim_token)s WHERE listings.id IN (__[POSTCOMPILE_claim_ids]);
+
+-- complete (sets matched_at)
+-- served by pk_listings (the ids held), fenced by claim_token and claimed_by
+UPDATE listings SET matched_at=%(set_matched_at)s, locked_until=%(locked_until)s, claimed_by=%(claimed_by)s, claim_token=%(claim_token)s WHERE listings.id IN (__[POSTCOMPILE_ids]) AND listings.claim_token = %(fence_token)s AND listings.claimed_by = %(fence_worker)s;
+
+-- extend
+-- served by pk_listings (the ids held), fenced by claim_token and claimed_by
+UPDATE listings SET locked_until=%(claim_until)s WHERE listings.id IN (__[POSTCOMPILE_ids]) AND listings.claim_token = %(fence_token)s AND listings.claimed_by = %(fence_worker)s AND listings.locked_until > %(claim_now)s;
