@@ -54,6 +54,12 @@ def _stat(pid: int | str) -> list[str] | None:
     return text[text.rindex(")") + 2:].split()  # fields from 3 (state) on
 
 
+def process_seconds(pid: int | str) -> float | None:
+    """CPU seconds (user and system, every thread) a process on this host has spent."""
+    fields = _stat(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / _TICK
+
+
 class ServerCpu:
     """CPU seconds spent by one PostgreSQL cluster on this host, read from /proc."""
 
