@@ -52,7 +52,7 @@ from bench.scratch import (
     unique_name,
     wait_for_backends_gone,
 )
-from pipeline.queue.claim import WorkQueue
+from pipeline.queue.claim import MARIADB, WorkQueue
 from pipeline.storage import db, migrate, schema
 
 DB_NAME = unique_name("bench_claim_maria")
@@ -169,7 +169,7 @@ def fill(engine: sa.Engine, source_id: int, rows: int) -> None:
                 for i in range(first, min(rows, first + 10_000))
             ])
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.exec_driver_sql("ANALYZE TABLE listings_raw" if engine.dialect.name in schema.MARIADB
+        conn.exec_driver_sql("ANALYZE TABLE listings_raw" if engine.dialect.name in MARIADB
                              else "VACUUM ANALYZE listings_raw")
 
 

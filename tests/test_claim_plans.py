@@ -19,7 +19,7 @@ import sqlalchemy as sa
 
 from pipeline.fetching import politeness
 from pipeline.fetching.politeness import PoliteQueue
-from pipeline.queue.claim import QueueSpec, WorkQueue
+from pipeline.queue.claim import MARIADB, QueueSpec, WorkQueue
 from pipeline.storage import bulk, db, schema
 from tests.conftest import BACKENDS_WITH_MARIADB, MariaDatabases, PostgresDatabases
 from tests.helpers import now
@@ -132,7 +132,7 @@ def big_engine(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[sa.
     with engine.begin() as conn:
         populate(conn)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        if engine.dialect.name in schema.MARIADB:
+        if engine.dialect.name in MARIADB:
             conn.exec_driver_sql("ANALYZE TABLE sources, listings_raw, listings, notifications")
         else:
             conn.exec_driver_sql("ANALYZE")
@@ -171,7 +171,7 @@ def captured_claim_sql(engine: sa.Engine, spec: QueueSpec) -> tuple[str, object]
         # (test_claim.py checks on the wire that it is what is sent).
         assert not seen and queue._claim_sql is not None
         return queue._claim_sql, queue._claim_params("probe", 10)[1]
-    if engine.dialect.name in schema.MARIADB:
+    if engine.dialect.name in MARIADB:
         return seen  # the locking reads (expired leases, then free rows), and the UPDATE by ids
     assert len(seen) == 1
     return seen[0]
@@ -207,7 +207,7 @@ def postgres_plans(conn: sa.Connection, statement: str, parameters: dict) -> lis
 @pytest.mark.parametrize("spec", schema.QUEUES, ids=lambda q: f"{q.table.name}-{q.name}")
 def test_claim_uses_the_partial_indexes(big_engine: sa.Engine, spec: QueueSpec) -> None:
     table = spec.table.name
-    if big_engine.dialect.name in schema.MARIADB:
+    if big_engine.dialect.name in MARIADB:
         # Both locking reads (a claim that fills up on expired leases sends only the
         # first), explained with the parameters a real claim sent.
         [(_, parameters), *_] = [sp for sp in captured_claim_sql(big_engine, spec) if "SKIP LOCKED" in sp[0]]
@@ -266,7 +266,7 @@ def test_the_polite_claim_of_due_sources_is_index_scans_too(big_engine: sa.Engin
     plans = []
     with big_engine.connect() as conn:
         for statement, parameters in seen:
-            if big_engine.dialect.name in schema.MARIADB:
+            if big_engine.dialect.name in MARIADB:
                 accesses = [p for p in mariadb_plans(conn, [(statement, parameters)]) if p["table"] == "sources"]
                 assert all(p["type"] not in ("ALL", "index") for p in accesses), f"a scan of sources:\n{accesses}"
                 plans.append("\n".join(str(p["key"]) for p in accesses))

@@ -14,7 +14,13 @@ import pytest
 import sqlalchemy as sa
 
 from pipeline.storage import migrate, schema
+from tests.conftest import BACKENDS_WITH_MARIADB
 from tests.helpers import add_raw_rows, add_source, now
+
+
+@pytest.fixture(params=BACKENDS_WITH_MARIADB)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def run(*args: str, env: dict[str, str] | None = None, stdin: str = "") -> subprocess.CompletedProcess[str]:

@@ -16,9 +16,15 @@ from pipeline.core.settings import Settings
 from pipeline.fetching.collector import Collector
 from pipeline.fetching.rss import parse_feed
 from pipeline.storage import schema
+from tests.conftest import BACKENDS_WITH_MARIADB
 from tests.helpers import add_source, now
 from tests.http_server import Handler, InFlight, LocalServer
 from tests.test_cli import run
+
+
+@pytest.fixture(params=BACKENDS_WITH_MARIADB)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def rss(items: list[tuple[str, str]], extra: str = "") -> bytes:

@@ -39,6 +39,7 @@ def test_processes_adding_at_once_count_exactly_and_a_rollback_counts_nothing(en
     assert shards <= 3 * counters.SHARDS, "three series, each in at most SHARDS rows"
 
 
+@pytest.mark.parametrize("backend", BACKENDS_WITH_MARIADB, indirect=True)
 def test_a_pass_of_the_pipeline_is_counted_and_a_purge_takes_nothing_away(engine, db_url, receiver):
     serve(receiver, "/good", rss([("a", "Python jobs"), ("b", "Rust jobs")]))
     receiver.routes["/broken"] = lambda h: h.reply(500, b"down")

@@ -15,8 +15,14 @@ import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.storage import schema
+from tests.conftest import BACKENDS_WITH_MARIADB
 from tests.helpers import add_raw_rows, add_source, free_port, now, wait_until
 from tests.test_cli import assert_one_line_error, run
+
+
+@pytest.fixture(params=BACKENDS_WITH_MARIADB)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

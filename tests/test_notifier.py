@@ -20,10 +20,16 @@ from pipeline.core.settings import Settings
 from pipeline.notify.delivery import SIGNATURE_HEADER, verify
 from pipeline.notify.notifier import Notifier, NotifyStats
 from pipeline.storage import schema
+from tests.conftest import BACKENDS_WITH_MARIADB
 from tests.helpers import add_source, now
 from tests.http_server import Handler, LocalServer
 
 SECRET = "receiver-shared-secret-0123"
+
+
+@pytest.fixture(params=BACKENDS_WITH_MARIADB)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def settings(engine: sa.Engine, **values) -> Settings:

@@ -22,12 +22,18 @@ from pipeline.storage.status import collect_status
 from resources import PipelineDatabase
 from sensors.pipeline_work import pending_notifications_sensor, unprocessed_listings_sensor
 from sensors.upkeep import upkeep_job
+from tests.conftest import BACKENDS_WITH_MARIADB
 from tests.helpers import add_source, now
 from tests.http_server import LocalServer
 from tests.test_collector import rss, serve
 from tests.test_collector_dagster import unwrap
 
 SECRET = "receiver-shared-secret-0123"
+
+
+@pytest.fixture(params=BACKENDS_WITH_MARIADB)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture

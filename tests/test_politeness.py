@@ -21,10 +21,17 @@ import sqlalchemy as sa
 
 from pipeline.fetching import politeness
 from pipeline.fetching.politeness import PoliteQueue
+from pipeline.queue.claim import MARIADB
 from pipeline.storage import db, schema
+from tests.conftest import BACKENDS_WITH_MARIADB
 from tests.helpers import add_source, now, wait_until
 from tests.http_server import Handler, LocalServer
 from tests.test_collector import collector, rows, rss
+
+
+@pytest.fixture(params=BACKENDS_WITH_MARIADB)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 class Host:
@@ -101,6 +108,11 @@ def record_group_claims(engine: sa.Engine) -> sa.Table:
             conn.exec_driver_sql(
                 "CREATE TRIGGER test_group_claims AFTER UPDATE OF claims ON politeness_groups "
                 "FOR EACH ROW WHEN (NEW.claims <> OLD.claims) EXECUTE FUNCTION test_log_group_claim()"
+            )
+        elif engine.dialect.name in MARIADB:
+            conn.exec_driver_sql(
+                "CREATE TRIGGER test_group_claims AFTER UPDATE ON politeness_groups FOR EACH ROW"
+                f" BEGIN IF NEW.claims <> OLD.claims THEN {body}; END IF; END"
             )
         else:
             conn.exec_driver_sql(

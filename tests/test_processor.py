@@ -15,9 +15,15 @@ from pipeline.core.settings import Settings
 from pipeline.listings.processor import Processor, ProcessStats, _upsert_statement
 from pipeline.queue.claim import WorkQueue
 from pipeline.storage import schema
+from tests.conftest import BACKENDS_WITH_MARIADB
 from tests.helpers import add_source, now
 
 _item_hashes = iter(range(10**9))
+
+
+@pytest.fixture(params=BACKENDS_WITH_MARIADB)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def add_raw(conn: sa.Connection, source_id: int, item: str, **raw) -> int:

@@ -531,11 +531,15 @@ def refresh_sources(conn: sa.Connection, source_ids: Sequence[int]) -> list[int]
     """Make the enabled sources among ``source_ids`` due now, as ``refresh_source``
     does; the ids made due."""
     t = schema.sources
-    result = conn.execute(
-        sa.update(t).where(t.c.id.in_(list(source_ids)), t.c.enabled)
-        .values(next_fetch_at=None, attempts=0, **UNCLAIMED).returning(t.c.id)
-    )
-    return sorted(result.scalars())
+    chosen = (t.c.id.in_(list(source_ids)), t.c.enabled)
+    refresh = sa.update(t).values(next_fetch_at=None, attempts=0, **UNCLAIMED)
+    if conn.dialect.update_returning:
+        return sorted(conn.execute(refresh.where(*chosen).returning(t.c.id)).scalars())
+    # MariaDB (no UPDATE ... RETURNING): lock the rows chosen, then make those due.
+    ids = sorted(conn.execute(sa.select(t.c.id).where(*chosen).with_for_update()).scalars())
+    if ids:
+        conn.execute(refresh.where(t.c.id.in_(ids)))
+    return ids
 
 
 def refetch_sources(

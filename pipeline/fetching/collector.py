@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Engine
 
 from pipeline.core.backoff import (
@@ -443,21 +444,13 @@ def _changed_item_ids(conn: sa.Connection, source_id: int, items: Sequence[Item]
             ).returning(t.c.source_item_id)
             changed.update(conn.execute(stmt).scalars())
         return changed
-    known = dict(
-        conn.execute(
-            sa.select(t.c.source_item_id, t.c.content_hash).where(t.c.source_id == source_id)
-        ).tuples()
-    )
-    # Any other dialect: compare, then write one row at a time (correct, slower).
-    fresh = {r["source_item_id"] for r in rows if known.get(r["source_item_id"]) != r["content_hash"]}
-    for r in rows:
-        if r["source_item_id"] in fresh:
-            if r["source_item_id"] in known:
-                conn.execute(
-                    sa.update(t)
-                    .where(t.c.source_id == source_id, t.c.source_item_id == r["source_item_id"])
-                    .values(content_hash=r["content_hash"])
-                )
-            else:
-                conn.execute(sa.insert(t).values(r))
-    return fresh
+    # MariaDB (no ON CONFLICT ... RETURNING): the hashes known, then one upsert of the
+    # rows that are new or changed. Only this source's fetch writes its items (the claim
+    # hands a source to one worker at a time), so nothing changes them in between.
+    known = _known_hashes(conn, source_id, [r["source_item_id"] for r in rows])
+    fresh = [r for r in rows if known.get(r["source_item_id"]) != r["content_hash"]]
+    for start in range(0, len(fresh), 1000):
+        upsert = mysql.insert(t).values(fresh[start : start + 1000])
+        conn.execute(upsert.on_duplicate_key_update(
+            content_hash=upsert.inserted.content_hash, changed_at=sa.func.current_timestamp()))
+    return {r["source_item_id"] for r in fresh}

@@ -166,7 +166,7 @@ def list_groups(conn: Connection) -> list[dict[str, Any]]:
         sa.select(
             s.c.politeness_group.label("name"),
             sa.func.count().label("sources"),
-            sa.func.count().filter(fetching(s, now)).label("in_flight"),
+            sa.func.count(sa.case((fetching(s, now), 1))).label("in_flight"),  # MariaDB has no FILTER
         )
         .group_by(s.c.politeness_group)
         .subquery()

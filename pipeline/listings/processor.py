@@ -22,14 +22,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from pipeline.core.errors import NormaliseError
 from pipeline.core.settings import Settings
 from pipeline.core.urls import item_key
 from pipeline.listings.normalize import Listing, normalise
-from pipeline.queue.claim import UNCLAIMED, Claim, Heartbeat, Row, RowCompletion, WorkQueue
+from pipeline.queue.claim import MARIADB, UNCLAIMED, Claim, Heartbeat, Row, RowCompletion, WorkQueue
 from pipeline.queue.recordset import json_rows, recordset
 from pipeline.storage import counters, schema
 
@@ -271,6 +271,26 @@ def _listing_row(row: Row, listing: Listing) -> dict[str, Any]:
     }
 
 
+def _upsert_mariadb() -> sa.Insert:
+    """MariaDB's form of the upsert: ``ON DUPLICATE KEY UPDATE`` has no WHERE, so each
+    assignment carries the condition ("not older"), and they run in order, each seeing
+    the ones before: those that compare the old content hash first, the content after,
+    ``raw_id`` (which the condition reads) last."""
+    t = schema.listings
+    insert = mysql.insert(t)
+    new = insert.inserted
+    forward = sa.or_(t.c.raw_id.is_(None), new.raw_id >= t.c.raw_id)
+    changed = sa.and_(forward, t.c.content_hash != new.content_hash)
+    assignments: list[tuple[str, Any]] = [
+        ("updated_at", sa.case((changed, sa.func.current_timestamp()), else_=t.c.updated_at)),
+        ("matched_at", sa.case((changed, sa.null()), else_=t.c.matched_at)),
+        *((name, sa.case((changed, sa.null()), else_=t.c[name])) for name in UNCLAIMED),
+        *((name, sa.case((forward, new[name]), else_=t.c[name])) for name in _CONTENT),
+        ("raw_id", sa.case((forward, new.raw_id), else_=t.c.raw_id)),
+    ]
+    return insert.on_duplicate_key_update(assignments)
+
+
 def _existing_statement(dialect: str) -> sa.Select[Any]:
     """The listings a batch's keys already have, to count inserts, updates and no-ops.
 
@@ -306,6 +326,8 @@ def _upsert_statement(dialect: str) -> sa.Insert:
     ``matched_at`` is cleared only when the content hash changed.
     """
     t = schema.listings
+    if dialect in MARIADB:
+        return _upsert_mariadb()
     insert: postgresql.Insert | sqlite.Insert
     if dialect == "postgresql":
         v = recordset(sa.column(name, t.c[name].type) for name in _COLUMNS)

@@ -9,6 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from pipeline.queue.claim import MARIADB
 from pipeline.queue.recordset import json_rows, recordset
 
 
@@ -37,12 +38,19 @@ def insert_ignoring_conflicts(
         return 0
     if conn.dialect.name == "postgresql":
         return insert_rows(conn, table, rows, ignore_conflicts_on=keys or ("*",))
+    if conn.dialect.name in MARIADB:
+        # INSERT IGNORE skips a row that clashes on any unique key (every caller's keys
+        # are all of its table's); it would also turn a value too long into a warning,
+        # but every value here is checked before (pipeline/core/inputs.py) or made here.
+        ignore = sa.insert(table).prefix_with("IGNORE").execution_options(preserve_rowcount=True)
+        return int(conn.execute(ignore, list(rows)).rowcount)
     insert = on_conflict_insert(conn, table)
     if insert is not None:
         # executemany: SQLite runs it in-process, and its rowcount is the total inserted.
         stmt = insert.on_conflict_do_nothing(index_elements=keys or None)
         return int(conn.execute(stmt.execution_options(preserve_rowcount=True), list(rows)).rowcount)
-    # Any other dialect: look first (correct within one transaction of one writer).
+    # Any other dialect: look first (correct within one transaction of one writer; a
+    # NULL clashes with nothing, as in SQL).
     key_sets = [keys] if keys else _unique_keys(table)
     present = [
         {tuple(r) for r in conn.execute(sa.select(*(table.c[k] for k in ks)))} for ks in key_sets
@@ -50,7 +58,7 @@ def insert_ignoring_conflicts(
     fresh = []
     for r in rows:
         values = [tuple(r[k] for k in ks) for ks in key_sets]
-        if any(v in seen for v, seen in zip(values, present, strict=True)):
+        if any(None not in v and v in seen for v, seen in zip(values, present, strict=True)):
             continue
         fresh.append(r)
         for v, seen in zip(values, present, strict=True):

@@ -27,6 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from pipeline.core.failures import FailureReason
+from pipeline.queue.claim import MARIADB
 from pipeline.storage import schema
 from pipeline.storage.bulk import on_conflict_insert
 
@@ -170,7 +171,7 @@ def add(conn: sa.Connection, counts: Mapping[tuple[str, str], float]) -> None:
 
 def _upsert(conn: sa.Connection) -> sa.Insert:
     t = schema.metric_counts
-    if conn.dialect.name in schema.MARIADB:
+    if conn.dialect.name in MARIADB:
         duplicate = mysql.insert(t)
         return duplicate.on_duplicate_key_update(value=t.c.value + duplicate.inserted.value)
     insert = on_conflict_insert(conn, t)

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Dialect
 from pipeline.core import cadence
 from pipeline.core.inputs import MAX_ITEM_ID_CHARS, NAME_CHARS
 from pipeline.core.kinds import ChannelKind, NotificationStatus, SourceType, sql_in
-from pipeline.queue.claim import AgedTerm, OrderTerm, QueueSpec, sql_now
+from pipeline.queue.claim import MARIADB, AgedTerm, OrderTerm, QueueSpec, sql_now
 
 _ZERO = timedelta(0)
 MIN_FETCH_INTERVAL_MINUTES, MAX_FETCH_INTERVAL_MINUTES = cadence.MIN_INTERVAL_MINUTES, cadence.MAX_INTERVAL_MINUTES
@@ -37,8 +37,6 @@ metadata = sa.MetaData(
 )
 
 
-# SQLAlchemy's names of the MySQL family: MariaDB through a ``mysql+`` URL is "mysql".
-MARIADB = ("mysql", "mariadb")
 
 
 class UTCDateTime(sa.TypeDecorator[datetime]):

@@ -153,7 +153,7 @@ def collect_status(engine: Engine) -> PipelineStatus:
         hour = conn.execute(
             sa.select(
                 sa.func.count(),
-                sa.func.count().filter(events.c.success.is_(False)),
+                sa.func.count(sa.case((events.c.success.is_(False), 1))),  # MariaDB has no FILTER
                 sa.func.coalesce(sa.func.sum(events.c.items_new), 0),
             ).where(events.c.event == schema.EVENT_COMPLETED,
                     events.c.occurred_at >= sa.literal(datetime.now(UTC) - timedelta(hours=1), schema.UTCDateTime()))
