@@ -74,6 +74,8 @@ def test_add_with_every_option(engine, db_url):
         (["http://127.0.0.1/a\x01b"], "contains white space or control characters"),
         (["http://127.0.0.1/f", "--interval", "0"], "interval 0 is out of bounds: it must be 1 to 10080"),
         (["http://127.0.0.1/f", "--interval", "10081"], "interval 10081 is out of bounds"),
+        # A group's name is a key: MariaDB indexes 255 characters of it.
+        (["http://127.0.0.1/f", "--group", "g" * 256], "group is 256 characters long; at most 255"),
     ],
 )
 def test_add_rejects_bad_input_in_one_line(engine, db_url, args, fragment):
@@ -90,6 +92,12 @@ def test_a_duplicate_url_is_refused(engine, db_url):
     env = {"DATABASE_URL": db_url}
     assert run("sources", "add", "http://127.0.0.1/f", env=env).returncode == 0
     assert_one_line_error(run("sources", "add", "http://127.0.0.1/f", env=env), "exists already (id")
+
+
+def test_a_groups_name_is_refused_past_255_characters_by_politeness_set_too(db_url):
+    result = run("politeness", "set", "g" * 256, "--max-in-flight", "3", env={"DATABASE_URL": db_url})
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result  # a usage error, as its others
+    assert "Error: group is 256 characters long; at most 255" in result.stderr
 
 
 def test_the_database_refuses_intervals_out_of_bounds_too(engine):
