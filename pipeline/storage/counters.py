@@ -169,7 +169,18 @@ def add(conn: sa.Connection, counts: Mapping[tuple[str, str], float]) -> None:
     conn.execute(_upsert(conn), rows)
 
 
+_UPSERTS: dict[str, sa.Insert] = {}
+
+
 def _upsert(conn: sa.Connection) -> sa.Insert:
+    """The dialect's upsert adding to a shard, built once (SQLAlchemy then caches its SQL)."""
+    found = _UPSERTS.get(conn.dialect.name)
+    if found is None:
+        found = _UPSERTS[conn.dialect.name] = _build_upsert(conn)
+    return found
+
+
+def _build_upsert(conn: sa.Connection) -> sa.Insert:
     t = schema.metric_counts
     if conn.dialect.name in MARIADB:
         duplicate = mysql.insert(t)
