@@ -26,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.scratch import commit, load, scratch_database, unique_name
 from pipeline.storage import counters, db, migrate
 
-
 # The stage's own write, standing in for its batch.
 WORK = ("INSERT INTO worker_state (worker_name, last_status) VALUES ('bench', 'ok')"
         " ON CONFLICT (worker_name) DO UPDATE SET last_run_at = now()")
