@@ -360,7 +360,7 @@ class WorkQueue:
         self._fenced: dict[tuple[str, ...], sa.Update] = {}
         self._fenced_sql: dict[tuple[str, ...], _DriverStatement] = {}
         # MariaDB's claim locks each branch's rows with a query of its own.
-        self._locking = self._candidates(lock=True) if self.strategy is Strategy.MARIADB else None
+        self._locking = self._mariadb_locking() if self.strategy is Strategy.MARIADB else None
         # The unlocked candidate query (portable claims) and the sensor's capped count.
         self._chosen = self._chosen_ids()
         self._count_stmt = sa.select(sa.func.count()).select_from(self._chosen.subquery())
@@ -521,15 +521,18 @@ class WorkQueue:
         with self._autocommit.connect() as conn:
             return int(conn.execute(self._count_stmt, params).scalar_one())
 
-    def _candidates(self, *, lock: bool) -> tuple[sa.Select[Any], sa.Select[Any]]:
+    def _candidates(
+        self, *, lock: bool, now: sa.ColumnElement[datetime] | None = None
+    ) -> tuple[sa.Select[Any], sa.Select[Any]]:
         """The two branches of a claim: leases that expired, and rows never leased.
 
         Two selects joined by UNION ALL rather than one ``OR`` across both states, so
         each is a range scan of its own partial index. Expired leases go first: that
-        work has waited longest (its worker most likely crashed).
+        work has waited longest (its worker most likely crashed). ``now``: this
+        queue's ``now()`` unless given.
         """
         t, spec = self.spec.table, self.spec
-        now = self.now()
+        now = self.now() if now is None else now
         limit = sa.bindparam("claim_limit", type_=sa.Integer())
         ready = spec.ready_at(now)
         expired = (
@@ -641,25 +644,42 @@ class WorkQueue:
                 return []
             return conn.execute(sa.select(*self.columns).where(t.c.id.in_(taken))).mappings().all()
 
+    def _mariadb_locking(self) -> tuple[sa.Select[Any], sa.Select[Any]]:
+        """MariaDB's locking reads: each branch's rows (the columns a claim returns) and
+        the database's clock, which their own conditions read too."""
+        clock = sa.func.utc_timestamp(sa.literal_column("6"), type_=self._time_type)
+        expired, free = self._candidates(lock=True, now=clock)
+        return (expired.with_only_columns(*self.columns, clock.label("claim_clock")),
+                free.with_only_columns(*self.columns, clock.label("claim_clock")))
+
     def _claim_mariadb(self, params: dict[str, Any], limit: int) -> Sequence[Row]:
         """One short transaction (READ COMMITTED, pipeline/storage/db.py): lock up to
         ``limit`` expired leases, then free rows, with ``FOR UPDATE SKIP LOCKED`` (each a
-        range of the queue's index), lease exactly the ids locked, read them back. The
-        locks hold to the commit, so no other claim can take or change those rows in
-        between: the same rows, once, as PostgreSQL's one statement. Now is the
-        database's clock (``_database_time``)."""
-        t = self.spec.table
+        range of the queue's index), reading their columns and the database's clock;
+        lease exactly the ids locked until that clock + the lease. The locks hold to the
+        commit, so no other claim can take or change those rows in between: the same
+        rows, once, as PostgreSQL's one statement. The rows come back as the lease left
+        them (its columns set here as the UPDATE sets them)."""
         assert self._locking is not None
         expired, free = self._locking
         with self.engine.begin() as conn:
-            params.update(self._database_time(conn, self.lease))
-            ids = list(conn.execute(expired, params).scalars())
-            if len(ids) < limit:
-                ids += conn.execute(free, {**params, "claim_limit": limit - len(ids)}).scalars()
-            if not ids:
+            rows = [dict(row) for row in conn.execute(expired, params).mappings()]
+            if len(rows) < limit:
+                rows += [dict(row) for row in conn.execute(free, {**params, "claim_limit": limit - len(rows)}).mappings()]
+            if not rows:
                 return []
-            conn.execute(self._claim_stmt, {**params, "claim_ids": ids})
-            return conn.execute(sa.select(*self.columns).where(t.c.id.in_(ids))).mappings().all()
+            until = rows[0]["claim_clock"] + self.lease
+            conn.execute(self._claim_stmt, {**params, "claim_until": until, "claim_ids": [r["id"] for r in rows]})
+        leased = {"locked_until": until, "claimed_by": params["claim_worker"], "claim_token": params["claim_token"]}
+        attempts = self.spec.attempts.name if self.spec.attempts is not None else None
+        taken = []
+        for row in rows:
+            found = {name: value for name, value in row.items() if name != "claim_clock"}
+            found.update({name: value for name, value in leased.items() if name in found})
+            if attempts is not None:
+                found[attempts] += 1
+            taken.append(found)
+        return taken
 
     def _database_time(self, conn: Connection, lease: timedelta) -> dict[str, Any]:
         """MariaDB: ``claim_now`` and ``claim_until`` by the database's clock, read in

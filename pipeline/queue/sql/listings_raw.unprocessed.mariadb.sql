@@ -3,14 +3,14 @@
 
 -- claim_expired
 -- served by ix_listings_raw_unprocessed_free (MariaDB: the pending columns and the lease lead it), a range; locking the rows taken, skipping those other claims hold
-SELECT listings_raw.id
+SELECT listings_raw.id, listings_raw.source_id, listings_raw.source_item_id, listings_raw.url, listings_raw.raw_json, listings_raw.content_hash, listings_raw.fetched_at, listings_raw.processed_at, listings_raw.attempts, listings_raw.last_error, listings_raw.locked_until, listings_raw.claimed_by, listings_raw.claim_token, utc_timestamp(6) AS claim_clock
 FROM listings_raw
-WHERE listings_raw.processed_at IS NULL AND listings_raw.locked_until IS NOT NULL AND listings_raw.locked_until <= %(claim_now)s ORDER BY listings_raw.locked_until
+WHERE listings_raw.processed_at IS NULL AND listings_raw.locked_until IS NOT NULL AND listings_raw.locked_until <= utc_timestamp(6) ORDER BY listings_raw.locked_until
  LIMIT %(claim_limit)s FOR UPDATE SKIP LOCKED;
 
 -- claim_free
 -- served by ix_listings_raw_unprocessed_free (MariaDB: the pending columns and the lease lead it), a range; locking the rows taken, skipping those other claims hold
-SELECT listings_raw.id
+SELECT listings_raw.id, listings_raw.source_id, listings_raw.source_item_id, listings_raw.url, listings_raw.raw_json, listings_raw.content_hash, listings_raw.fetched_at, listings_raw.processed_at, listings_raw.attempts, listings_raw.last_error, listings_raw.locked_until, listings_raw.claimed_by, listings_raw.claim_token, utc_timestamp(6) AS claim_clock
 FROM listings_raw
 WHERE listings_raw.processed_at IS NULL AND listings_raw.locked_until IS NULL ORDER BY listings_raw.fetched_at ASC, listings_raw.id ASC
  LIMIT %(claim_limit)s FOR UPDATE SKIP LOCKED;

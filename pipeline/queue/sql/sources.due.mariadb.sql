@@ -3,16 +3,16 @@
 
 -- claim_expired
 -- served by ix_sources_due_free (MariaDB: the pending columns and the lease lead it), a range; locking the rows taken, skipping those other claims hold
-SELECT sources.id
+SELECT sources.id, sources.name, sources.url, sources.source_type, sources.config, sources.enabled, sources.fetch_interval_minutes, sources.next_fetch_at, sources.last_fetched_at, sources.last_success_at, sources.consecutive_failures, sources.last_failure_reason, sources.disabled_reason, sources.priority, sources.adaptive_cadence, sources.min_interval_minutes, sources.max_interval_minutes, sources.etag, sources.last_modified, sources.content_hash, sources.created_at, sources.attempts, sources.politeness_group, sources.locked_until, sources.claimed_by, sources.claim_token, utc_timestamp(6) AS claim_clock
 FROM sources
-WHERE sources.enabled = 1 AND sources.locked_until IS NOT NULL AND sources.locked_until <= %(claim_now)s AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= %(claim_now)s) ORDER BY sources.locked_until
+WHERE sources.enabled = 1 AND sources.locked_until IS NOT NULL AND sources.locked_until <= utc_timestamp(6) AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= utc_timestamp(6)) ORDER BY sources.locked_until
  LIMIT %(claim_limit)s FOR UPDATE SKIP LOCKED;
 
 -- claim_free
 -- served by ix_sources_due_free (MariaDB: the pending columns and the lease lead it), a range; locking the rows taken, skipping those other claims hold
-SELECT sources.id
+SELECT sources.id, sources.name, sources.url, sources.source_type, sources.config, sources.enabled, sources.fetch_interval_minutes, sources.next_fetch_at, sources.last_fetched_at, sources.last_success_at, sources.consecutive_failures, sources.last_failure_reason, sources.disabled_reason, sources.priority, sources.adaptive_cadence, sources.min_interval_minutes, sources.max_interval_minutes, sources.etag, sources.last_modified, sources.content_hash, sources.created_at, sources.attempts, sources.politeness_group, sources.locked_until, sources.claimed_by, sources.claim_token, utc_timestamp(6) AS claim_clock
 FROM sources
-WHERE sources.enabled = 1 AND sources.locked_until IS NULL AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= %(claim_now)s) ORDER BY sources.priority + coalesce(floor(timestampdiff(SECOND, sources.next_fetch_at, %(claim_now)s) / 600.0), 0) DESC, sources.next_fetch_at ASC, sources.id ASC
+WHERE sources.enabled = 1 AND sources.locked_until IS NULL AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= utc_timestamp(6)) ORDER BY sources.priority + coalesce(floor(timestampdiff(SECOND, sources.next_fetch_at, utc_timestamp(6)) / 600.0), 0) DESC, sources.next_fetch_at ASC, sources.id ASC
  LIMIT %(claim_limit)s FOR UPDATE SKIP LOCKED;
 
 -- claim
