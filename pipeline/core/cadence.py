@@ -7,9 +7,10 @@ shows (docs/runbook.md, "Adaptive cadence", has the formula with a worked exampl
    last ``WINDOW`` (7 days) are counted. When the document reaches back further than the
    window it covers all of it, and the gap is ``WINDOW / count``; when it holds only its
    newest items (a busy feed truncated to 20), the gap is ``(now - oldest) / (count - 1)``
-   (exact for a regular pace when the newest is now, longer as silence follows it). No dated item in the window: nothing published lately, the
-   target is the source's maximum. No dated item at all (a page, a feed without dates):
-   a 304 or an unchanged document doubles the target; otherwise it stays.
+   (exact for a regular pace when the newest is now, longer as silence follows it). No
+   dated item in the window: nothing published lately, the target is the source's
+   maximum. No dated item at all (a page, a feed without dates): a 304 (nothing new)
+   doubles the target; a 200 keeps it.
 2. **Gradually**: the new interval is halfway, in log terms, from the current one to
    the target (``sqrt(current x target)``), and never more than double or less than half
    of it: one burst or one quiet day moves it, it does not swing it.
