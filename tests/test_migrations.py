@@ -204,3 +204,15 @@ def test_the_suites_databases_are_all_dropped_at_the_end(pg_server_url):
                             {"p": f"{databases.prefix}%"}).scalars().all()
     admin.dispose()
     assert left == []
+
+
+def test_a_mariadb_database_that_compares_text_without_case_is_refused_by_name(mariadb_databases):
+    from tests.test_cli import assert_one_line_error, run
+
+    name = mariadb_databases.create()
+    with mariadb_databases.admin.connect() as conn:
+        conn.exec_driver_sql(f"ALTER DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci")
+    result = run("db", "upgrade", env={"DATABASE_URL": mariadb_databases.url(name)})
+    assert_one_line_error(result, f"database {name} compares text by utf8mb4_general_ci",
+                          "COLLATE utf8mb4_bin")
+    mariadb_databases.drop(name)
