@@ -38,7 +38,7 @@ import logging
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -436,6 +436,8 @@ class PoliteQueue(WorkQueue):
         params = {"claim_scan": limit * SCAN_FACTOR, **self._time_params(self.lease)}
         expired, free = self._polite_candidates(lock=False)
         with self.engine.begin() as conn:
+            if self.strategy is Strategy.MARIADB:  # hosts agree on the database's clock
+                params.update(self._database_time(conn, self.lease))
             candidates: list[RowMapping] = []
             for branch, query in enumerate((expired, free)):
                 ids = list(conn.execute(query, params).scalars())
@@ -474,7 +476,7 @@ class PoliteQueue(WorkQueue):
             if self.record_started:
                 insert_rows(conn, schema.ingestion_events, [started_event(row, self.run_id) for row in taken])
             spacing = {grp["name"]: grp["interval_ms"] for grp in groups}
-            now = datetime.now(UTC)
+            now = params["claim_now"]  # this host's clock, or MariaDB's
             for name, n in Counter(row["politeness_group"] for row in picked).items():
                 conn.execute(
                     sa.update(g).where(g.c.name == name).values(
