@@ -353,7 +353,7 @@ ingestion_events = sa.Table(
     sa.Column("duration_ms", sa.Integer()),
     sa.Column("success", sa.Boolean()),
     sa.Column("failure_reason", sa.String(32)),
-    sa.Column("retry_in_minutes", sa.Float()),
+    sa.Column("retry_in_minutes", sa.Float().with_variant(mysql.DOUBLE(asdecimal=False), *MARIADB)),
     sa.Column("http_status", sa.Integer()),
     sa.Column("items_seen", sa.Integer()),
     sa.Column("items_new", sa.Integer()),
