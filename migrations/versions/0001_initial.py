@@ -236,7 +236,8 @@ def upgrade() -> None:
         sa.Column("duration_ms", sa.Integer()),
         sa.Column("success", sa.Boolean()),
         sa.Column("failure_reason", sa.String(32)),
-        # Double precision everywhere (MariaDB's plain FLOAT is single precision).
+        # Double precision everywhere, by name on MariaDB (its FLOAT is single precision, and
+        # Dagster, once imported, compiles a generic Float there as FLOAT(32): pipeline/storage/schema.py).
         sa.Column("retry_in_minutes", sa.Float().with_variant(mysql.DOUBLE(asdecimal=False), "mysql", "mariadb")),
         sa.Column("http_status", sa.Integer()),
         sa.Column("items_seen", sa.Integer()),

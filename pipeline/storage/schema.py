@@ -353,6 +353,9 @@ ingestion_events = sa.Table(
     sa.Column("duration_ms", sa.Integer()),
     sa.Column("success", sa.Boolean()),
     sa.Column("failure_reason", sa.String(32)),
+    # DOUBLE on MariaDB, by name: a generic Float compiles as FLOAT there, but as FLOAT(32)
+    # (a DOUBLE) in any process that imported Dagster's storage, which registers its own
+    # MySQL compilation of Float (dagster/_core/storage/sql.py).
     sa.Column("retry_in_minutes", sa.Float().with_variant(mysql.DOUBLE(asdecimal=False), *MARIADB)),
     sa.Column("http_status", sa.Integer()),
     sa.Column("items_seen", sa.Integer()),
