@@ -216,3 +216,17 @@ def test_a_mariadb_database_that_compares_text_without_case_is_refused_by_name(m
     assert_one_line_error(result, f"database {name} compares text by utf8mb4_general_ci",
                           "COLLATE utf8mb4_bin")
     mariadb_databases.drop(name)
+
+
+def test_the_mariadb_tables_compile_alike_with_dagster_loaded():
+    """Dagster's storage, once imported, compiles a generic Float as FLOAT(32) and a
+    generic DateTime as DATETIME(6) on MySQL-family databases, for every table in the
+    process: the schema names its MariaDB types, so its DDL does not depend on it."""
+    import dagster._core.storage.sql  # noqa: F401 -- registers those compilations
+    from sqlalchemy.dialects import mysql
+    from sqlalchemy.schema import CreateTable
+
+    for table in schema.metadata.sorted_tables:
+        ddl = str(CreateTable(table).compile(dialect=mysql.dialect()))
+        assert "FLOAT(32)" not in ddl, ddl
+    assert "retry_in_minutes DOUBLE" in str(CreateTable(schema.ingestion_events).compile(dialect=mysql.dialect()))
