@@ -31,6 +31,13 @@ reported: the notifier's whole matching pass on PostgreSQL and SQLite at 10,000 
 
 Databases ``bench_match_<pid>_<random>``, dropped however the run ends; a SQLite file in
 a temporary folder.
+
+``--syntax language`` measures the filter language (pipeline/notify/query.py) instead: the
+same filters, each also written in the language (a phrase, an exclusion, an alternative,
+a field, a published window; ``language_filters``), both sets filed in a ``FilterIndex``
+and matched in interleaved rounds at each count, the language's ratio to the plain
+filters' time printed. Its pairs are compared with every language filter evaluated
+against every listing (at the first count), and stay the same at every count.
 """
 
 from __future__ import annotations
@@ -53,8 +60,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.scratch import ServerCpu, commit, scratch_database, unique_name
 from bench.scratch import load as load_average
 from pipeline.core.settings import Settings
-from pipeline.notify.matching import Filter, FilterIndex, ListingText, words
+from pipeline.notify.matching import Filter, FilterIndex, ListingText, _Fields, words
 from pipeline.notify.notifier import Notifier, NotifyStats
+from pipeline.notify.query import compile_query
 from pipeline.storage import db, migrate, schema
 
 DB_NAME = unique_name("bench_match")
@@ -309,6 +317,106 @@ def scale_round(
             raise SystemExit(f"MISMATCH at {label}: {name} disagrees with the index")
 
 
+def language_filters(filters: list[Filter], seed: int, *, keep_every_word: bool = False) -> list[Filter]:
+    """``filters`` written in the filter language, the same keywords in each: a third
+    plain, the rest a phrase of their words, an exclusion of a made-up word no listing
+    holds and of a common one, an alternative (``(a OR b) c``), a title scope, or a
+    published window. ``keep_every_word``: only the forms that still need every keyword
+    (for the filters that must not match)."""
+    rng = random.Random(seed)
+    forms = ["plain", "phrase", "exclude", "title", "published"] + ([] if keep_every_word else ["or"])
+    made = []
+    for f in filters:
+        k = list(f.keywords)
+        form = rng.choice(["plain", "plain"] + forms)
+        if form == "phrase":
+            text = f'"{" ".join(k[:2])}" {" ".join(k[2:])}'
+        elif form == "exclude":
+            text = " ".join(k) + " -zzqx -" + rng.choice(["the", "and", "with", "remote"])
+        elif form == "or" and len(k) >= 2:
+            text = f"({k[0]} OR {k[1]}) {' '.join(k[2:])}"
+        elif form == "title":
+            text = f"title:{k[0]} " + " ".join(k[1:])
+        elif form == "published":
+            text = " ".join(k) + " published:2026-10-01.."
+        else:
+            text = " ".join(k)
+        made.append(Filter(id=f.id, user_id=f.user_id, source_id=f.source_id, category=f.category,
+                           created_at=f.created_at, query=compile_query(text)))
+    return made
+
+
+def naive_language(filters: list[Filter], listings: list[ListingText]) -> set[tuple[int, int]]:
+    """Every language filter's alternatives evaluated against every listing, no index."""
+    pairs = set()
+    now = datetime.now(UTC)
+    for item in listings:
+        text = words(f"{item.title} {item.summary}")
+        fields = _Fields(item, text, now)
+        categories = {c.casefold() for c in item.categories}
+        for f in filters:
+            if f.source_id is not None and f.source_id != item.source_id:
+                continue
+            if f.category is not None and f.category not in categories:
+                continue
+            if f.created_at and item.ingested_at and item.ingested_at < f.created_at:
+                continue
+            if any(all(w in text for w in c.words) and not any(w in text for w in c.absent)
+                   and all(fields.holds(x) for x in c.checks) for c in f.clauses):
+                pairs.add((f.user_id, item.id))
+    return pairs
+
+
+def language_main(args: argparse.Namespace, scales: list[int]) -> int:
+    base_count = scales[0]
+    corpus = Corpus(args.listings, base_count, args.seed)
+    parts = batches(corpus, args.batch)
+    extra = far_filters(corpus, scales[-1] - base_count, args.seed + 1)
+    started = time.perf_counter()
+    written = language_filters(corpus.filters, args.seed + 2)
+    written_extra = language_filters(extra, args.seed + 3, keep_every_word=True)
+    compile_us = (time.perf_counter() - started) / (len(written) + len(written_extra)) * 1e6
+    print(f"compiled {len(written) + len(written_extra):,} filters, {compile_us:.0f} us each", flush=True)
+    started = time.perf_counter()
+    expected = naive_language(written, corpus.listings)
+    print(f"every language filter against every listing at {base_count:,}:"
+          f" {(time.perf_counter() - started) / len(parts) * 1000:,.0f} ms a batch, {len(expected):,} pairs",
+          flush=True)
+    results: dict[int, dict[str, dict[str, list[float]]]] = {}
+    for scale in scales:
+        systems = {}
+        for name, filters in (("plain", corpus.filters + extra[:scale - base_count]),
+                              ("language", written + written_extra[:scale - base_count])):
+            index = FilterIndex()
+            index.rarity.observe(words(f"{x.title} {x.summary}") for x in parts[0])  # one batch seen
+            index.add(filters)
+            systems[name] = index
+        results[scale] = {name: {"ms": [], "cpu_ms": []} for name in systems}
+        for _ in range(args.repeats):
+            for name, index in systems.items():
+                cpu_before = time.process_time()
+                for part in parts:
+                    begun = time.perf_counter()
+                    index.matches(part)
+                    results[scale][name]["ms"].append((time.perf_counter() - begun) * 1000)
+                results[scale][name]["cpu_ms"].append((time.process_time() - cpu_before) / len(parts) * 1000)
+        pairs = {(m.user_id, m.listing_id) for m in systems["language"].matches(corpus.listings)}
+        if pairs != expected:
+            raise SystemExit(f"MISMATCH at {scale:,} filters: the language index and the naive evaluation disagree")
+        line = f"{scale:>9,} filters:"
+        for name in systems:
+            line += (f"  {name} {statistics.median(results[scale][name]['ms']):,.1f} ms"
+                     f" ({statistics.median(results[scale][name]['cpu_ms']):,.1f} ms CPU)")
+        ratio = statistics.median(results[scale]["language"]["ms"]) / statistics.median(results[scale]["plain"]["ms"])
+        print(line, f"  language / plain x{ratio:.2f}  load {load_average()}", flush=True)
+    first, last = scales[0], scales[-1]
+    print(f"\nms a batch of {args.batch:,}, median; ratio {last:,} / {first:,} filters:")
+    for name in ("plain", "language"):
+        a, b = (statistics.median(results[n][name]["ms"]) for n in (first, last))
+        print(f"  {name:<9} {a:>9,.1f} -> {b:>9,.1f}   x{b / a:,.2f}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--database-url",
@@ -319,6 +427,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=4)
     parser.add_argument("--skip-pass", action="store_true", help="skip the notifier's whole pass")
+    parser.add_argument("--syntax", choices=("plain", "language"), default="plain",
+                        help="language: the same filters written in the filter language, against plain ones")
     args = parser.parse_args()
     scales = [int(n) for n in args.filters.split(",")]
     base_count = scales[0]
@@ -326,6 +436,8 @@ def main() -> int:
     print(f"{args.listings:,} listings in batches of {args.batch:,}; filters {', '.join(f'{n:,}' for n in scales)}"
           f" ({USERS:,} users); {os.cpu_count()} CPUs, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC,"
           f" commit {commit()}, load {load_average()}", flush=True)
+    if args.syntax == "language":
+        return language_main(args, scales)
     corpus = Corpus(args.listings, base_count, args.seed)
     parts = batches(corpus, args.batch)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import random
 import statistics
 import sys
 import time
@@ -55,6 +56,10 @@ SUMMARY = (
     " You will design pipelines, review code and mentor others.</p>"
     "<ul><li>Python, SQL</li><li>Remote friendly</li></ul>"
 )
+# --text varied: each row's summary also has 12 words of its own from these, so rows are
+# not near-identical texts (the story detector, pipeline/listings/stories.py, files every
+# row under the same keys when they are: its worst case, --text same).
+WORDS = [f"{a}{b}{c}" for a in "bcdfghklmnprst" for b in "aeiou" for c in "lmnrstx"]
 
 # The ceiling's work after the claim, in one statement: mark the claimed rows processed
 # (fenced by token and worker) and upsert the listings of the rows it marked.
@@ -89,10 +94,11 @@ def database_url(base: str, name: str) -> str:
     return db.parse_url(base).set(database=name).render_as_string(hide_password=False)
 
 
-def fill_template(url: str, rows: int) -> None:
+def fill_template(url: str, rows: int, text: str) -> None:
     engine = db.create_engine(url)
     migrate.upgrade(engine)
     start = datetime(2026, 11, 1, tzinfo=UTC)
+    rng = random.Random(1)
     with engine.begin() as conn:
         sources = [
             conn.execute(sa.insert(schema.sources).values(
@@ -105,7 +111,8 @@ def fill_template(url: str, rows: int) -> None:
         url = f"http://127.0.0.1/item/{i}"
         batch.append({
             "source_id": sources[i % len(sources)], "source_item_id": f"item-{i}", "url": url,
-            "raw_json": {"title": f"Engineer #{i}: <i>Python</i> &amp; data", "url": url, "summary": SUMMARY,
+            "raw_json": {"title": f"Engineer #{i}: <i>Python</i> &amp; data", "url": url,
+                         "summary": SUMMARY if text == "same" else f"{SUMMARY}<p>{' '.join(rng.sample(WORDS, 12))}</p>",
                          "published_at": (start + timedelta(seconds=i)).isoformat(),
                          "author": "Hiring team", "categories": ["jobs", "python"]},
             "content_hash": uuid.uuid4().hex, "fetched_at": start + timedelta(seconds=i),
@@ -171,13 +178,15 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--text", choices=("same", "varied"), default="same",
+                        help="every row one summary (as before 2026-11-25), or each its own words too")
     args = parser.parse_args()
 
     admin = admin_engine(args.database_url)
     with scratch_database(admin, TEMPLATE):
         started = time.monotonic()
-        fill_template(database_url(args.database_url, TEMPLATE), args.rows)
-        print(f"{args.rows:,} raw rows, {args.workers} workers x batch {args.batch}, {os.cpu_count()} CPUs,"
+        fill_template(database_url(args.database_url, TEMPLATE), args.rows, args.text)
+        print(f"{args.rows:,} raw rows ({args.text} text), {args.workers} workers x batch {args.batch}, {os.cpu_count()} CPUs,"
               f" median of {args.repeats} interleaved, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC,"
               f" commit {commit()}, load {load()}; template built in {time.monotonic() - started:.0f} s",
               flush=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-import time
+from typing import Any
 
 from pipeline.queue.claim import Strategy, WorkQueue
 from pipeline.storage import counters, db, schema
@@ -11,25 +11,31 @@ from tests.helpers import now
 
 
 def drain(
-    url: str, strategy: str | None, worker: str, max_batch: int, start_at: float, seed: int
+    url: str, strategy: str | None, worker: str, max_batch: int, gate: Any, seed: int,
+    notifications: bool = False,
 ) -> list[tuple[int, list[int], list[int]]]:
-    """Claim and complete raw rows until none is left; return (limit, claimed, lost) per claim."""
+    """Claim and complete raw rows (or due notifications) until none is left; return
+    (limit, claimed, lost) per claim. Claiming starts once every worker is connected
+    and at ``gate`` (a barrier of a ``multiprocessing.Manager``), so that they contend."""
     engine = db.create_engine(url)
     queue = WorkQueue(
         engine,
-        schema.RAW_UNPROCESSED,
+        schema.NOTIFICATIONS_DUE if notifications else schema.RAW_UNPROCESSED,
         strategy=Strategy(strategy) if strategy else None,
     )
+
     rng = random.Random(seed)
     log: list[tuple[int, list[int], list[int]]] = []
-    time.sleep(max(0.0, start_at - time.time()))  # start together, to contend
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SELECT 1")
+    gate.wait(600)
     try:
         while True:
             limit = rng.randint(1, max_batch)
             claim = queue.claim(worker, limit)
             if not claim:
                 return log
-            fenced = queue.complete(claim, {"processed_at": now()})
+            fenced = queue.complete(claim, {"status": "sent"} if notifications else {"processed_at": now()})
             log.append((limit, claim.ids, fenced.lost))
     finally:
         engine.dispose()
@@ -60,4 +66,44 @@ def count(url: str, transactions: int) -> int:
                 pass
         return committed
     finally:
+        engine.dispose()
+
+
+def process(url: str, worker: str, batch_size: int, gate: Any) -> dict[str, int]:
+    """Run a processor pass (batches of ``batch_size``) until no raw row is left; its
+    stats. It starts once every worker is connected and at ``gate`` (a barrier of a
+    ``multiprocessing.Manager``), so that they contend however slowly each started."""
+    from pipeline.core.settings import Settings
+    from pipeline.listings.processor import Processor
+
+    engine = db.create_engine(url)
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SELECT 1")
+    gate.wait(600)
+    try:
+        return Processor(engine, Settings(database_url=url), worker, batch_size=batch_size).run().as_dict()
+    finally:
+        engine.dispose()
+
+
+def process_one_batch(url: str, worker: str, batch_size: int) -> tuple[dict[str, int], list[str]]:
+    """Process one batch of ``batch_size`` raw rows; its stats and the warnings logged."""
+    import logging
+
+    from pipeline.core.settings import Settings
+    from pipeline.listings.processor import Processor
+
+    warnings: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            warnings.append(record.getMessage())
+
+    logging.getLogger("pipeline").addHandler(keep := Keep(logging.WARNING))
+    engine = db.create_engine(url)
+    try:
+        stats = Processor(engine, Settings(database_url=url), worker, batch_size=batch_size).run(max_rows=batch_size)
+        return stats.as_dict(), warnings
+    finally:
+        logging.getLogger("pipeline").removeHandler(keep)
         engine.dispose()

@@ -389,7 +389,7 @@ def test_every_queue_claims_and_completes(engine, strategy):
         ).scalar_one()
         conn.execute(
             sa.insert(schema.notifications).values(
-                user_id=user, listing_id=listing, channel="webhook",
+                user_id=user, listing_id=listing, cluster_id=listing, channel="webhook",
                 next_attempt_at=now() - timedelta(seconds=1),
             )
         )

@@ -103,6 +103,7 @@ def populate(conn: sa.Connection) -> None:
         {
             "user_id": user,
             "listing_id": listing_id,
+            "cluster_id": listing_id,
             "channel": "webhook",
             "status": "pending" if _waiting(i) else "sent",
             "next_attempt_at": t - timedelta(seconds=ROWS - i),

@@ -118,6 +118,11 @@ class Stack:
                            env=self.env, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=300)
 
 
+def running_run_containers(docker: Docker) -> list[str]:
+    """The run containers (DockerRunLauncher labels each with its run id) still running."""
+    return docker("ps", "-q", "--filter", "label=dagster/run_id").split()
+
+
 def live_holders(engine: sa.Engine, *where: sa.ColumnElement[bool]) -> dict[str, int]:
     """The workers holding live leases on sources, and how many each."""
     s = schema.sources
@@ -211,9 +216,13 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
         print(f"killed run {victim.dagster_run.run_id} (holders then: {held}); re-fetched {len(twice)} sources")
 
         # (a) every run was a container of the image, launched by the daemon's run launcher.
-        wait_until("every run to end (the lingering ones too)", lambda: not instance.get_run_records(
-            filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
-                                            dg.DagsterRunStatus.STARTED])), 300, every=2)
+        # Stop the daemon first: its sensors launch runs for as long as it lives, and a run
+        # launched after the last look would still be running at (d). A run it queued but
+        # never launched has no container (start_time None, checked below).
+        stack.compose("stop", "-t", "30", "daemon")
+        wait_until("every launched run to end (the lingering ones too)", lambda: not instance.get_run_records(
+            filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED])) and not running_run_containers(docker),
+                   300, every=2)
         records = instance.get_run_records()
         statuses = Counter(r.dagster_run.status.value for r in records)
         for record in records:
@@ -242,7 +251,7 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
             stack.compose("down", "-t", "30")
         finally:
             leftover = docker("ps", "-aq", "--filter", "label=dagster/run_id").split()
-            running = docker("ps", "-q", "--filter", "label=dagster/run_id").split()
+            running = running_run_containers(docker)
             if leftover:
                 docker("rm", "-f", *leftover)
             engine.dispose()

@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.notify.matching import Filter, FilterIndex, ListingText, Match, parse_keywords, words
+from pipeline.notify.matching import Filter, FilterIndex, ListingText, Match, words
+from pipeline.notify.query import QueryError, compile_query
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
@@ -28,11 +29,11 @@ def test_words_are_case_folded_and_compounds_count_as_their_parts():
 
 
 def test_keywords_parse_and_bad_ones_are_named():
-    assert parse_keywords(" Python,  Remote node.js C++ python ") == ("python", "remote", "node.js", "c++")
-    with pytest.raises(ValueError, match="keyword 'data!' is not a word"):
-        parse_keywords("big data!")
-    with pytest.raises(ValueError, match="at least one keyword"):
-        parse_keywords(" , ")
+    assert compile_query(" Python,  Remote node.js C++ python ").words == ("python", "remote", "node.js", "c++")
+    with pytest.raises(QueryError, match="at position 5: 'data!' is not a word"):
+        compile_query("big data!")
+    with pytest.raises(QueryError, match="at least one word"):
+        compile_query(" , ")
 
 
 @pytest.mark.parametrize(
@@ -52,7 +53,7 @@ def test_keywords_parse_and_bad_ones_are_named():
     ],
 )
 def test_every_keyword_as_a_whole_word_case_insensitively(keywords, title, summary, hit):
-    f = Filter(1, 1, parse_keywords(keywords))
+    f = Filter(1, 1, query=compile_query(keywords))
     assert matched([f], listing(title, summary)) == ([1] if hit else [])
 
 

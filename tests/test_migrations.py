@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
 import pytest
 import sqlalchemy as sa
@@ -100,8 +101,10 @@ def _normalise_mariadb_ddl(sql: str) -> str:
 
 
 def _normalise_sqlite_ddl(sql: str) -> str:
-    """SQLite keeps DDL as written: ignore spacing, quoting and the order of table items."""
+    """SQLite keeps DDL as written: ignore spacing, quoting, the order of table items, and
+    the parentheses a table copied by Alembic's batch mode puts around a default."""
     text = re.sub(r'[\s"]+', " ", sql).strip()
+    text = re.sub(r"DEFAULT \(([^()]*)\)", r"DEFAULT \1", text)
     head, paren, body = text.partition("(")
     if not head.upper().startswith("CREATE TABLE"):
         return text
@@ -158,6 +161,51 @@ def test_item_ids_too_long_for_mariadbs_keys_become_their_hash_and_keep_their_id
         for table in ("source_items", "listings_raw", "listings"):
             stored = sorted(conn.execute(sa.text(f"SELECT source_item_id FROM {table}")).scalars())
             assert stored == sorted([hashed, short_id]), table
+    engine.dispose()
+
+
+def test_story_keys_move_into_their_listings_and_back(backend, empty_db_url):
+    """Revision 0015 carries revision 0013's ``story_keys`` rows into the listings' own
+    columns, with the values this code computes (or copies of the older listings would
+    not be found), and its downgrade puts the same rows back."""
+    from pipeline.listings import stories
+    from pipeline.listings.normalize import normalise
+
+    engine = db.create_engine(empty_db_url)
+    migrate.upgrade(engine, "0014")
+    texts = [("Harbour bridge reopens after a week of repairs",
+              "Traffic flows again across the harbour bridge this morning, the city said.",
+              "https://news.example/bridge?utm_source=feed"),
+             ("Short", "", "https://news.example/short"),  # too few words: a link key only
+             ("Home", "", "https://news.example/")]  # a home page: no key at all
+    marks = [stories.Marks.of(normalise({"title": t, "summary": x, "url": u}, now=datetime.now(UTC)))
+             for t, x, u in texts]
+    old_keys = set()
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO sources (name, url, source_type) VALUES ('s', 'http://127.0.0.1/f', 'rss')"))
+        for number, mark in enumerate(marks, 1):
+            simhash = None if mark.fingerprint is None else stories.to_signed(mark.fingerprint)
+            conn.execute(sa.text("INSERT INTO listings (id, source_id, source_item_id, url, content_hash, simhash)"
+                                 " VALUES (:id, 1, :id, 'http://127.0.0.1/i', 'h', :simhash)"),
+                         {"id": number, "simhash": simhash})
+            # Revision 0013's keys: the link's, tagged with bit 62; each band with its position.
+            if mark.url_key is not None:
+                old_keys.add(((1 << 62) | mark.url_key, number, None))
+            for band, value in enumerate(stories.bands(mark.fingerprint) if mark.fingerprint is not None else ()):
+                old_keys.add(((band << 16) | value, number, simhash))
+        for key in old_keys:
+            conn.execute(sa.insert(sa.table("story_keys", sa.column("key"), sa.column("listing_id"),
+                                            sa.column("simhash"))).values(dict(zip(("key", "listing_id", "simhash"), key))))
+    assert sum(1 for key in old_keys if key[1] == 1) == 5 and sum(1 for key in old_keys if key[1] == 2) == 1
+    migrate.upgrade(engine)
+    columns = ("simhash", *schema.STORY_KEYS)
+    with engine.connect() as conn:
+        stored = [dict(zip(columns, row)) for row in conn.execute(
+            sa.select(*(schema.listings.c[c] for c in columns)).order_by(schema.listings.c.id))]
+    assert stored == [mark.columns() for mark in marks]
+    migrate.downgrade(engine, "0014")
+    with engine.connect() as conn:
+        assert set(map(tuple, conn.execute(sa.text("SELECT * FROM story_keys")))) == old_keys
     engine.dispose()
 
 

@@ -53,6 +53,21 @@ def test_the_content_hash_follows_the_content():
     a = normalise({"title": "A", "url": "http://x/1"}, now=NOW)
     assert a.content_hash == normalise({"title": "<i>A</i>", "url": "http://x/1"}, now=NOW).content_hash
     assert a.content_hash != normalise({"title": "B", "url": "http://x/1"}, now=NOW).content_hash
+    # Pinned: a listing's hash is what it was before prices were kept (revision 0016), or
+    # every stored listing would count as changed when next processed.
+    assert a.content_hash == "e4b64311b8891545dadcf9b0ed8bf1e9d6a76e251e39128e982b9030c6ad1212"
+
+
+def test_a_price_is_plain_text_bounded_and_part_of_the_content():
+    raw = {"title": "Road bike", "url": "http://x/1", "price": "<b>&euro;&nbsp;1,299</b>\n "}
+    priced = normalise(raw, now=NOW)
+    assert priced.price == "€ 1,299"
+    assert normalise({**raw, "price": "  "}, now=NOW).price is None
+    assert normalise({**raw, "price": "9" * 500}, now=NOW).price == "9" * 99 + "…"
+    assert priced.content_hash != normalise({**raw, "price": "€1,199"}, now=NOW).content_hash
+    assert priced.content_hash != normalise({"title": "Road bike", "url": "http://x/1"}, now=NOW).content_hash
+    with pytest.raises(NormaliseError, match="price must be text"):
+        normalise({**raw, "price": {"amount": 1}}, now=NOW)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,8 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
 import sqlalchemy as sa
@@ -19,10 +20,13 @@ from pipeline.catalogue.notifications import requeue_notifications
 from pipeline.core.settings import Settings
 from pipeline.notify.delivery import SIGNATURE_HEADER, verify
 from pipeline.notify.notifier import Notifier, NotifyStats
+from pipeline.notify.schedule import DeliveryPlan
 from pipeline.storage import schema
+from pipeline.storage.status import collect_status
 from tests.conftest import BACKENDS_WITH_MARIADB
 from tests.helpers import add_source, now
 from tests.http_server import Handler, LocalServer
+from tests.test_processor import add_raw, processor
 
 SECRET = "receiver-shared-secret-0123"
 
@@ -98,6 +102,216 @@ def test_a_match_is_delivered_once_signed_and_keyed(engine, receiver, source_id)
     assert (again.listings_matched, again.sent) == (0, 0) and len(posts(receiver)) == 1
 
 
+def test_filters_in_the_language_match_on_the_database_and_say_so_in_the_payload(engine, receiver, source_id):
+    """Phrases, exclusions, alternatives and fields, with a source named and an author and
+    a date read from the listing rows the notifier claims."""
+    with engine.begin() as conn:
+        other = add_source(conn, "http://127.0.0.1/other", name="Jobs Board")
+        add_user(conn, "alice", receiver.url("/hook"))
+        add_user(conn, "bob", receiver.url("/hook"))
+        phrase = users.add_filter(conn, "alice", '"data engineer" -senior source:"jobs board"')
+        users.add_filter(conn, "bob", "(rust OR go) author:smith published:7d")
+        wanted = add_listing(conn, other, "a", "Data engineer", summary="Remote, Python")
+        add_listing(conn, other, "b", "Senior data engineer")  # excluded
+        add_listing(conn, source_id, "c", "Data engineer")  # another source
+        add_listing(conn, other, "d", "Engineer", summary="data pipelines")  # not the phrase
+        rust = add_listing(conn, source_id, "e", "Rust developer")
+        go_old = add_listing(conn, source_id, "f", "Go developer")
+        t = schema.listings
+        conn.execute(sa.update(t).where(t.c.id.in_([rust, go_old])).values(author="Jane Smith"))
+        conn.execute(sa.update(t).where(t.c.id == rust).values(published_at=now() - timedelta(days=1)))
+        conn.execute(sa.update(t).where(t.c.id == go_old).values(published_at=now() - timedelta(days=30)))
+    stats = notifier(engine).run()
+    assert (stats.notifications_created, stats.sent) == (2, 2)
+    payloads = sorted((json.loads(p["body"]) for p in posts(receiver)), key=lambda p: p["user"]["name"])
+    assert [(p["user"]["name"], p["listing"]["id"]) for p in payloads] == [("alice", wanted), ("bob", rust)]
+    assert payloads[0]["filter"] == {"id": phrase, "query": '"data engineer" -senior source:"jobs board"',
+                                     "keywords": ["data", "engineer"]}
+
+
+def test_a_digest_holds_the_matches_then_sends_them_in_one_signed_message(engine, receiver, source_id):
+    with engine.begin() as conn:
+        add_user(conn, "alice", receiver.url("/hook"))
+        add_user(conn, "bob", receiver.url("/hook"))  # immediate, as before
+        users.set_delivery(conn, "alice", digest="daily@08:00", timezone="Europe/Berlin")
+        users.add_filter(conn, "alice", "python")
+        users.add_filter(conn, "bob", "rust")
+        ids = [add_listing(conn, source_id, f"p{i}", f"Python job {i}") for i in range(3)]
+        add_listing(conn, source_id, "r", "Rust job")
+    stats = notifier(engine).run()
+    assert (stats.notifications_created, stats.sent, stats.digests_sent) == (4, 1, 0)
+    held = [n for n in notifications(engine) if n["status"] == "held"]
+    release = held[0]["next_attempt_at"]
+    assert len(held) == 3 and all(n["next_attempt_at"] == release and n["digest_id"] is None for n in held)
+    assert release.astimezone(ZoneInfo("Europe/Berlin")).strftime("%H:%M") == "08:00" and release > now()
+    assert len(posts(receiver)) == 1, "bob's, at once; alice's wait"
+    assert collect_status(engine).notifications["held"] == 3, "pipeline status shows what waits"
+
+    # Her digest's time comes (the clock is the argument): one message with the three.
+    late = notifier(engine)
+    late.make_digests(stats := NotifyStats(), now=release + timedelta(seconds=1))
+    assert stats.digests_made == 1
+    late.deliver(stats)
+    assert (stats.sent, stats.digests_sent) == (3, 1)
+    digest = posts(receiver)[-1]
+    assert verify(SECRET, digest["body"], digest["headers"][SIGNATURE_HEADER])
+    payload = json.loads(digest["body"])
+    head = min(n["id"] for n in held)
+    assert digest["headers"]["Idempotency-Key"] == payload["idempotency_key"] == f"digest-{head}"
+    assert [item["listing"]["id"] for item in payload["items"]] == ids
+    assert {n["status"] for n in notifications(engine)} == {"sent"}
+    assert all(n["digest_id"] == head for n in notifications(engine) if n["user_id"] == payload["user"]["id"])
+    again = notifier(engine)
+    again.make_digests(stats := NotifyStats(), now=release + timedelta(seconds=2))
+    again.deliver(stats)
+    assert (stats.digests_made, stats.sent) == (0, 0) and len(posts(receiver)) == 2
+
+
+def test_a_failed_digest_is_retried_whole_and_its_items_never_go_one_by_one(engine, receiver, source_id):
+    answers = [500, 204]
+    bodies: list[bytes] = []
+
+    def flaky(h: Handler) -> None:
+        bodies.append(h.body)
+        h.reply(answers.pop(0))
+
+    receiver.routes["/flaky"] = flaky
+    with engine.begin() as conn:
+        add_user(conn, "alice", receiver.url("/flaky"))
+        users.set_delivery(conn, "alice", digest="30m")
+        users.add_filter(conn, "alice", "python")
+        for i in range(4):
+            add_listing(conn, source_id, f"p{i}", f"Python job {i}")
+    notifier(engine).match(NotifyStats())
+    release = notifications(engine)[0]["next_attempt_at"]
+    first = notifier(engine)
+    first.make_digests(stats := NotifyStats(), now=release)
+    first.deliver(stats)
+    assert (stats.retrying, stats.sent) == (1, 0)
+    rows = notifications(engine)
+    head = min(n["id"] for n in rows)
+    assert [(n["status"], n["digest_id"]) for n in rows] == [("failed", head)] + [("held", head)] * 3
+    with engine.begin() as conn:  # its retry is due
+        conn.execute(sa.update(schema.notifications).where(schema.notifications.c.id == head)
+                     .values(next_attempt_at=now() - timedelta(seconds=1)))
+    stats = notifier(engine).run()
+    assert (stats.sent, stats.digests_sent, stats.digests_made) == (4, 1, 0)
+    assert len(bodies) == 2 and bodies[0] == bodies[1], "the same digest, byte for byte"
+    assert len(json.loads(bodies[0])["items"]) == 4
+    assert {n["status"] for n in notifications(engine)} == {"sent"}
+
+
+def test_a_digest_that_ends_dead_takes_its_items_with_it(engine, receiver, source_id):
+    """Dead unsent (here its user was disabled, so its message was never read): its
+    items end dead too, for `notifications requeue --dead`, never held for ever."""
+    with engine.begin() as conn:
+        add_user(conn, "alice", receiver.url("/hook"))
+        users.set_delivery(conn, "alice", digest="1h")
+        users.add_filter(conn, "alice", "python")
+        for i in range(3):
+            add_listing(conn, source_id, f"p{i}", f"Python job {i}")
+    late = notifier(engine, delivery_max_attempts=1)
+    late.match(stats := NotifyStats())
+    late.make_digests(stats, now=now() + timedelta(hours=1))
+    with engine.begin() as conn:
+        conn.execute(sa.update(schema.users).values(enabled=False))
+    late.deliver(stats)
+    assert stats.dead == 1 and not posts(receiver)
+    assert [n["status"] for n in notifications(engine)] == ["dead"] * 3
+    with engine.begin() as conn:
+        conn.execute(sa.update(schema.users).values(enabled=True))
+        assert requeue_notifications(conn, dead=True) == 3
+    assert notifier(engine).run().sent == 3, "requeued, each on its own"
+
+
+def test_quiet_hours_defer_then_send_one_digest_and_a_new_time_zone_re_times_what_waits(
+        engine, receiver, source_id):
+    current = now().astimezone(UTC)
+    start, end = (current - timedelta(hours=1)).strftime("%H:%M"), (current + timedelta(hours=2)).strftime("%H:%M")
+    with engine.begin() as conn:
+        add_user(conn, "alice", receiver.url("/hook"))
+        users.set_delivery(conn, "alice", quiet=f"{start}-{end}", timezone="UTC")
+        users.add_filter(conn, "alice", "python")
+        add_listing(conn, source_id, "a", "Python job")
+        add_listing(conn, source_id, "b", "Python role")
+    stats = notifier(engine).run()
+    assert (stats.notifications_created, stats.sent) == (2, 0) and not posts(receiver)
+    rows = notifications(engine)
+    assert {n["status"] for n in rows} == {"held"}
+    until = rows[0]["next_attempt_at"]
+    assert until.strftime("%H:%M") == end and until > current
+
+    # A new time zone moves the quiet hours, and with them the release of what waits.
+    with engine.begin() as conn:
+        users.set_delivery(conn, "alice", timezone="Asia/Kolkata", now=current)  # UTC+05:30
+    moved = notifications(engine)[0]["next_attempt_at"]
+    assert moved != until
+    expected = DeliveryPlan.parse(None, f"{start}-{end}", "Asia/Kolkata").release_at(current)
+    assert moved == (expected or current)
+
+    # When they end, what waited goes out as one digest.
+    late = notifier(engine)
+    late.make_digests(stats := NotifyStats(), now=max(until, moved) + timedelta(seconds=1))
+    late.deliver(stats)
+    assert (stats.digests_sent, stats.sent) == (1, 2)
+    [digest] = posts(receiver)
+    assert len(json.loads(digest["body"])["items"]) == 2
+
+
+def test_a_retry_due_in_quiet_hours_waits_for_their_end(engine, receiver, source_id):
+    """A notification made before the user set quiet hours (or a retry) that comes due
+    in them is not sent: it is held for the digest at their end, its attempt given back."""
+    current = now().astimezone(UTC)
+    with engine.begin() as conn:
+        add_user(conn, "alice", receiver.url("/hook"))
+        users.add_filter(conn, "alice", "python")
+        add_listing(conn, source_id, "a", "Python job")
+    notifier(engine).match(NotifyStats())
+    with engine.begin() as conn:
+        users.set_delivery(conn, "alice", quiet=f"{(current - timedelta(hours=1)):%H:%M}-"
+                                                f"{(current + timedelta(hours=1)):%H:%M}")
+    stats = NotifyStats()
+    notifier(engine).deliver(stats)
+    [row] = notifications(engine)
+    assert (stats.deferred, stats.sent, row["status"], row["attempts"]) == (1, 0, "held", 0)
+    assert row["next_attempt_at"] > current and not posts(receiver)
+
+
+@pytest.mark.slow
+def test_three_notifier_processes_put_each_item_in_exactly_one_digest(engine, db_url, receiver, source_id):
+    lock, items, keys = threading.Lock(), [], []
+
+    def hook(h: Handler) -> None:
+        payload = json.loads(h.body)
+        with lock:
+            keys.append(h.headers["Idempotency-Key"])
+            items.extend(i["notification_id"] for i in payload.get("items", [payload]))
+        h.reply(204)
+
+    receiver.routes["/digest"] = hook
+    with engine.begin() as conn:
+        for i in range(4):
+            add_user(conn, f"user{i}", receiver.url("/digest"))
+            users.set_delivery(conn, f"user{i}", digest="1m")
+            users.add_filter(conn, f"user{i}", "python")
+        for i in range(40):
+            add_listing(conn, source_id, f"l{i}", f"Python job {i}")
+    notifier(engine).match(NotifyStats())
+    with engine.begin() as conn:  # their digests are due
+        conn.execute(sa.update(schema.notifications).values(next_attempt_at=now() - timedelta(seconds=1)))
+    env = {**os.environ, "DATABASE_URL": db_url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32",
+           "PIPELINE_CONCURRENCY": "4"}
+    procs = [subprocess.Popen([sys.executable, "-m", "pipeline.cli", "notify", "--json"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    ids = [n["id"] for n in notifications(engine)]
+    assert sorted(items) == sorted(ids), "every item delivered, and once"
+    assert len(set(keys)) == len(keys) and len(keys) >= 4
+    assert {n["status"] for n in notifications(engine)} == {"sent"}
+
+
 def test_a_new_filter_does_not_flood_its_user_with_history(engine, receiver, source_id):
     with engine.begin() as conn:
         add_user(conn, "alice", receiver.url("/hook"))
@@ -157,6 +371,29 @@ def test_the_filters_kept_between_batches_stay_current(engine, receiver, source_
     assert {(n["user_id"], n["listing_id"]) for n in notifications(engine)} == {(1, 1), (2, 2)}
 
 
+def test_a_full_reload_compiles_only_the_filters_it_has_not_seen(engine, receiver, source_id, monkeypatch):
+    """At 1,000,000 filters compiling every query again each minute would take most of a
+    core (bench/RESULTS.md, the filter language): compiled queries are kept by their text;
+    a query naming a source by name is compiled again (the names may have changed)."""
+    from pipeline.notify import notifier as module
+
+    compiled: list[str] = []
+    real = module.compile_query
+    monkeypatch.setattr(module, "compile_query", lambda text, *a: compiled.append(text) or real(text, *a))
+    with engine.begin() as conn:
+        add_user(conn, "alice", receiver.url("/hook"))
+        users.add_filter(conn, "alice", '"python developer" -senior')
+        users.add_filter(conn, "alice", "rust OR go")
+        users.add_filter(conn, "alice", f"python source:{source_id}")
+    catalogue = notifier(engine)._catalogue
+    catalogue.current()
+    assert sorted(compiled) == ['"python developer" -senior', f"python source:{source_id}", "rust OR go"]
+    catalogue.full_reload_seconds = 0
+    compiled.clear()
+    index, _ = catalogue.current()
+    assert compiled == [f"python source:{source_id}"] and index.size == 3
+
+
 def test_a_failing_receiver_is_retried_with_backoff_then_dead(engine, receiver, source_id):
     receiver.routes["/down"] = lambda h: h.reply(503, b"busy", {"Retry-After": "120"})
     with engine.begin() as conn:
@@ -204,6 +441,25 @@ def test_apprise_delivers_through_its_own_url(engine, receiver, source_id):
     payload = json.loads(sent["body"])
     assert payload["title"] == "Python developer"
     assert "http://127.0.0.1/a" in payload["message"] and "notification-1" in payload["message"]
+
+
+def test_an_apprise_digest_is_one_message_listing_the_matches(engine, receiver, source_id):
+    with engine.begin() as conn:
+        users.add_user(conn, "carol", apprise_url=f"json://127.0.0.1:{receiver.port}/hook")
+        users.set_delivery(conn, "carol", digest="1h")
+        users.add_filter(conn, "carol", '"python developer"')
+        add_listing(conn, source_id, "a", "Python developer")
+        add_listing(conn, source_id, "b", "Senior Python developer")
+    late = notifier(engine)
+    late.match(stats := NotifyStats())
+    late.make_digests(stats, now=now() + timedelta(hours=1))
+    late.deliver(stats)
+    assert (stats.digests_sent, stats.sent) == (1, 2)
+    [sent] = posts(receiver)
+    payload = json.loads(sent["body"])
+    assert payload["title"] == "2 new listings"
+    assert "- Python developer\n  http://127.0.0.1/a" in payload["message"]
+    assert "- Senior Python developer\n  http://127.0.0.1/b" in payload["message"] and "digest-" in payload["message"]
 
 
 @pytest.fixture
@@ -298,3 +554,17 @@ def test_a_resend_after_a_crash_carries_the_same_key_and_body(engine, db_url, re
     assert first["headers"]["Idempotency-Key"] == second["headers"]["Idempotency-Key"]
     assert first["body"] == second["body"], "byte-identical: the receiver can drop the repeat"
     assert [n["status"] for n in notifications(engine)] == ["sent"]
+
+
+def test_a_filters_category_is_compared_as_the_languages_category_scope(engine, receiver, source_id):
+    """`filters add --category` and the language's `category:` fold a category alike:
+    case and runs of white space do not matter to either."""
+    with engine.begin() as conn:
+        add_user(conn, "alice", receiver.url("/hook"))
+        users.add_filter(conn, "alice", "python", category="Remote  JOBS")
+        add_user(conn, "bob", receiver.url("/hook"))
+        users.add_filter(conn, "bob", 'python category:"remote   jobs"')
+        add_raw(conn, source_id, "job-1", title="Python developer", categories=["Remote Jobs"])
+    processor(engine).run()
+    assert notifier(engine).run().sent == 2
+    assert sorted(json.loads(p["body"])["user"]["name"] for p in posts(receiver)) == ["alice", "bob"]

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 from pipeline.core.errors import FetchError
 from pipeline.core.failures import FailureReason
-from pipeline.fetching.page import MAX_ELEMENTS, parse_page
+from pipeline.fetching.page import MAX_ELEMENTS, PageAdapter, parse_page
 from pipeline.storage import schema
 from tests.helpers import add_source
 from tests.http_server import LocalServer
@@ -32,6 +32,23 @@ def test_selectors_give_one_item_per_element():
         "Data engineer", "http://127.0.0.1/jobs/1", "Postgres and Dagster",
     )
     assert items[1].raw["summary"] == "On call, kind team"
+
+
+def test_a_price_selector_gives_each_item_its_price_and_a_new_price_is_the_same_item():
+    def page(price: str) -> bytes:
+        return (f'<ul><li class="offer"><h2>Road bike</h2><span class="price"> {price} </span></li>'
+                f'<li class="offer"><h2>Helmet</h2></li></ul>').encode()
+    config = {"item": "li.offer", "title": "h2", "price": ".price"}
+    bike, helmet = parse_page(page("&euro;1,299.00"), URL, config)
+    assert (bike.raw["title"], bike.raw["price"]) == ("Road bike", "€1,299.00")
+    assert "price" not in helmet.raw, "an item without the element has no price"
+    [cheaper, _] = parse_page(page("€1,199.00"), URL, config)
+    assert cheaper.raw["price"] == "€1,199.00"
+    # No link: the item is its text less its price, so a new price is the same item.
+    assert cheaper.source_item_id == bike.source_item_id
+    PageAdapter().check_config(config)
+    with pytest.raises(ValueError, match="set 'item' too"):
+        PageAdapter().check_config({"price": ".price"})
 
 
 def test_without_selectors_the_page_is_a_change_detector():

@@ -98,7 +98,8 @@ def test_the_checks_fail_when_something_is_wrong(engine, db_url):
         listing = conn.execute(sa.insert(schema.listings).values(
             source_id=source, source_item_id="l", url="http://x/l", content_hash="h", matched_at=now()
         ).returning(schema.listings.c.id)).scalar()
-        conn.execute(sa.insert(schema.notifications).values(user_id=user, listing_id=listing, channel="webhook",
+        conn.execute(sa.insert(schema.notifications).values(user_id=user, listing_id=listing, cluster_id=listing,
+                                                            channel="webhook",
                                                             status="dead", attempts=8, last_error="HTTP 500"))
     result = dg.materialize(ASSET_CHECKS, resources=resources(db_url), selection=dg.AssetSelection.all_asset_checks())
     checks = checks_of(result)
@@ -259,9 +260,9 @@ def test_a_rematch_backfill_gives_history_only_when_asked_and_never_twice(engine
         for d in (18, 19):
             conn.execute(sa.insert(schema.listings).values(
                 source_id=source, source_item_id=f"d{d}", url=f"http://x/{d}", title=f"Python {d}",
-                content_hash=str(d), ingested_at=day(d), updated_at=day(d), matched_at=day(d)))
+                author="Jane Smith", content_hash=str(d), ingested_at=day(d), updated_at=day(d), matched_at=day(d)))
         users.add_user(conn, "alice", webhook=server.url("/hook"), secret=SECRET)
-        users.add_filter(conn, "alice", "python")  # created now: after both listings
+        users.add_filter(conn, "alice", "python author:smith")  # created now: after both listings
 
     def rematch(any_age: bool) -> int:
         """Run the backfill for 2026-11-19; how many notifications exist afterwards."""

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -15,8 +17,9 @@ from pipeline.core.settings import Settings
 from pipeline.listings.processor import Processor, ProcessStats, _upsert_statement
 from pipeline.queue.claim import WorkQueue
 from pipeline.storage import schema
+from tests.claim_workers import process_one_batch
 from tests.conftest import BACKENDS_WITH_MARIADB
-from tests.helpers import add_source, now
+from tests.helpers import add_source, now, wait_until
 
 _item_hashes = iter(range(10**9))
 
@@ -183,3 +186,70 @@ def test_four_processor_processes_process_each_raw_row_once(engine, db_url, sour
     assert sum(t["inserted"] for t in totals) == 20000 and sum(t["fenced_out"] for t in totals) == 0
     assert sum(1 for t in totals if t["claimed"]) >= 2, "the processes shared the work"
     assert len(listings(engine)) == 20000
+
+
+def _session(conn: sa.Connection) -> int:
+    """The database's id of ``conn``'s session."""
+    query = "SELECT pg_backend_pid()" if conn.dialect.name == "postgresql" else "SELECT CONNECTION_ID()"
+    return int(conn.execute(sa.text(query)).scalar_one())
+
+
+def _waiting(engine: sa.Engine, *, on: int | None = None) -> int:
+    """How many sessions wait for a lock; ``on``: for one the session ``on`` holds."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            query = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                     " AND wait_event_type = 'Lock'")
+            if on is not None:
+                query += " AND CAST(:on AS integer) = ANY(pg_blocking_pids(pid))"
+        elif on is None:
+            query = "SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'"
+        else:
+            query = ("SELECT count(*) FROM information_schema.INNODB_LOCK_WAITS w JOIN information_schema.INNODB_TRX t"
+                     " ON t.trx_id = w.blocking_trx_id WHERE t.trx_mysql_thread_id = :on")
+        return int(conn.execute(sa.text(query), {"on": on}).scalar_one())
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"], indirect=True)
+def test_two_processors_upserting_the_same_items_in_opposite_orders_do_not_deadlock(backend, engine, db_url):
+    """A backlog holds two newer versions of items 1 and 2: one batch lists them 1, 2,
+    the next 2, 1. Processors upserting in the order of their raw rows lock the listings
+    in opposite orders and deadlock (the loser's batch refused and written again row by
+    row); in the order of their keys, one waits for the other. The test holds listing 1
+    and listing 2 in two transactions of its own while the processors line up behind
+    them, lets 2 go (the second processor, if it upserts 2 first, takes it and waits for
+    1), then 1."""
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1/feed")
+        for item in ("1", "2"):
+            add_raw(conn, source, item, title=f"v1 of {item}")
+    processor(engine).run()
+    with engine.begin() as conn:
+        for version, items in (("v2", ("1", "2")), ("v3", ("2", "1"))):
+            for item in items:
+                add_raw(conn, source, item, title=f"{version} of {item}")
+    spawn = multiprocessing.get_context("spawn")
+    t = schema.listings
+    with (engine.connect() as hold_1, engine.connect() as hold_2,
+          ProcessPoolExecutor(max_workers=2, mp_context=spawn) as pool):
+        ids = {item: id_ for item, id_ in hold_1.execute(sa.select(t.c.source_item_id, t.c.id))}
+        hold_1.rollback()
+        holders = {}
+        for item, conn in (("1", hold_1), ("2", hold_2)):
+            holders[item] = _session(conn)  # and the transaction begun, which holds the listing
+            conn.execute(sa.select(t.c.id).where(t.c.id == ids[item]).with_for_update()).all()
+        first = pool.submit(process_one_batch, db_url, "first", 2)  # claims v2: 1, 2
+        wait_until("the first processor waiting", lambda: _waiting(engine, on=holders["1"]) == 1, 120)
+        second = pool.submit(process_one_batch, db_url, "second", 2)  # claims v3: 2, 1
+        wait_until("the second processor waiting", lambda: _waiting(engine) == 2, 120)
+        hold_2.commit()
+        # Both wait for listing 1 now (the second behind the first, or holding listing 2).
+        wait_until("no processor waiting for listing 2",
+                   lambda: _waiting(engine, on=holders["2"]) == 0 and _waiting(engine) == 2, 120)
+        hold_1.commit()
+        results = [first.result(timeout=300), second.result(timeout=300)]
+    assert [stats["claimed"] for stats, _ in results] == [2, 2]
+    assert [warnings for _, warnings in results] == [[], []], "a batch was refused (a deadlock)"
+    with engine.connect() as conn:
+        titles = conn.execute(sa.select(t.c.title).order_by(t.c.source_item_id)).scalars().all()
+    assert titles == ["v3 of 1", "v3 of 2"]

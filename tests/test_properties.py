@@ -19,6 +19,7 @@ from pipeline.core.errors import NormaliseError, SourceError
 from pipeline.core.failures import PERMANENT, FailureReason
 from pipeline.core.kinds import SourceType
 from pipeline.core.urls import canonical_host, canonical_url, item_key, web_url, web_urls
+from pipeline.core.words import _PART, WORD
 from pipeline.listings.normalize import (
     CATEGORY_CHARS,
     MAX_CATEGORIES,
@@ -27,7 +28,7 @@ from pipeline.listings.normalize import (
     html_to_text,
     normalise,
 )
-from pipeline.notify.matching import _PART, WORD, Filter, FilterIndex, ListingText, words
+from pipeline.notify.matching import Filter, FilterIndex, ListingText, words
 from pipeline.storage import schema
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)

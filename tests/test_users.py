@@ -32,7 +32,7 @@ def test_users_and_filters_from_the_command_line(engine, db_url):
     listed = run("users", "list", "--json", env=env).stdout
     assert "TokenA" not in listed and generated not in listed, "no secret is ever listed"
     assert json.loads(listed)[1]["target"] == "slack://…", "a Slack URL's host is its first token"
-    assert "python remote category 'jobs'" in run("filters", "list", env=env).stdout
+    assert "Python, remote category 'jobs'" in run("filters", "list", env=env).stdout
 
 
 # Validation happens before any write: one database is enough to prove the message.
@@ -56,7 +56,13 @@ def test_bad_filters_name_what_is_wrong(engine, db_url):
     env = {"DATABASE_URL": db_url}
     run("users", "add", "alice", "--webhook", "https://hooks.example/a", env=env)
     assert_one_line_error(run("filters", "add", "alice", "--keywords", "big data!", env=env),
-                          "keyword 'data!' is not a word")
+                          "filter 'big data!': at position 5: 'data!' is not a word")
+    assert_one_line_error(run("filters", "add", "alice", "--query", '"data engineer" (remote OR', env=env),
+                          "at position 27: OR needs a condition after it")
+    assert_one_line_error(run("filters", "add", "alice", "--query", 'python source:"Nowhere Jobs"', env=env),
+                          "at position 8: no source named (or with id) 'nowhere jobs'")
+    assert_one_line_error(run("filters", "add", "alice", "--query", "python source:42", env=env),
+                          "no source named (or with id) '42'")
     assert_one_line_error(run("filters", "add", "alice", "--keywords", "x", "--source", "99", env=env),
                           "no source with id 99")
     with engine.connect() as conn:
@@ -82,3 +88,24 @@ def test_a_webhook_secret_comes_from_a_file_standard_input_or_the_environment(en
                               stdin="short"), "at least 16 characters")
     refused = run("users", "add", "e", "--webhook", "https://h/e", "--secret", "on-the-command-line", env=env)
     assert refused.returncode == 2 and "No such option '--secret'" in refused.stderr
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_when_a_user_hears_is_set_from_the_command_line(engine, db_url):
+    env = {"DATABASE_URL": db_url}
+    run("users", "add", "alice", "--webhook", "https://hooks.example/a", env=env)
+    done = run("users", "set", "alice", "--digest", "daily@07:30", "--quiet", "22:00-07:00", "--tz", "Europe/Berlin",
+               env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "digest daily@07:30, quiet 22:00-07:00, Europe/Berlin"
+    assert "(digest daily@07:30, quiet 22:00-07:00, Europe/Berlin)" in run("users", "list", env=env).stdout
+    assert_one_line_error(run("users", "set", "alice", "--digest", "weekly", env=env), "digest 'weekly' is not one of")
+    assert_one_line_error(run("users", "set", "alice", "--quiet", "22-7", env=env), "are not START-END")
+    assert_one_line_error(run("users", "set", "alice", "--tz", "Mars/Olympus", env=env),
+                          "time zone 'Mars/Olympus' is not an IANA time zone name")
+    assert run("users", "set", "alice", "--digest", "immediate", "--quiet", "off", "--tz", "UTC",
+               env=env).stdout.strip() == "immediate"
+    with engine.connect() as conn:
+        stored = conn.execute(sa.select(schema.users.c.digest, schema.users.c.quiet_hours,
+                                        schema.users.c.timezone)).one()
+    assert tuple(stored) == (None, None, None), "the defaults are stored as NULL"

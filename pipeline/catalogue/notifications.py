@@ -12,8 +12,8 @@ from pipeline.storage import schema
 
 
 def requeue_notifications(conn: sa.Connection, *, ids: list[int] | None = None, dead: bool = False) -> int:
-    """Make dead (or the given) notifications pending again with a fresh attempt count;
-    sent ones are never requeued. A send in flight is fenced out (``claim.UNCLAIMED``):
+    """Make dead (or the given) notifications pending again with a fresh attempt count,
+    each on its own (a digest's leave it); sent ones are never requeued. A send in flight is fenced out (``claim.UNCLAIMED``):
     its outcome is not recorded over the requeue. Returns how many."""
     if not ids and not dead:
         raise UserError("name notifications with --id, or requeue every dead one with --dead")
@@ -26,6 +26,7 @@ def requeue_notifications(conn: sa.Connection, *, ids: list[int] | None = None, 
     result = conn.execute(
         sa.update(t).where(*where).values(
             status=NotificationStatus.PENDING, attempts=0, next_attempt_at=sa.func.current_timestamp(), last_error=None,
+            digest_id=None,  # out of its digest: sent on its own, never twice
             **UNCLAIMED,
         )
     )

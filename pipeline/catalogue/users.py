@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -16,9 +17,11 @@ import sqlalchemy as sa
 
 from pipeline.core.errors import UserError
 from pipeline.core.inputs import TEXT_CHARS, URL_CHARS, text_problem
-from pipeline.core.kinds import ChannelKind
+from pipeline.core.kinds import ChannelKind, NotificationStatus
 from pipeline.core.redact import channel_url
-from pipeline.notify.matching import parse_keywords
+from pipeline.notify.notifier import source_ids_by_name
+from pipeline.notify.query import QueryError, compile_query, parse, source_terms
+from pipeline.notify.schedule import DeliveryPlan
 from pipeline.storage import schema
 
 
@@ -79,37 +82,93 @@ def find_user(conn: sa.Connection, user: str) -> int:
 
 
 def add_filter(
-    conn: sa.Connection, user: str, keywords: str, *, source_id: int | None = None,
-    category: str | None = None,
+    conn: sa.Connection, user: str, query: str, *, source_id: int | None = None,
+    category: str | None = None, changes: bool = False,
 ) -> int:
-    """Add a filter; it applies to listings that arrive from now on."""
+    """Add a filter written in the filter language (pipeline/notify/query.py); it applies
+    to listings that arrive from now on. A malformed filter is refused with the position
+    of what is wrong; a ``source:`` must name a source that exists. ``changes``: its user
+    also hears when a listing it notified them of changes or goes (pipeline/storage/watches.py)."""
     user_id = find_user(conn, user)
-    for field, value in (("the filter's words", keywords), ("category", category)):
+    for field, value in (("the filter", query), ("category", category)):
         if value is not None and (problem := text_problem(value, field)):
             raise UserError(problem)
+    names = source_ids_by_name(conn)
     try:
-        words = parse_keywords(keywords)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    if source_id is not None:
-        s = schema.sources
-        if conn.execute(sa.select(s.c.id).where(s.c.id == source_id)).first() is None:
-            raise UserError(f"no source with id {source_id}")
+        for term in source_terms(parse(query)):
+            if term.value not in names and not (term.value.isdigit() and _source_exists(conn, int(term.value))):
+                raise QueryError(f"no source named (or with id) {term.value!r}", term.position)
+        compiled = compile_query(query, names)
+    except QueryError as exc:
+        raise UserError(f"filter {query.strip()!r}: {exc}") from None
+    if source_id is not None and not _source_exists(conn, source_id):
+        raise UserError(f"no source with id {source_id}")
     category = (category or "").strip() or None
     t = schema.filters
     return int(conn.execute(
-        sa.insert(t).values(user_id=user_id, keywords=list(words), source_id=source_id, category=category)
+        sa.insert(t).values(user_id=user_id, keywords=list(compiled.words), query=compiled.text,
+                            source_id=source_id, category=category, changes=changes)
         .returning(t.c.id)
     ).scalar_one())
 
 
+def _source_exists(conn: sa.Connection, source_id: int) -> bool:
+    s = schema.sources
+    return conn.execute(sa.select(s.c.id).where(s.c.id == source_id)).first() is not None
+
+
+def set_delivery(
+    conn: sa.Connection, user: str, *, digest: str | None = None, quiet: str | None = None,
+    timezone: str | None = None, now: datetime | None = None,
+) -> DeliveryPlan:
+    """Change when a user hears (pipeline/notify/schedule.py); settings not given stay.
+    The notifications waiting for a digest or the end of quiet hours are re-timed by the
+    new plan (a new time zone moves them; back to immediate releases them now, as one
+    digest). Running notifiers see the change within their filter reload (60 s)."""
+    user_id = find_user(conn, user)
+    t, n = schema.users, schema.notifications
+    old = conn.execute(sa.select(t.c.digest, t.c.quiet_hours, t.c.timezone).where(t.c.id == user_id)).one()
+    values = {
+        "digest": old.digest if digest is None else digest.strip().lower(),
+        "quiet_hours": old.quiet_hours if quiet is None else quiet.strip().lower(),
+        "timezone": old.timezone if timezone is None else timezone.strip(),
+    }
+    plan = DeliveryPlan.parse(values["digest"], values["quiet_hours"], values["timezone"])
+    values = {  # stored as NULL where they say the default
+        "digest": None if plan.every is None and plan.daily_at is None else values["digest"],
+        "quiet_hours": None if plan.quiet is None else values["quiet_hours"],
+        "timezone": None if values["timezone"] in (None, "", "UTC") else values["timezone"],
+    }
+    conn.execute(sa.update(t).where(t.c.id == user_id).values(values))
+    now = now or datetime.now(UTC)
+    conn.execute(
+        sa.update(n)
+        .where(n.c.user_id == user_id, n.c.status == NotificationStatus.HELD, n.c.digest_id.is_(None))
+        .values(next_attempt_at=plan.release_at(now) or now)
+    )
+    return plan
+
+
+def describe_delivery(digest: str | None, quiet: str | None, timezone: str | None) -> str:
+    """A user's delivery settings in one phrase, as ``users list`` shows them."""
+    parts = [f"digest {digest}" if digest else "immediate"]
+    if quiet:
+        parts.append(f"quiet {quiet}")
+    if timezone:
+        parts.append(timezone)
+    return ", ".join(parts)
+
+
 def list_users(conn: sa.Connection) -> list[dict[str, Any]]:
     t = schema.users
-    rows = conn.execute(sa.select(t.c.id, t.c.name, t.c.channel, t.c.channel_url, t.c.enabled).order_by(t.c.id))
+    rows = conn.execute(sa.select(t.c.id, t.c.name, t.c.channel, t.c.channel_url, t.c.enabled, t.c.digest,
+                                  t.c.quiet_hours, t.c.timezone).order_by(t.c.id))
     return [
         {"id": r.id, "name": r.name, "channel": r.channel,
          "target": channel_url(r.channel_url),  # webhook paths can hold tokens too
-         "enabled": r.enabled}
+         "enabled": r.enabled, "digest": r.digest or "immediate", "quiet_hours": r.quiet_hours,
+         "timezone": r.timezone or "UTC",
+         "delivery": describe_delivery(r.digest, r.quiet_hours, r.timezone)}
         for r in rows
     ]
 
@@ -117,10 +176,12 @@ def list_users(conn: sa.Connection) -> list[dict[str, Any]]:
 def list_filters(conn: sa.Connection) -> list[dict[str, Any]]:
     f, u = schema.filters, schema.users
     rows = conn.execute(
-        sa.select(f.c.id, u.c.name, f.c.keywords, f.c.source_id, f.c.category, f.c.enabled, f.c.created_at)
+        sa.select(f.c.id, u.c.name, f.c.keywords, f.c.query, f.c.source_id, f.c.category, f.c.changes,
+                  f.c.enabled, f.c.created_at)
         .join(u, u.c.id == f.c.user_id).order_by(f.c.id)
     )
-    return [dict(r._mapping) for r in rows]
+    # A filter from before the language shows its keywords as the query they mean.
+    return [dict(r._mapping) | {"query": r.query or " ".join(r.keywords)} for r in rows]
 
 
 def set_filter_enabled(conn: sa.Connection, filter_id: int, enabled: bool) -> None:

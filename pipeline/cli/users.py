@@ -40,6 +40,28 @@ def users_add(name: str, webhook: str | None, secret_file: Any, apprise_url: str
                    err=True)
 
 
+@users_group.command("set")
+@click.argument("user")
+@click.option("--digest", metavar="WHEN",
+              help="immediate (one message per match), 30m or 2h (a digest every so often, from"
+                   " midnight), daily or daily@08:00 (once a day).")
+@click.option("--quiet", metavar="START-END",
+              help="Quiet hours, e.g. 22:00-07:00 (may span midnight), or off: what matches then"
+                   " waits and goes out as one digest when they end.")
+@click.option("--tz", "timezone", metavar="ZONE", help="The user's time zone (IANA, e.g. Europe/Berlin; default UTC).")
+def users_set(user: str, digest: str | None, quiet: str | None, timezone: str | None) -> None:
+    """Change when USER (a name or id) is notified. Notifications already waiting are
+    re-timed by the new settings."""
+    from pipeline.catalogue import users
+
+    if digest is None and quiet is None and timezone is None:
+        raise click.UsageError("give --digest, --quiet or --tz")
+    with common.engine().begin() as conn:
+        users.set_delivery(conn, user, digest=digest, quiet=quiet, timezone=timezone)
+        row = next(r for r in users.list_users(conn) if r["id"] == users.find_user(conn, user))
+    click.echo(row["delivery"])
+
+
 @users_group.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def users_list(as_json: bool) -> None:
@@ -53,7 +75,7 @@ def users_list(as_json: bool) -> None:
         return
     for row in rows:
         state = "" if row["enabled"] else "  (disabled)"
-        click.echo(f"{row['id']:>6}  {row['name']:<20} {row['channel']:<8} {row['target']}{state}")
+        click.echo(f"{row['id']:>6}  {row['name']:<20} {row['channel']:<8} {row['target']}  ({row['delivery']}){state}")
 
 
 @click.group("filters")
@@ -63,16 +85,23 @@ def filters_group() -> None:
 
 @filters_group.command("add")
 @click.argument("user")
-@click.option("--keywords", required=True, help='Words that must all appear, e.g. "python remote".')
+@click.option(
+    "--keywords", "--query", "query", required=True, metavar="FILTER",
+    help='The filter: words that must all appear ("python remote"), "exact phrases", -excluded,'
+         ' OR and ( ), fields title: summary: author: category: source: and published:7d or'
+         ' published:2026-01-01..2026-01-31. See the README, "Filters".')
 @click.option("--source", "source_id", type=common.ID, help="Only listings of this source id.")
 @click.option("--category", help="Only listings with this category.")
-def filters_add(user: str, keywords: str, source_id: int | None, category: str | None) -> None:
+@click.option("--changes", is_flag=True,
+              help="Also tell USER when a listing this filter notified them of changes (title or summary)"
+                   " or goes from its source, once per change.")
+def filters_add(user: str, query: str, source_id: int | None, category: str | None, changes: bool) -> None:
     """Add a filter for USER (a name or id) and print its id. It applies to listings that
     arrive from now on."""
     from pipeline.catalogue import users
 
     with common.engine().begin() as conn:
-        click.echo(users.add_filter(conn, user, keywords, source_id=source_id, category=category))
+        click.echo(users.add_filter(conn, user, query, source_id=source_id, category=category, changes=changes))
 
 
 @filters_group.command("list")
@@ -90,9 +119,10 @@ def filters_list(as_json: bool) -> None:
         limits = "".join(
             [f" source {row['source_id']}" if row["source_id"] else "",
              f" category {row['category']!r}" if row["category"] else "",
+             " (and its changes)" if row["changes"] else "",
              "" if row["enabled"] else " (disabled)"]
         )
-        click.echo(f"{row['id']:>6}  {row['name']:<20} {' '.join(row['keywords'])}{limits}")
+        click.echo(f"{row['id']:>6}  {row['name']:<20} {row['query']}{limits}")
 
 
 @filters_group.command("enable")

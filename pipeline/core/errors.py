@@ -42,6 +42,15 @@ class UserError(PipelineError):
     """A user, filter or notification request that cannot be accepted."""
 
 
+class QueryError(UserError):
+    """A filter that does not parse or cannot be matched (pipeline/notify/query.py);
+    ``position`` (1-based) is where, when there is one place to point at."""
+
+    def __init__(self, message: str, position: int | None = None) -> None:
+        self.position = position
+        super().__init__(f"at position {position}: {message}" if position is not None else message)
+
+
 # -- work failures ---------------------------------------------------------------------------
 
 

@@ -21,6 +21,9 @@ class NotificationStatus(StrEnum):
     SENT = "sent"
     FAILED = "failed"  # tried, to be retried at next_attempt_at
     DEAD = "dead"  # attempts used up, or a permanent failure: an operator may requeue it
+    # Waiting for its user's digest or the end of quiet hours (next_attempt_at), or, with
+    # a digest_id, part of a digest that its first notification carries.
+    HELD = "held"
 
 
 class ChannelKind(StrEnum):

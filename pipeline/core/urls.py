@@ -15,7 +15,7 @@ import hashlib
 import ipaddress
 import re
 import socket
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _ESCAPE = re.compile(r"%[0-9a-fA-F]{2}")
@@ -134,3 +134,33 @@ def item_key(url: str, source_item_id: str, *, canonical: bool = False) -> str:
     URL is already in its canonical spelling (``web_urls``)."""
     text = f"{url if canonical else canonical_url(url)}\n{source_item_id}"
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+# Query parameters that say how a reader arrived, not what they read: campaign tags
+# (``utm_*``) and the click ids that ad networks, mail tools and social sites append.
+# Two sources linking one story differ in these and nothing else.
+TRACKING_PREFIXES = ("utm_",)
+TRACKING_PARAMETERS = frozenset({
+    "fbclid", "gclid", "dclid", "gbraid", "wbraid", "msclkid", "yclid", "twclid", "ttclid",
+    "igshid", "mc_cid", "mc_eid", "_hsenc", "_hsmi", "mkt_tok", "oly_anon_id", "oly_enc_id",
+    "vero_id", "_ga", "_gl",
+})
+
+
+def story_url(canonical: str) -> str | None:
+    """The address of the story a canonical URL (``web_urls``) shows, for "the same story
+    from different sources": the URL without tracking parameters (the rest of the query
+    kept as written, in order). None for a site's home page (path ``/``, no query left):
+    feeds that link every item to their home page say nothing about which story it is."""
+    parts = urlsplit(canonical)
+    kept = [
+        pair for pair in parts.query.split("&")
+        if pair and not _is_tracking(unquote(pair.partition("=")[0]).lower())
+    ]
+    if parts.path == "/" and not kept:
+        return None
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, "&".join(kept), ""))
+
+
+def _is_tracking(name: str) -> bool:
+    return name.startswith(TRACKING_PREFIXES) or name in TRACKING_PARAMETERS

@@ -23,7 +23,16 @@ CHANNEL_ID = "UCdemoChannel0000000000A"  # 24 characters, as YouTube's are
 # value, public on purpose; real users get a generated one (`pipeline users add`).
 DEMO_SECRET = "demo-webhook-secret-not-for-production"
 DEMO_USER = "demo"
-DEMO_FILTERS = ("python", "rust remote", "postgresql", "dagster")
+# A second user at the same receiver, with a daily digest (08:00 UTC) of a phrase.
+DIGEST_USER, DIGEST_AT, DIGEST_FILTER = "demo-digest", "daily@08:00", '"data engineer" OR "machine learning"'
+# In the filter language (README, "Filters"): words, a phrase, an alternative, a field.
+DEMO_FILTERS = ("python -frontend", "rust remote", '"data engineer" OR postgresql', "title:dagster")
+# A filter that watches what it notified of (`filters add --changes`): an event's ticket
+# price rises, then the event leaves the page; each is a change alert.
+DEMO_WATCH = '"python meetup" OR "rust workshop"'
+# An event's ticket: PRICE_FROM euros when listed, PRICE_STEP more every PRICE_EVERY, at
+# most PRICE_RISES times.
+PRICE_FROM, PRICE_STEP, PRICE_EVERY, PRICE_RISES = 10, 5, timedelta(minutes=4), 3
 INTERVAL_MINUTES = 1
 
 _ROLES = (
@@ -51,13 +60,21 @@ class Feed:
     [EPOCH + k * period, EPOCH + (k + 1) * period), drawn at random once (seeded by k), so
     items come at ``period`` on average but off any beat: a fetch on the same cadence
     is not locked to one phase of the feed (every item waiting the same time). The
-    newest ``shown`` are listed."""
+    newest ``shown`` are listed, as ``render(site, ks, now)`` shows them; an item that
+    changes as it ages does so every ``changes_every``."""
 
     path: str
     period: timedelta
     shown: int
-    render: Callable[[str, list[int]], bytes]
+    render: Callable[[str, list[int], datetime], bytes]
     content_type: str
+    changes_every: timedelta | None = None
+
+    def etag(self, now: datetime) -> str:
+        """What the feed shows at ``now``, as a validator: it changes when it does."""
+        latest = self.latest(now)
+        return f'"{self.path}-{latest}"' if self.changes_every is None else \
+            f'"{self.path}-{latest}-{int((now - EPOCH) / self.changes_every)}"'
 
     def latest(self, now: datetime) -> int:
         k = int((now - EPOCH) / self.period)
@@ -71,7 +88,7 @@ def _rng(kind: str, k: int) -> random.Random:
     return random.Random(f"{kind}-{k}")  # the same item on every request and restart
 
 
-def _jobs(base: str, ks: list[int]) -> bytes:
+def _jobs(base: str, ks: list[int], _now: datetime) -> bytes:
     items = []
     for k in ks:
         rng = _rng("job", k)
@@ -91,7 +108,7 @@ def _jobs(base: str, ks: list[int]) -> bytes:
     ).encode()
 
 
-def _news(base: str, ks: list[int]) -> bytes:
+def _news(base: str, ks: list[int], _now: datetime) -> bytes:
     entries = []
     for k in ks:
         rng = _rng("news", k)
@@ -111,7 +128,13 @@ def _news(base: str, ks: list[int]) -> bytes:
     ).encode()
 
 
-def _events(base: str, ks: list[int]) -> bytes:
+def ticket_price(k: int, now: datetime) -> int:
+    """Event k's ticket price at ``now``, in euros: it rises as the event fills."""
+    rises = min(PRICE_RISES, int((now - EVENTS.published(k)) / PRICE_EVERY))
+    return PRICE_FROM + PRICE_STEP * max(0, rises)
+
+
+def _events(base: str, ks: list[int], now: datetime) -> bytes:
     rows = []
     for k in ks:
         rng = _rng("event", k)
@@ -119,7 +142,8 @@ def _events(base: str, ks: list[int]) -> bytes:
         day = (EVENTS.published(k) + timedelta(days=rng.randint(3, 30))).strftime("%d %B")
         rows.append(
             f'<li class="event"><h3><a href="/events/{k}">{html.escape(name)} #{k}</a></h3>'
-            f'<p class="blurb">On {day}, {rng.choice(_PLACES)}. Talks, pizza and questions.</p></li>'
+            f'<p class="blurb">On {day}, {rng.choice(_PLACES)}. Talks, pizza and questions.</p>'
+            f'<p>Tickets <span class="price">&euro;{ticket_price(k, now)}</span></p></li>'
         )
     return (
         "<!doctype html><html><head><title>Demo events</title></head><body>"
@@ -127,7 +151,7 @@ def _events(base: str, ks: list[int]) -> bytes:
     ).encode()
 
 
-def _videos(base: str, ks: list[int]) -> bytes:
+def _videos(base: str, ks: list[int], _now: datetime) -> bytes:
     entries = []
     for k in ks:
         rng = _rng("video", k)
@@ -154,7 +178,8 @@ def _videos(base: str, ks: list[int]) -> bytes:
 
 JOBS = Feed("/feeds/jobs.rss", timedelta(minutes=1), 20, _jobs, "application/rss+xml")
 NEWS = Feed("/feeds/news.atom", timedelta(seconds=90), 20, _news, "application/atom+xml")
-EVENTS = Feed("/events.html", timedelta(minutes=2), 10, _events, "text/html; charset=utf-8")
+EVENTS = Feed("/events.html", timedelta(minutes=2), 10, _events, "text/html; charset=utf-8",
+              changes_every=PRICE_EVERY)
 VIDEOS = Feed("/feeds/videos.xml", timedelta(minutes=3), 15, _videos, "application/atom+xml")
 FEEDS = {feed.path: feed for feed in (JOBS, NEWS, EVENTS, VIDEOS)}
 
@@ -168,7 +193,8 @@ def source_specs(site: str) -> list[sources.SourceSpec]:
                           interval=INTERVAL_MINUTES, category="news"),
         sources.make_spec(f"{site}{EVENTS.path}", source_type=SourceType.PAGE, name="Demo events page",
                           interval=INTERVAL_MINUTES, category="events",
-                          config={"item": "li.event", "title": "h3", "link": "a", "summary": ".blurb"}),
+                          config={"item": "li.event", "title": "h3", "link": "a", "summary": ".blurb",
+                                  "price": ".price"}),
         sources.make_spec(f"{site}/channel/{CHANNEL_ID}", source_type=SourceType.YOUTUBE, name="Demo channel",
                           interval=INTERVAL_MINUTES, category="video"),
     ]
@@ -181,7 +207,14 @@ def seed(conn: sa.Connection, site: str) -> dict[str, int]:
     filters = 0
     if conn.execute(sa.select(t.c.id).where(t.c.name == DEMO_USER)).first() is None:
         users.add_user(conn, DEMO_USER, webhook=f"{site}/hook", secret=DEMO_SECRET)
-        for keywords in DEMO_FILTERS:
-            users.add_filter(conn, DEMO_USER, keywords)
+        for query in DEMO_FILTERS:
+            users.add_filter(conn, DEMO_USER, query)
             filters += 1
+        users.add_filter(conn, DEMO_USER, DEMO_WATCH, changes=True)
+        filters += 1
+    if conn.execute(sa.select(t.c.id).where(t.c.name == DIGEST_USER)).first() is None:
+        users.add_user(conn, DIGEST_USER, webhook=f"{site}/hook", secret=DEMO_SECRET)
+        users.set_delivery(conn, DIGEST_USER, digest=DIGEST_AT)
+        users.add_filter(conn, DIGEST_USER, DIGEST_FILTER)
+        filters += 1
     return {"sources_added": added, "filters_added": filters}

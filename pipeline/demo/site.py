@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from pipeline.core.settings import DEFAULT_DEMO_PORT
 from pipeline.demo.content import CHANNEL_ID, DEMO_SECRET, DEMO_USER, FEEDS, Feed
-from pipeline.notify.delivery import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, verify
+from pipeline.notify.delivery import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, heading, verify
 
 
 class Deliveries:
@@ -79,30 +79,39 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(401, b"bad signature", "text/plain")
             return
         payload = json.loads(body)
-        self.server.deliveries.add({
-            "received_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "key": self.headers.get(IDEMPOTENCY_HEADER), "notification_id": payload["notification_id"],
-            "user": payload["user"]["name"], "keywords": payload["filter"]["keywords"],
-            "title": payload["listing"]["title"], "url": payload["listing"]["url"],
-        })
+        record = {"received_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                  "key": self.headers.get(IDEMPOTENCY_HEADER), "user": payload["user"]["name"]}
+        if "items" in payload:  # a digest: one delivery of several listings
+            titles = [item["listing"]["title"] for item in payload["items"]]
+            record |= {"notification_id": payload["digest_id"], "filter": f"digest of {len(titles)}",
+                       "title": "; ".join(titles[:3]) + (" ..." if len(titles) > 3 else ""),
+                       "url": payload["items"][0]["listing"]["url"]}
+        else:
+            listing = payload["listing"]
+            event = payload.get("event", "new")
+            record |= {"notification_id": payload["notification_id"], "filter": payload["filter"].get("query", ""),
+                       "event": event, "url": listing["url"], "title": heading(event, listing["title"])
+                       + (f" ({listing['price']})" if listing.get("price") else "")}
+        self.server.deliveries.add(record)
         self._reply(204, b"", "text/plain")
 
     def _feed(self, feed: Feed, site: str) -> None:
-        latest = feed.latest(datetime.now(UTC))
-        etag = f'"{feed.path}-{latest}"'
+        now = self.server.clock()
+        latest, etag = feed.latest(now), feed.etag(now)
         if self.headers.get("If-None-Match") == etag:
             self._reply(304, b"", feed.content_type, {"ETag": etag})
             return
         ks = list(range(latest, max(latest - feed.shown, -1), -1))
-        self._reply(200, feed.render(site, ks), feed.content_type, {"ETag": etag})
+        self._reply(200, feed.render(site, ks, now), feed.content_type, {"ETag": etag})
 
     def _home(self) -> bytes:
         with self.server.deliveries.lock:
             recent = list(reversed(self.server.deliveries.received[-50:]))
             total, repeats = len(self.server.deliveries.received), self.server.deliveries.repeats
         rows = "".join(
-            f"<tr><td>{html.escape(r['received_at'])}</td><td>{r['notification_id']}</td>"
-            f"<td>{html.escape(' '.join(r['keywords']))}</td>"
+            f"<tr><td>{html.escape(r['received_at'])}</td><td>{html.escape(r.get('user', DEMO_USER))}</td>"
+            f"<td>{r['notification_id']}</td>"
+            f"<td>{html.escape(r['filter'])}</td>"
             f"<td><a href=\"{html.escape(r['url'])}\">{html.escape(r['title'])}</a></td></tr>"
             for r in recent
         )
@@ -111,10 +120,10 @@ class _Handler(BaseHTTPRequestHandler):
             "<!doctype html><html><head><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"5\">"
             "<title>Pipeline demo: deliveries</title><style>body{font-family:sans-serif;margin:2em}"
             "td,th{padding:.2em .8em;text-align:left}tr:nth-child(even){background:#f3f3f3}</style></head><body>"
-            f"<h1>Webhook deliveries to user {DEMO_USER!r}</h1>"
+            "<h1>Webhook deliveries to the demo's users</h1>"
             f"<p>{total} received, signatures verified; {repeats} repeats dropped by Idempotency-Key."
             " This page refreshes every 5 seconds.</p>"
-            "<table><tr><th>received (UTC)</th><th>notification</th><th>filter</th><th>listing</th></tr>"
+            "<table><tr><th>received (UTC)</th><th>user</th><th>notification</th><th>filter</th><th>listing</th></tr>"
             f"{rows}</table><h2>Feeds served</h2><ul>{feeds}</ul></body></html>"
         ).encode()
 
@@ -135,9 +144,11 @@ class _Handler(BaseHTTPRequestHandler):
 class DemoSite(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, port: int, deliveries_file: Path) -> None:
+    def __init__(self, port: int, deliveries_file: Path,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         super().__init__(("127.0.0.1", port), _Handler)
         self.deliveries = Deliveries(deliveries_file)
+        self.clock = clock  # what the feeds show is a function of it (content.Feed)
 
     @property
     def url(self) -> str:

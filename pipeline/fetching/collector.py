@@ -53,7 +53,7 @@ from pipeline.fetching.registry import adapter_for
 from pipeline.net.http import Fetcher
 from pipeline.queue.claim import Claim, Row, RowCompletion, WorkQueue
 from pipeline.queue.workpool import work_claimed
-from pipeline.storage import counters, schema
+from pipeline.storage import counters, schema, watches
 from pipeline.storage.bulk import insert_rows, on_conflict_insert
 
 log = logging.getLogger("pipeline.ingestion")
@@ -132,10 +132,15 @@ class Collector:
     random_unit: Callable[[], float] = random.random
     _storing: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     _group_floors: dict[str, float] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # Whether any listing is watched for change alerts (read once per run): if none, a
+    # fetch's items are not compared with the watched ones (pipeline/storage/watches.py).
+    _watching: bool = field(default=False, init=False, repr=False, compare=False)
 
     def run(self, *, max_sources: int | None = None, concurrency: int | None = None) -> CollectStats:
         """Claim due sources until none is due or ``max_sources`` were claimed."""
         stats = CollectStats()
+        with self.engine.connect() as conn:
+            self._watching = conn.execute(sa.select(schema.watches.c.user_id).limit(1)).first() is not None
         # Politeness is in the claim: a source is handed out only when its group has room.
         # Each claim writes its sources' started events itself (before any request
         # leaves: a fetch that reached its host always has its event), in its own
@@ -251,6 +256,11 @@ class Collector:
                 conn,
                 [(f.source["id"], f.outcome.items) for f in kept if f.outcome and f.outcome.items],
             )
+            if self._watching:  # every item a fetch listed, when it was not capped
+                watches.mark_gone(conn, [
+                    (f.source["id"], f.source["source_type"], [item.source_item_id for item in f.outcome.items])
+                    for f in kept if f.outcome and f.outcome.items and f.items_seen is None
+                ], datetime.now(UTC))
             events = [self._completed_event(f, completions[f.source["id"]], new) for f in kept]
             insert_rows(conn, schema.ingestion_events, events)
             counters.add(conn, counters.fetch_counts(events))  # last: see pipeline/storage/counters.py

@@ -1,7 +1,9 @@
 """The ``http`` adapter: an HTML page, read with Beautiful Soup.
 
-With CSS selectors in the source's config (``item``, and optionally ``title``, ``link``
-and ``summary`` relative to each item), one item per element matching ``item``. Without
+With CSS selectors in the source's config (``item``, and optionally ``title``, ``link``,
+``summary`` and ``price`` relative to each item), one item per element matching
+``item``; a ``price`` is the text of its element, and a change of it is a change of the
+item (change alerts, pipeline/storage/watches.py). Without
 them, the page is a change detector: one item per distinct page text, identified by
 the hash of that text, so a change to the page yields a new item and an unchanged page
 yields nothing new.
@@ -30,7 +32,7 @@ SUMMARY_CHARS = 2000
 # page worth watching has more elements than this; one that does is refused unparsed.
 MAX_ELEMENTS = 50_000
 _START_TAG = re.compile(rb"<[a-zA-Z]")
-SELECTOR_KEYS = ("item", "title", "link", "summary")
+SELECTOR_KEYS = ("item", "title", "link", "summary", "price")
 _NOT_TEXT = ("script", "style", "noscript", "template", "head")
 
 
@@ -88,6 +90,7 @@ def _selected_item(element: Tag, page_url: str, config: Mapping[str, Any]) -> It
         element if element.name == "a" else element.find("a", href=True)
     )
     summary_node = _select_one(element, config.get("summary"))
+    price_node = _select_one(element, config.get("price"))
     href = link_node.get("href") if isinstance(link_node, Tag) else None
     link = urljoin(page_url, str(href)) if href else ""
     text = _text(element)
@@ -99,7 +102,12 @@ def _selected_item(element: Tag, page_url: str, config: Mapping[str, Any]) -> It
         "author": None,
         "categories": [],
     }
-    identity = link or f"sha256:{hashlib.sha256(text.encode()).hexdigest()}"
+    if price_node is not None:
+        raw["price"] = _text(price_node)[:SUMMARY_CHARS]  # the normaliser bounds it further
+    # Without a link, the item is its text, less its price: a new price is a change of
+    # the item, not another item.
+    own_text = text.replace(raw.get("price", ""), "", 1) if raw.get("price") else text
+    identity = link or f"sha256:{hashlib.sha256(own_text.encode()).hexdigest()}"
     return Item(source_item_id=identity, url=link or page_url, raw=raw)
 
 
@@ -118,7 +126,7 @@ class PageAdapter:
             except SelectorSyntaxError as exc:
                 raise ValueError(f"http config {key!r}: bad CSS selector: {exc}".splitlines()[0]) from None
         if any(key in config for key in SELECTOR_KEYS[1:]) and "item" not in config:
-            raise ValueError("http config: title, link and summary select inside an 'item'; set 'item' too")
+            raise ValueError("http config: title, link, summary and price select inside an 'item'; set 'item' too")
 
     def fetch(self, source: Mapping[str, Any], fetcher: Fetcher) -> Outcome:
         config = source.get("config") or {}

@@ -1,10 +1,11 @@
 """Raw items into listings: the normaliser, a pure function (no I/O, no clock).
 
 ``normalise`` takes a raw row's ``raw_json`` (DESIGN.md "Schema": title, url, summary,
-published_at, author, categories) and returns the listing's values: text fields as plain
-text (HTML tags dropped, entities decoded, white space collapsed, lengths bounded), the
-publication time in UTC, categories as a clean list, and a hash of all of it. Input it
-cannot use raises ``NormaliseError`` saying what is wrong.
+published_at, author, categories; and a page item's price) and returns the listing's
+values: text fields as plain text (HTML tags dropped, entities decoded, white space
+collapsed, lengths bounded), the publication time in UTC, categories as a clean list,
+and a hash of all of it. Input it cannot use raises ``NormaliseError`` saying what is
+wrong.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ TITLE_CHARS = 500
 SUMMARY_CHARS = 5000
 AUTHOR_CHARS = 200
 CATEGORY_CHARS = 100
+PRICE_CHARS = 100
 MAX_CATEGORIES = 50
 # A publication time further ahead than this is a feed's mistake, not a scheduled post:
 # it is stored as unknown rather than pinning the listing to the top of every list.
@@ -43,6 +45,7 @@ class Listing:
     # The url's canonical spelling (pipeline/core/urls.py), the item's identity: derived
     # from ``url``, so not part of the content hash.
     canonical_url: str
+    price: str | None = None  # as the page shows it (a page source's ``price`` selector)
 
     @property
     def content_hash(self) -> str:
@@ -52,6 +55,8 @@ class Listing:
             self.url, self.title, self.summary, self.author or "\x00",
             self.published_at.isoformat() if self.published_at else "\x00",
             "\x1f".join(self.categories),
+            # Only when there is one: the hashes of listings without a price stay as they were.
+            *(() if self.price is None else (self.price,)),
         )
         return hashlib.sha256("\x1e".join(fields).encode()).hexdigest()
 
@@ -84,6 +89,7 @@ def normalise(
         published_at=_published(raw.get("published_at"), now),
         categories=_categories(raw.get("categories"), source_category),
         canonical_url=canonical,
+        price=_bounded(html_to_text(_text(raw.get("price"), "price")), PRICE_CHARS) or None,
     )
 
 

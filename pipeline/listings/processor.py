@@ -28,6 +28,7 @@ from sqlalchemy.engine import Engine
 from pipeline.core.errors import NormaliseError
 from pipeline.core.settings import Settings
 from pipeline.core.urls import item_key
+from pipeline.listings import stories
 from pipeline.listings.normalize import Listing, normalise
 from pipeline.queue.claim import MARIADB, UNCLAIMED, Claim, Heartbeat, Row, RowCompletion, WorkQueue
 from pipeline.queue.recordset import json_rows, recordset
@@ -37,11 +38,11 @@ log = logging.getLogger("pipeline.listings.processor")
 
 _COLUMNS = (
     "source_id", "source_item_id", "url", "title", "summary", "author", "published_at",
-    "categories", "content_hash", "raw_id", "item_key",
+    "categories", "price", "content_hash", "raw_id", "item_key", "simhash", *schema.STORY_KEYS,
 )
 # What the processor reads of a claimed raw row (besides its id, order and attempts).
 _CLAIMED = ("source_id", "source_item_id", "url", "raw_json")
-_CONTENT = ("url", "title", "summary", "author", "published_at", "categories", "content_hash", "item_key")
+_CONTENT = ("url", "title", "summary", "author", "published_at", "categories", "price", "content_hash", "item_key")
 
 
 @dataclass
@@ -53,6 +54,7 @@ class ProcessStats:
     failed: int = 0  # rows that could not be normalised, to be tried again later
     gave_up: int = 0  # rows that failed raw_max_attempts times: processed, error kept
     fenced_out: int = 0  # rows another worker had taken over
+    clustered: int = 0  # new listings that are a story another source brought (stories.py)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -172,27 +174,45 @@ class Processor:
         fenced = queue.complete(claim, {"processed_at": now, "last_error": None}, ids=ids, conn=conn)
         done = set(fenced.done)
         stats.fenced_out += len(fenced.lost)
-        rows = [_listing_row(row, listing) for row, listing in latest.values() if row["id"] in done]
-        self._upsert(conn, upsert, rows, stats)
+        self._upsert(conn, upsert, [pair for pair in latest.values() if pair[0]["id"] in done], stats)
 
-    def _upsert(self, conn: sa.Connection, upsert: sa.Insert, rows: list[dict[str, Any]], stats: ProcessStats) -> None:
-        if not rows:
+    def _upsert(
+        self, conn: sa.Connection, upsert: sa.Insert, pairs: list[tuple[Row, Listing]], stats: ProcessStats,
+    ) -> None:
+        """Upsert the listings of ``pairs``, then put the new ones in their stories."""
+        if not pairs:
             return
+        # In the order of their keys: two processors upserting the same listings lock them
+        # in one order, so one waits for the other instead of both for each other (a
+        # backlog holds newer versions of one item in two batches, in other orders).
+        pairs = sorted(pairs, key=lambda pair: (pair[0]["source_id"], pair[0]["source_item_id"]))
+        rows = [_listing_row(row, listing) for row, listing in pairs]
+        dialect = conn.dialect.name
         keys = [(r["source_id"], r["source_item_id"]) for r in rows]
-        found = conn.execute(_existing_statement(conn.dialect.name), _existing_params(conn.dialect.name, keys))
-        existing = {(r.source_id, r.source_item_id): r for r in found}
-        for r in rows:
-            old = existing.get((r["source_id"], r["source_item_id"]))
+        existing = {(r.source_id, r.source_item_id): r
+                    for r in conn.execute(_existing_statement(dialect), _existing_params(dialect, keys))}
+        new: dict[tuple[int, str], stories.Marks] = {}
+        for r, (_, listing) in zip(rows, pairs, strict=True):
+            key = (r["source_id"], r["source_item_id"])
+            old = existing.get(key)
             if old is None:
                 stats.inserted += 1
+                marks = new[key] = stories.Marks.of(listing)
+                r.update(marks.columns())
             elif old.content_hash != r["content_hash"] and (old.raw_id is None or old.raw_id <= r["raw_id"]):
                 stats.updated += 1
             else:
                 stats.unchanged += 1
-        if conn.dialect.name == "postgresql":
-            conn.execute(upsert, {"rows": json_rows(rows)})
+        if dialect == "postgresql":  # RETURNING the ids of the rows it wrote
+            written = conn.execute(upsert, {"rows": json_rows(rows)}).all()
         else:
             conn.execute(upsert, rows)
+            written = conn.execute(_existing_statement(dialect), _existing_params(dialect, list(new))).all() if new else []
+        if new:
+            ids = {(r.source_id, r.source_item_id): r.id for r in written}
+            stats.clustered += stories.assign(conn, [
+                stories.NewListing(ids[key], key[0], marks) for key, marks in new.items()
+            ])
 
     def _record_failures(
         self, conn: sa.Connection, queue: WorkQueue, claim: Claim,
@@ -262,12 +282,15 @@ def _listing_row(row: Row, listing: Listing) -> dict[str, Any]:
         "url": listing.url,
         "title": listing.title,
         "summary": listing.summary,
+        "price": listing.price,
         "author": listing.author,
         "published_at": listing.published_at,
         "categories": listing.categories,
         "content_hash": listing.content_hash,
         "raw_id": row["id"],
         "item_key": item_key(listing.canonical_url, row["source_item_id"], canonical=True),
+        # Set for a new listing (its fingerprint and keys are taken once, when first stored).
+        **dict.fromkeys(("simhash", *schema.STORY_KEYS)),
     }
 
 
@@ -292,14 +315,15 @@ def _upsert_mariadb() -> sa.Insert:
 
 
 def _existing_statement(dialect: str) -> sa.Select[Any]:
-    """The listings a batch's keys already have, to count inserts, updates and no-ops.
+    """The listings a batch's keys already have, to count inserts, updates and no-ops
+    (and, after the upsert on SQLite and MariaDB, the ids of the new ones).
 
     PostgreSQL: a join with the keys as two paired arrays (``unnest``), one probe of the
     unique (source_id, source_item_id) index per key, and the same SQL text for every
     batch (a tuple IN list would be new text each time, compiled and parsed again).
     """
     t = schema.listings
-    query = sa.select(t.c.source_id, t.c.source_item_id, t.c.content_hash, t.c.raw_id)
+    query = sa.select(t.c.id, t.c.source_id, t.c.source_item_id, t.c.content_hash, t.c.raw_id)
     if dialect == "postgresql":
         keys = sa.func.unnest(
             sa.bindparam("source_ids", type_=postgresql.ARRAY(sa.BigInteger())),
@@ -337,7 +361,7 @@ def _upsert_statement(dialect: str) -> sa.Insert:
     else:
         raise NotImplementedError(f"the processor's upsert needs PostgreSQL or SQLite, not {dialect}")
     changed = t.c.content_hash != insert.excluded.content_hash
-    return insert.on_conflict_do_update(
+    upsert = insert.on_conflict_do_update(
         index_elements=[t.c.source_id, t.c.source_item_id],
         set_={
             **{name: insert.excluded[name] for name in _CONTENT},
@@ -350,3 +374,6 @@ def _upsert_statement(dialect: str) -> sa.Insert:
         },
         where=sa.or_(t.c.raw_id.is_(None), insert.excluded.raw_id >= t.c.raw_id),
     )
+    # PostgreSQL tells the ids of the rows it wrote (the new ones' are needed for their
+    # stories); SQLite is asked after (_existing_statement).
+    return upsert.returning(t.c.id, t.c.source_id, t.c.source_item_id) if dialect == "postgresql" else upsert

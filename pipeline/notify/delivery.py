@@ -30,6 +30,7 @@ from pipeline.core.errors import DeliveryError, FetchError
 from pipeline.core.failures import CHANNEL_ERROR, FailureReason
 from pipeline.core.redact import channel_url
 from pipeline.net.http import USER_AGENT, AddressGuard, Fetcher, guarded_sockets
+from pipeline.notify.schedule import DeliveryPlan
 
 SIGNATURE_HEADER = "X-Pipeline-Signature"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -39,35 +40,79 @@ RETRY_JITTER = 0.2
 
 
 @dataclass(frozen=True)
-class Message:
-    """One notification as it is sent."""
+class Item:
+    """One matched listing, as a message tells it."""
 
     notification_id: int
+    filter_id: int | None
+    keywords: list[str]
+    query: str  # the filter as its user wrote it
+    listing: dict[str, Any]  # id, url, title, summary, published_at (ISO 8601), source_id; price if any
+    event: str = "new"  # new, changed or gone (pipeline/storage/watches.py)
+
+    def payload(self) -> dict[str, Any]:
+        return {"notification_id": self.notification_id, "event": self.event,
+                "filter": {"id": self.filter_id, "keywords": self.keywords, "query": self.query},
+                "listing": self.listing}
+
+    @property
+    def heading(self) -> str:
+        return heading(self.event, str(self.listing.get("title") or "New listing"))
+
+
+def heading(event: str, title: str) -> str:
+    """A message's title for a listing's event: its title, "Changed: ..." or "Gone: ..."."""
+    return {"changed": f"Changed: {title}", "gone": f"Gone: {title}"}.get(event, title)
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message as it is sent: one notification's item, or a digest's items (the
+    notification that carries the digest first, pipeline/notify/notifier.py)."""
+
+    notification_id: int  # the notification sent, or the one carrying the digest
     user_id: int
     user_name: str
     channel: str
     channel_url: str = field(repr=False)  # Apprise URLs carry tokens and passwords
     secret: str | None = field(repr=False)
-    filter_id: int | None
-    keywords: list[str]
-    listing: dict[str, Any]  # id, url, title, summary, published_at (ISO 8601), source_id
+    items: tuple[Item, ...]
+    is_digest: bool = False
+    plan: DeliveryPlan = field(default_factory=DeliveryPlan, compare=False)
+
+    @property
+    def listing(self) -> dict[str, Any]:
+        return self.items[0].listing
 
     @property
     def idempotency_key(self) -> str:
-        return f"notification-{self.notification_id}"
+        return f"digest-{self.notification_id}" if self.is_digest else f"notification-{self.notification_id}"
 
     def payload(self) -> dict[str, Any]:
-        return {
-            "notification_id": self.notification_id,
-            "idempotency_key": self.idempotency_key,
-            "user": {"id": self.user_id, "name": self.user_name},
-            "filter": {"id": self.filter_id, "keywords": self.keywords},
-            "listing": self.listing,
-        }
+        user = {"id": self.user_id, "name": self.user_name}
+        if self.is_digest:
+            return {"digest_id": self.notification_id, "idempotency_key": self.idempotency_key, "user": user,
+                    "items": [item.payload() for item in self.items]}
+        return {"idempotency_key": self.idempotency_key, "user": user, **self.items[0].payload()}
 
     def body(self) -> bytes:
         """The JSON body: the same bytes on every attempt, so a re-send is byte-identical."""
         return json.dumps(self.payload(), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+    def text(self) -> tuple[str, str]:
+        """A title and a plain-text body, for channels that are not JSON (Apprise)."""
+        if not self.is_digest:
+            item = self.items[0]
+            listing = item.listing
+            body = "\n\n".join(part for part in (
+                str(listing.get("summary") or "")[:1000],
+                f"Price: {listing['price']}" if listing.get("price") else "", str(listing.get("url") or ""),
+                f"Matched: {item.query} ({self.idempotency_key})") if part)
+            return item.heading, body
+        lines = [f"- {i.heading}" + (f" ({i.listing['price']})" if i.listing.get("price") else "")
+                 + f"\n  {i.listing.get('url') or ''}" for i in self.items]
+        return (f"{len(self.items)} new listings",
+                "\n".join(lines) + f"\n\n({self.idempotency_key})")
 
 
 def sign(secret: str, body: bytes) -> str:
@@ -124,16 +169,9 @@ class AppriseChannel:
             raise DeliveryError(
                 f"not a usable Apprise URL ({channel_url(message.channel_url)})", code=FailureReason.INVALID_CONFIG
             )
-        listing = message.listing
-        body = "\n\n".join(
-            part for part in (
-                str(listing.get("summary") or "")[:1000],
-                str(listing.get("url") or ""),
-                f"Matched: {' '.join(message.keywords)} ({message.idempotency_key})",
-            ) if part
-        )
+        title, body = message.text()
         with guarded_sockets(self.guard) as refused:
-            sent = notifier.notify(title=str(listing.get("title") or "New listing"), body=body)
+            sent = notifier.notify(title=title, body=body)
         if refused:
             raise DeliveryError(
                 f"{FailureReason.BLOCKED_ADDRESS}: Apprise was refused a connection to"

@@ -1,75 +1,64 @@
 """Which filters match a listing (DESIGN.md "Filters and delivery"), set-based.
 
-A filter matches a listing when every keyword appears, case-insensitively, as a whole
-word in its title or summary (plain text already: pipeline/listings/normalize.py), its source
-restriction names the listing's source, and its category restriction is one of the
-listing's categories. By default a filter applies only to listings that arrived after
+A filter matches a listing when its expression (pipeline/notify/query.py) holds for it:
+by default every word appears, case-insensitively, as a whole word in its title or
+summary (plain text already: pipeline/listings/normalize.py). Its source restriction
+names the listing's source, and its category restriction is one of the listing's
+categories. By default a filter applies only to listings that arrived after
 it (``ingested_at >= created_at``): a new filter does not flood its user with history.
 
-Set-based: ``FilterIndex`` files every filter under one of its keywords, once, when the
-filter joins the index, so a listing is compared only with the filters filed under one of
-its own words, never with every filter; the time to match a batch does not grow with the
-number of filters that cannot match it (bench/match_throughput.py). A filter is filed
-under its rarest keyword by the document frequencies the index has learned from the
+Set-based: ``FilterIndex`` files each alternative of every filter under one of the things
+it needs (a word; an author's word, a category or a source, under keys of their own),
+once, when the filter joins the index, so a listing is compared only with the
+alternatives filed under one of its own keys, never with every filter; the time to
+match a batch does not grow with the number of filters that cannot match it
+(bench/match_throughput.py). An alternative is filed under its rarest key by the document frequencies the index has learned from the
 listings it matched (``WordRarity``); unknown words count as rarest, and a tie goes to the
 longest word (longer words are rarer).
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import NamedTuple
 
-# A word: letters and digits, joined by inner punctuation ("node.js", "e-mail"), with an
-# optional tail of + or # ("c++", "c#"). A compound word also counts as each of its
-# parts, as a whole-word search would find them: "node.js" contains "node" and "js".
-WORD = re.compile(r"\w+(?:[.+#'-]+\w+)*[+#]*")
-_PART = re.compile(r"\w+")
-MAX_KEYWORDS = 20
-MAX_KEYWORD_CHARS = 100
+from pipeline.core.words import folded, phrase_tokens, words
+from pipeline.notify.query import (
+    AUTHOR_KEY,
+    CATEGORY_KEY,
+    SOURCE_KEY,
+    Clause,
+    Condition,
+    Field,
+    Query,
+    plain,
+)
 
-
-def words(text: str) -> set[str]:
-    """The words of ``text``, case-folded; compound words also as their parts."""
-    found = {word.casefold() for word in set(WORD.findall(text))}
-    for word in [w for w in found if not w.isalnum()]:
-        found.update(_PART.findall(word))
-    return found
-
-
-def parse_keywords(text: str) -> tuple[str, ...]:
-    """Keywords separated by spaces or commas, case-folded; ValueError naming a bad one."""
-    keywords: list[str] = []
-    for piece in re.split(r"[\s,]+", text.strip()):
-        if not piece:
-            continue
-        keyword = piece.casefold()
-        if len(keyword) > MAX_KEYWORD_CHARS or not WORD.fullmatch(keyword):
-            raise ValueError(
-                f"keyword {piece!r} is not a word (letters and digits, optionally joined by"
-                " . + # ' - as in node.js or c++)"
-            )
-        if keyword not in keywords:
-            keywords.append(keyword)
-    if not keywords:
-        raise ValueError("a filter needs at least one keyword")
-    if len(keywords) > MAX_KEYWORDS:
-        raise ValueError(f"a filter takes at most {MAX_KEYWORDS} keywords, got {len(keywords)}")
-    return tuple(keywords)
+__all__ = ["Filter", "FilterIndex", "ListingText", "Match", "WordRarity", "words"]
 
 
 @dataclass(frozen=True)
 class Filter:
+    """A user's filter. ``query`` is its expression compiled (pipeline/notify/query.py);
+    without one, ``keywords`` must all appear (filters from before the language, and
+    tests). ``source_id`` and ``category`` restrict it further (``filters add --source
+    --category``)."""
+
     id: int
     user_id: int
-    keywords: tuple[str, ...]
+    keywords: tuple[str, ...] = ()
     source_id: int | None = None
-    category: str | None = None  # case-folded
+    category: str | None = None  # folded (pipeline/core/words.py), as `category:` compares
     created_at: datetime | None = None
+    query: Query | None = None
+    changes: bool = False  # its user also hears of changes (pipeline/storage/watches.py)
+
+    @property
+    def clauses(self) -> tuple[Clause, ...]:
+        return (self.query or plain(self.keywords)).clauses
 
 
 @dataclass(frozen=True)
@@ -80,6 +69,8 @@ class ListingText:
     summary: str
     categories: Sequence[str] = ()
     ingested_at: datetime | None = None
+    author: str | None = None
+    published_at: datetime | None = None
 
 
 class Match(NamedTuple):
@@ -93,37 +84,51 @@ class Match(NamedTuple):
 
 
 class WordRarity:
-    """In how many listings each word was seen: the index's measure of rarity, learned
-    from the batches it matched. Bounded: past ``max_words`` words, those seen once are
-    forgotten (they are the long tail; a forgotten word counts as rare again)."""
+    """In how many listings each word (or other key) was seen: the index's measure of
+    rarity, learned from the batches it matched. Bounded: past ``max_words`` words, those
+    seen once are forgotten (they are the long tail; a forgotten word counts as rare
+    again)."""
 
     def __init__(self, max_words: int = 500_000) -> None:
         self.seen: Counter[str] = Counter()
         self.max_words = max_words
 
-    def observe(self, listing_words: Iterable[set[str]]) -> None:
+    def observe(self, listing_words: Iterable[Iterable[str]]) -> None:
         seen = self.seen
         for text_words in listing_words:
             seen.update(text_words)
         if len(seen) > self.max_words:
             self.seen = Counter({word: n for word, n in seen.items() if n > 1})
 
-    def rarest(self, keywords: Sequence[str]) -> str:
+    def rarest_word(self, words: Sequence[str]) -> str:
+        """The word seen least; a tie goes to the longest (longer words are rarer)."""
         seen = self.seen
-        return min(keywords, key=lambda k: (seen[k], -len(k)))
+        return min(words, key=lambda k: (seen[k], -len(k)))
+
+    def rarest(self, filings: Sequence[tuple[str, ...]]) -> tuple[str, ...]:
+        """Of the key sets a clause may be filed under, the one seen least (a set by its
+        most common key); a tie goes to the longest key, as ``rarest_word``."""
+        seen = self.seen
+        return min(filings, key=lambda keys: (max(seen[k] for k in keys), -min(len(k) for k in keys)))
+
+
+# Filed under a key: the filter, the words its alternative needs among the listing's
+# words, those it must not find there, and the alternative's other conditions.
+_Entry = tuple["Filter", tuple[str, ...], tuple[str, ...], tuple[Condition, ...]]
 
 
 class FilterIndex:
-    """Filters filed by one keyword each: a listing meets only the filters filed under one
-    of its own words. A filter can only match a listing that holds all its keywords, so
-    filing it under any one of them loses nothing; filing it under a rare one means few
-    listings ever look at it. Filing happens once per filter (``add``); matching a batch
-    touches only the filters filed under the batch's words."""
+    """Filters' alternatives filed by one key each: a listing meets only the alternatives
+    filed under one of its own keys. An alternative can only match a listing that holds
+    all the keys it needs, so filing it under any one of them loses nothing; filing it
+    under a rare one means few listings ever look at it. Filing happens once per filter
+    (``add``); matching a batch touches only what is filed under the batch's keys."""
 
     def __init__(self, filters: Iterable[Filter] = (), *, rarity: WordRarity | None = None) -> None:
         self.rarity = rarity if rarity is not None else WordRarity()
-        self._by_word: dict[str, list[Filter]] = {}
+        self._by_key: dict[str, list[_Entry]] = {}
         self._ids: set[int] = set()
+        self._prefixes: set[str] = set()  # the kinds of keys other than words filed
         self.add(filters)
 
     @property
@@ -131,52 +136,150 @@ class FilterIndex:
         return len(self._ids)
 
     def add(self, filters: Iterable[Filter]) -> None:
-        """File ``filters`` in the index; a filter already in it (by id) is skipped."""
+        """File ``filters`` in the index; a filter already in it (by id) is skipped. An
+        alternative with nothing to file it under (a ``source:`` naming no source any
+        more) can match nothing and is left out."""
+        by_key = self._by_key
         for f in filters:
-            if f.id not in self._ids:
-                self._ids.add(f.id)
-                self._by_word.setdefault(self.rarity.rarest(f.keywords), []).append(f)
+            if f.id in self._ids:
+                continue
+            self._ids.add(f.id)
+            if f.query is None:  # every keyword must appear: filed under the rarest
+                by_key.setdefault(self.rarity.rarest_word(f.keywords), []).append((f, f.keywords, (), ()))
+                continue
+            for clause in f.query.clauses:
+                if not clause.filings:
+                    continue
+                entry = (f, clause.words, clause.absent, clause.checks)
+                for key in self.rarity.rarest(clause.filings):
+                    by_key.setdefault(key, []).append(entry)
+                    if key.startswith("\x00"):
+                        self._prefixes.add(key[:3])
 
-    def matching(self, listing: ListingText, *, any_age: bool = False) -> list[Filter]:
+    def matching(self, listing: ListingText, *, any_age: bool = False, now: datetime | None = None) -> list[Filter]:
         """The filters that match ``listing``; ``any_age`` also applies filters created
-        after the listing arrived (a backfill asked to)."""
-        return _matching(self._by_word, listing, words(f"{listing.title} {listing.summary}"), any_age)
+        after the listing arrived (a backfill asked to); ``now`` is the moment
+        ``published:7d`` reaches back from."""
+        text_words = words(f"{listing.title} {listing.summary}")
+        found = self._matching(listing, text_words, self._keys(listing, text_words), any_age, now or _now())
+        return list({f.id: f for f in found}.values())
 
-    def matches(self, listings: Iterable[ListingText], *, any_age: bool = False) -> list[Match]:
+    def matches(
+        self, listings: Iterable[ListingText], *, any_age: bool = False, now: datetime | None = None,
+    ) -> list[Match]:
         """One match per (user, listing): a user hears once about a listing however many
-        of their filters match it; the filter named is the oldest (lowest id). The
-        batch's words teach the index which words are common (``WordRarity``), for the
-        filters filed from now on."""
-        texts = [(listing, words(f"{listing.title} {listing.summary}")) for listing in listings]
-        self.rarity.observe(text_words for _, text_words in texts)
+        of their filters match it; the filter named is the oldest (lowest id) of those
+        that watch for changes (``changes``: the match then makes the watch), else the
+        oldest. The batch's keys teach the index which are common (``WordRarity``), for
+        the filters filed from now on."""
+        texts = []
+        for listing in listings:
+            text_words = words(f"{listing.title} {listing.summary}")
+            texts.append((listing, text_words, self._keys(listing, text_words)))
+        self.rarity.observe(keys for _, _, keys in texts)
+        now = now or _now()
         result: list[Match] = []
-        for listing, text_words in texts:
-            best: dict[int, int] = {}  # user -> their lowest matching filter id
-            for f in _matching(self._by_word, listing, text_words, any_age):
-                if f.id < best.get(f.user_id, f.id + 1):
-                    best[f.user_id] = f.id
+        for listing, text_words, keys in texts:
+            best: dict[int, tuple[bool, int]] = {}  # user -> (not watching, id) of their first filter
+            for f in self._matching(listing, text_words, keys, any_age, now):
+                rank = (not f.changes, f.id)
+                if rank < best.get(f.user_id, (True, f.id + 1)):
+                    best[f.user_id] = rank
             listing_id = listing.id
-            result.extend(Match(user_id, listing_id, filter_id) for user_id, filter_id in sorted(best.items()))
+            result.extend(Match(user_id, listing_id, filter_id) for user_id, (_, filter_id) in sorted(best.items()))
         return result
 
+    def _keys(self, listing: ListingText, text_words: set[str]) -> Collection[str]:
+        """The listing's keys: its words, and its author's words, categories and source
+        where some filter is filed under such keys."""
+        if not self._prefixes:
+            return text_words
+        extra: list[str] = []
+        if AUTHOR_KEY in self._prefixes and listing.author:
+            extra.extend(AUTHOR_KEY + w for w in words(listing.author))
+        if CATEGORY_KEY in self._prefixes:
+            extra.extend(dict.fromkeys(CATEGORY_KEY + folded(c) for c in listing.categories))
+        if SOURCE_KEY in self._prefixes:
+            extra.append(SOURCE_KEY + str(listing.source_id))
+        return [*text_words, *extra]
 
-def _matching(
-    by_word: dict[str, list[Filter]], listing: ListingText, text_words: set[str], any_age: bool
-) -> list[Filter]:
-    """The filters filed in ``by_word`` that match ``listing``, whose words are ``text_words``."""
-    categories: set[str] | None = None
-    found = []
-    for word in text_words:
-        for f in by_word.get(word, ()):
-            if f.source_id is not None and f.source_id != listing.source_id:
-                continue
-            if not any_age and f.created_at and listing.ingested_at and listing.ingested_at < f.created_at:
-                continue
-            if f.category is not None:
-                if categories is None:
-                    categories = {c.casefold() for c in listing.categories}
-                if f.category not in categories:
+    def _matching(
+        self, listing: ListingText, text_words: set[str], keys: Collection[str], any_age: bool, now: datetime,
+    ) -> list[Filter]:
+        """The filters filed under ``keys`` that match ``listing`` (whose words are
+        ``text_words``); a filter can come twice, by two of its alternatives."""
+        by_key = self._by_key
+        categories: set[str] | None = None
+        fields: _Fields | None = None
+        found = []
+        for key in keys:
+            for f, need, absent, checks in by_key.get(key, ()):
+                if f.source_id is not None and f.source_id != listing.source_id:
                     continue
-            if all(k in text_words for k in f.keywords):
+                if not any_age and f.created_at and listing.ingested_at and listing.ingested_at < f.created_at:
+                    continue
+                if f.category is not None:
+                    if categories is None:
+                        categories = {folded(c) for c in listing.categories}
+                    if f.category not in categories:
+                        continue
+                if not all(k in text_words for k in need):
+                    continue
+                if absent and any(k in text_words for k in absent):
+                    continue
+                if checks:
+                    if fields is None:
+                        fields = _Fields(listing, text_words, now)
+                    if not all(fields.holds(c) for c in checks):
+                        continue
                 found.append(f)
-    return found
+        return found
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class _Fields:
+    """What a listing's conditions look at, each worked out once and only when asked."""
+
+    def __init__(self, listing: ListingText, text_words: set[str], now: datetime) -> None:
+        self.listing, self.now = listing, now
+        self._words: dict[Field, set[str]] = {Field.TEXT: text_words}
+        self._tokens: dict[Field, tuple[str, ...]] = {}
+        self._categories: set[str] | None = None
+
+    def _text(self, fld: Field) -> str:
+        listing = self.listing
+        return {Field.TITLE: listing.title, Field.SUMMARY: listing.summary}.get(fld, listing.author or "")
+
+    def words(self, fld: Field) -> set[str]:
+        if fld not in self._words:
+            self._words[fld] = words(self._text(fld))
+        return self._words[fld]
+
+    def has_phrase(self, fld: Field, phrase: tuple[str, ...]) -> bool:
+        if fld is Field.TEXT:  # in the title or in the summary, not across the two
+            return self.has_phrase(Field.TITLE, phrase) or self.has_phrase(Field.SUMMARY, phrase)
+        if fld not in self._tokens:
+            self._tokens[fld] = phrase_tokens(self._text(fld))
+        tokens, n = self._tokens[fld], len(phrase)
+        first = phrase[0]
+        return any(tokens[i:i + n] == phrase for i, t in enumerate(tokens) if t == first)
+
+    def holds(self, condition: Condition) -> bool:
+        term, listing = condition.term, self.listing
+        if term.field is Field.CATEGORY:
+            if self._categories is None:
+                self._categories = {folded(c) for c in listing.categories}
+            found = term.value in self._categories
+        elif term.field is Field.SOURCE:
+            found = listing.source_id in condition.source_ids
+        elif term.field is Field.PUBLISHED:
+            assert term.window is not None
+            found = term.window.holds(listing.published_at, self.now)
+        elif term.phrase:
+            found = self.has_phrase(term.field, term.words)
+        else:
+            found = term.words[0] in self.words(term.field)
+        return found is not condition.negated

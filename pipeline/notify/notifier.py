@@ -20,33 +20,57 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from functools import partial
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from pipeline.core.errors import DeliveryError
+from pipeline.core.errors import DeliveryError, UserError
 from pipeline.core.failures import CHANNEL_BUG, WORKER_STOPPED, FailureReason
 from pipeline.core.kinds import ChannelKind, NotificationStatus
 from pipeline.core.settings import Settings
+from pipeline.core.words import folded
 from pipeline.net.http import Fetcher
 from pipeline.notify.delivery import (
     AppriseChannel,
     Channel,
+    Item,
     Message,
     WebhookChannel,
     delivery_retry_at,
 )
 from pipeline.notify.matching import Filter, FilterIndex, ListingText, Match
-from pipeline.queue.claim import Claim, Row, RowCompletion, WorkQueue
+from pipeline.notify.query import Query, QueryError, compile_query
+from pipeline.notify.schedule import DeliveryPlan
+from pipeline.queue.claim import Claim, Fenced, Row, RowCompletion, WorkQueue, in_transaction
 from pipeline.queue.workpool import work_claimed
-from pipeline.storage import counters, schema
+from pipeline.storage import counters, schema, watches
 from pipeline.storage.bulk import ANY_UNIQUE_KEY, insert_ignoring_conflicts
 
 log = logging.getLogger("pipeline.notify.notifier")
+
+# The most notifications one digest lists; the rest go into the next, made at once.
+DIGEST_MAX_ITEMS = 500
+
+
+class Recipient(NamedTuple):
+    """How a user is notified: the channel, and when (pipeline/notify/schedule.py)."""
+
+    channel: str
+    plan: DeliveryPlan
+
+
+def delivery_plan(user_id: int, digest: str | None, quiet: str | None, timezone: str | None) -> DeliveryPlan:
+    """The user's plan; one stored malformed (by hand) is logged and read as immediate."""
+    try:
+        return DeliveryPlan.parse(digest, quiet, timezone)
+    except UserError as exc:
+        log.error("user %s: delivery settings ignored (%s): notified at once", user_id, exc)
+        return DeliveryPlan()
 
 
 @dataclass
@@ -58,6 +82,9 @@ class NotifyStats:
     retrying: int = 0
     dead: int = 0
     fenced_out: int = 0
+    digests_made: int = 0
+    digests_sent: int = 0  # (their notifications count in ``sent``)
+    deferred: int = 0  # due in their user's quiet hours: held until they end
     errors: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
@@ -77,6 +104,9 @@ class Attempt:
     finished: datetime
     exhausted: bool = False  # claimed too often: dead whatever ``attempts`` says
     created_at: datetime | None = None  # the notification's, for the delivery latency
+    members: tuple[int, ...] = ()  # the other notifications of the digest it carries
+    deferred_until: datetime | None = None  # quiet hours: not sent, not an attempt
+    digest: bool = False
 
 
 @dataclass
@@ -114,20 +144,14 @@ class Notifier:
             claimed += len(claim)
             # Filters are brought up to date after the claim: every filter committed
             # before these listings were claimed takes part.
-            index, channels = self._catalogue.current()
+            index, recipients = self._catalogue.current()
             matches = index.matches(_texts(claim.rows))
-            keys = {row["id"]: row["item_key"] for row in claim.rows}
-            with self.engine.begin() as conn:
-                fenced = queue.complete(claim, {"matched_at": datetime.now(UTC)}, conn=conn)
-                done = set(fenced.done)
-                stats.fenced_out += len(fenced.lost)
-                stats.listings_matched += len(done)
-                created = _insert_notifications(conn, [m for m in matches if m.listing_id in done], channels, keys)
-                stats.notifications_created += created
-                counts = counters.tally()
-                counters.LISTINGS_MATCHED.count(counts, len(done))
-                counters.NOTIFICATIONS_CREATED.count(counts, created)
-                counters.add(conn, counts)  # last: see pipeline/storage/counters.py
+            fenced, created = in_transaction(
+                self.engine, partial(_write_matches, queue=queue, claim=claim, matches=matches,
+                                     recipients=recipients, watching=self._catalogue.watching))
+            stats.fenced_out += len(fenced.lost)
+            stats.listings_matched += len(fenced.done)
+            stats.notifications_created += created
 
     def rematch(
         self, start: datetime, end: datetime, *, any_age: bool = False, chunk: int = 1000,
@@ -145,18 +169,17 @@ class Notifier:
             with self.engine.connect() as conn:
                 rows = conn.execute(
                     sa.select(t.c.id, t.c.source_id, t.c.title, t.c.summary, t.c.categories, t.c.ingested_at,
-                              t.c.item_key)
+                              t.c.author, t.c.published_at, t.c.item_key, t.c.cluster_id)
                     .where(t.c.ingested_at >= start, t.c.ingested_at < end, t.c.id > after)
                     .order_by(t.c.id).limit(chunk)
                 ).mappings().all()
             if not rows:
                 return created
             after = rows[-1]["id"]
-            index, channels = self._catalogue.current()
+            index, recipients = self._catalogue.current()
             matches = index.matches(_texts(rows), any_age=any_age)
-            keys = {row["id"]: row["item_key"] for row in rows}
             with self.engine.begin() as conn:
-                made = _insert_notifications(conn, matches, channels, keys)
+                made = _insert_notifications(conn, matches, recipients, _stories(rows))
                 counters.add(conn, {(counters.NOTIFICATIONS_CREATED.name, ""): made})
             created += made
             if progress is not None:
@@ -172,7 +195,35 @@ class Notifier:
 
     # -- delivery -----------------------------------------------------------------------
 
+    def make_digests(self, stats: NotifyStats, *, now: datetime | None = None) -> None:
+        """Gather each user's held notifications whose time has come (``next_attempt_at``,
+        set from the user's plan when they were made) into one digest: the first of them
+        carries it and goes into the delivery queue; the rest stay held, marked with its
+        id, until it is sent. A notification joins one digest only: it is assigned while
+        unassigned, by one transaction per user that holds the user's row (other
+        notifiers skip that user meanwhile). One that arrives later joins the next."""
+        n, u = schema.notifications, schema.users
+        now = now or datetime.now(UTC)
+        due = sa.and_(n.c.status == NotificationStatus.HELD, n.c.digest_id.is_(None), n.c.next_attempt_at <= now)
+        with self.engine.connect() as conn:
+            user_ids = conn.execute(sa.select(n.c.user_id).where(due).distinct()).scalars().all()
+        for user_id in user_ids:
+            with self.engine.begin() as conn:
+                if conn.execute(sa.select(u.c.id).where(u.c.id == user_id)
+                                .with_for_update(skip_locked=True)).first() is None:
+                    continue  # another notifier is making this user's digest
+                ids = conn.execute(sa.select(n.c.id).where(due, n.c.user_id == user_id)
+                                   .order_by(n.c.id).limit(DIGEST_MAX_ITEMS)).scalars().all()
+                if not ids:
+                    continue
+                head = ids[0]
+                conn.execute(sa.update(n).where(n.c.id.in_(ids), n.c.digest_id.is_(None)).values(digest_id=head))
+                conn.execute(sa.update(n).where(n.c.id == head, n.c.digest_id == head)
+                             .values(status=NotificationStatus.PENDING, next_attempt_at=sa.func.current_timestamp()))
+            stats.digests_made += 1
+
     def deliver(self, stats: NotifyStats, *, max_notifications: int | None = None) -> None:
+        self.make_digests(stats)
         queue = WorkQueue(self.engine, schema.NOTIFICATIONS_DUE, lease_seconds=self.settings.lease_seconds)
         threads = self.settings.concurrency
         with Fetcher.from_settings(self.settings, threads=threads) as fetcher:
@@ -209,7 +260,20 @@ class Notifier:
         gone = {row["id"] for row in abandoned}
         rows = [row for row in claim.rows if row["id"] not in gone]
         by_id = {m.notification_id: m for m in _load_messages(self.engine, [r["id"] for r in rows])}
-        return [(claim, row, by_id.get(row["id"])) for row in rows]
+        # Quiet hours began after these were made (or this is a retry): they wait for
+        # the end, a notification to join that digest, a digest to go out then.
+        now = datetime.now(UTC)
+        quiet = {
+            row["id"]: until for row in rows
+            if (m := by_id.get(row["id"])) is not None and (until := m.plan.quiet_end(now)) is not None
+        }
+        if quiet:
+            self._record(queue, [
+                Attempt(claim, row["id"], row["attempts"], None, now, deferred_until=quiet[row["id"]],
+                        digest=by_id[row["id"]].is_digest)
+                for row in rows if row["id"] in quiet
+            ], stats)
+        return [(claim, row, by_id.get(row["id"])) for row in rows if row["id"] not in quiet]
 
     def _send(
         self, job: tuple[Claim, Row, Message | None], channels: Mapping[str, Channel]
@@ -228,7 +292,9 @@ class Notifier:
             error = DeliveryError(f"unexpected {type(exc).__name__}: {exc}", code=CHANNEL_BUG)
         log.debug("notification %s: %s in %d ms", row["id"], "sent" if error is None else error.message,
                   int((time.monotonic() - started) * 1000))
-        return Attempt(claim, row["id"], row["attempts"], error, datetime.now(UTC), created_at=row["created_at"])
+        members = tuple(i.notification_id for i in message.items[1:]) if message is not None else ()
+        return Attempt(claim, row["id"], row["attempts"], error, datetime.now(UTC), created_at=row["created_at"],
+                       members=members, digest=message is not None and message.is_digest)
 
     def _record(self, queue: WorkQueue, attempts: Sequence[Attempt], stats: NotifyStats) -> None:
         """Record the attempts' outcomes (fenced). Deliveries are recorded on the pool's
@@ -241,7 +307,11 @@ class Notifier:
         completions = []
         for a in attempts:
             values: dict[str, Any] = {}
-            if a.error is None:
+            if a.deferred_until is not None:  # not an attempt: its claim's count is undone
+                values.update(next_attempt_at=a.deferred_until, attempts=max(0, a.attempts - 1))
+                if not a.digest:
+                    values.update(status=NotificationStatus.HELD, digest_id=None)
+            elif a.error is None:
                 values.update(status=NotificationStatus.SENT, sent_at=a.finished, last_error=None)
             elif a.exhausted or a.attempts >= self.settings.delivery_max_attempts:
                 values.update(status=NotificationStatus.DEAD, last_error=a.error.message)
@@ -251,16 +321,25 @@ class Notifier:
                     next_attempt_at=delivery_retry_at(a.attempts, a.finished, self.random_unit(), a.error.retry_after),
                 )
             completions.append(RowCompletion(a.claim, a.notification_id, values))
-        with self.engine.begin() as conn:
+        def write(conn: sa.Connection) -> Fenced:
             fenced = queue.complete_each(completions, conn=conn)
-            counters.add(conn, _delivery_counts(attempts, completions, set(fenced.done)))
+            done = set(fenced.done)
+            _settle_digests(conn, attempts, completions, done)
+            counters.add(conn, _delivery_counts(attempts, completions, done))
+            return fenced
+
+        fenced = in_transaction(self.engine, write)
         done = set(fenced.done)
         stats.fenced_out += len(fenced.lost)
         for a, c in zip(attempts, completions, strict=True):
             if a.notification_id not in done:
                 continue
+            if a.deferred_until is not None:
+                stats.deferred += 1
+                continue
             status = c.values["status"]
-            stats.sent += status == NotificationStatus.SENT
+            stats.sent += (status == NotificationStatus.SENT) * (1 + len(a.members))
+            stats.digests_sent += status == NotificationStatus.SENT and a.digest
             stats.retrying += status == NotificationStatus.FAILED
             stats.dead += status == NotificationStatus.DEAD
             if a.error is not None:
@@ -272,13 +351,60 @@ class Notifier:
 _OUTCOME = {NotificationStatus.SENT: "sent", NotificationStatus.FAILED: "retrying", NotificationStatus.DEAD: "dead"}
 
 
+def _write_matches(
+    conn: sa.Connection, *, queue: WorkQueue, claim: Claim, matches: Sequence[Match],
+    recipients: Mapping[int, Recipient], watching: Collection[int],
+) -> tuple[Fenced, int]:
+    """Mark the claimed listings matched (fenced), notify the matches of those still
+    held, and, where filters watch for changes, their change alerts and new watches
+    (pipeline/storage/watches.py); returns the fence's outcome and how many
+    notifications were created."""
+    fenced = queue.complete(claim, {"matched_at": datetime.now(UTC)}, conn=conn)
+    done = set(fenced.done)
+    rows = [row for row in claim.rows if row["id"] in done]
+    kept = [m for m in matches if m.listing_id in done]
+    changes = [a for a in watches.alerts(conn, rows) if a.user_id in recipients] if watching else []
+    created = _insert_notifications(conn, kept, recipients, _stories(rows), changes)
+    if watching:
+        by_id = {row["id"]: row for row in rows}
+        watches.watch(conn, [
+            watches.Watch(m.user_id, m.listing_id, by_id[m.listing_id]["source_id"], m.filter_id,
+                          watches.version(by_id[m.listing_id]))
+            for m in kept if m.filter_id in watching
+        ])
+    counts = counters.tally()
+    counters.LISTINGS_MATCHED.count(counts, len(done))
+    counters.NOTIFICATIONS_CREATED.count(counts, created)
+    counters.add(conn, counts)  # last: see pipeline/storage/counters.py
+    return fenced, created
+
+
+def _settle_digests(
+    conn: sa.Connection, attempts: Sequence[Attempt], completions: Sequence[RowCompletion], done: set[int]
+) -> None:
+    """A digest's other notifications share its outcome once it is sent or dead (in the
+    transaction that records it); while it is retried they stay held."""
+    n = schema.notifications
+    for a, c in zip(attempts, completions, strict=True):
+        status = c.values.get("status")
+        if a.notification_id not in done:
+            continue
+        values = {k: v for k, v in c.values.items() if k in ("status", "sent_at", "last_error")}
+        if status == NotificationStatus.SENT and a.members:
+            conn.execute(sa.update(n).where(n.c.id.in_(a.members), n.c.digest_id == a.notification_id)
+                         .values(values))
+        elif status == NotificationStatus.DEAD:  # its message may not have been read: by its id
+            conn.execute(sa.update(n).where(n.c.digest_id == a.notification_id, n.c.id != a.notification_id)
+                         .values(values))
+
+
 def _delivery_counts(
     attempts: Sequence[Attempt], completions: Sequence[RowCompletion], done: set[int]
 ) -> counters.Counts:
     """The counts of the attempts recorded (``done``): outcomes, and the latency of those sent."""
     counts = counters.tally()
     for a, c in zip(attempts, completions, strict=True):
-        if a.notification_id not in done:
+        if a.notification_id not in done or a.deferred_until is not None:
             continue
         status = c.values["status"]
         counters.DELIVERIES.count(counts, value=_OUTCOME[status])
@@ -307,41 +433,57 @@ class FilterCatalogue:
 
     engine: Engine
     full_reload_seconds: float = 60.0
-    _channels: dict[int, str] = field(default_factory=dict)
+    _recipients: dict[int, Recipient] = field(default_factory=dict)
+    # Compiled queries by their text, kept across reloads: at 1,000,000 filters compiling
+    # every one again (30-60 us each) would take most of a core.
+    _compiled: dict[str, Query] = field(default_factory=dict)
     _newest: datetime | None = None
     _loaded_at: float | None = None
     # Kept between batches: a new filter is filed into it, not every filter again. The
     # word rarity it learned outlives each full reload, which files every filter anew.
     _index: FilterIndex = field(default_factory=FilterIndex)
+    # The filters whose users hear of changes (`filters add --changes`).
+    watching: set[int] = field(default_factory=set)
 
-    def current(self) -> tuple[FilterIndex, dict[int, str]]:
-        """The filters as an index, and each user's channel."""
+    def current(self) -> tuple[FilterIndex, dict[int, Recipient]]:
+        """The filters as an index, and how each user is notified."""
         now = time.monotonic()
         if self._loaded_at is None or now - self._loaded_at >= self.full_reload_seconds:
-            self._channels, self._newest = {}, None
+            self._recipients, self._newest, self.watching = {}, None, set()
             self._index = FilterIndex(rarity=self._index.rarity)
-            self._add(load_filters(self.engine))
+            kept, self._compiled = self._compiled, {}  # those of deleted filters go
+            self._add(load_filters(self.engine, compiled=kept, keep=self._compiled))
             self._loaded_at = now
         elif self._newest is not None:
-            self._add(load_filters(self.engine, created_since=self._newest - _RECENT_MARGIN))
+            self._add(load_filters(self.engine, created_since=self._newest - _RECENT_MARGIN,
+                                   compiled=self._compiled, keep=self._compiled))
         else:  # there were no filters at all: any is new
-            self._add(load_filters(self.engine))
-        return self._index, self._channels
+            self._add(load_filters(self.engine, compiled=self._compiled, keep=self._compiled))
+        return self._index, self._recipients
 
-    def _add(self, loaded: list[tuple[Filter, str]]) -> None:
-        for f, channel in loaded:
-            self._channels[f.user_id] = channel
+    def _add(self, loaded: list[tuple[Filter, Recipient]]) -> None:
+        for f, recipient in loaded:
+            self._recipients[f.user_id] = recipient
+            if f.changes:
+                self.watching.add(f.id)
             if f.created_at is not None and (self._newest is None or f.created_at > self._newest):
                 self._newest = f.created_at
         self._index.add(f for f, _ in loaded)
 
 
-def load_filters(engine: Engine, *, created_since: datetime | None = None) -> list[tuple[Filter, str]]:
+def load_filters(
+    engine: Engine, *, created_since: datetime | None = None, compiled: Mapping[str, Query] | None = None,
+    keep: dict[str, Query] | None = None,
+) -> list[tuple[Filter, Recipient]]:
     """The enabled filters of enabled users (created at or after ``created_since``), each
-    with its user's channel."""
+    with how its user is notified. A query found in ``compiled`` is not compiled again;
+    each compiled query without ``source:`` (which depends on the sources' names) goes
+    into ``keep``. A stored query that no longer compiles (written by a newer version) is
+    left out and logged: one filter never stops the others."""
     f, u = schema.filters, schema.users
     query = (
-        sa.select(f.c.id, f.c.user_id, f.c.keywords, f.c.source_id, f.c.category, f.c.created_at, u.c.channel)
+        sa.select(f.c.id, f.c.user_id, f.c.keywords, f.c.query, f.c.source_id, f.c.category, f.c.created_at,
+                  f.c.changes, u.c.channel, u.c.digest, u.c.quiet_hours, u.c.timezone)
         .join(u, u.c.id == f.c.user_id)
         .where(f.c.enabled, u.c.enabled)
     )
@@ -349,27 +491,86 @@ def load_filters(engine: Engine, *, created_since: datetime | None = None) -> li
         query = query.where(f.c.created_at >= created_since)
     with engine.connect() as conn:
         rows = conn.execute(query).all()
-    return [
-        (Filter(id=r.id, user_id=r.user_id, keywords=tuple(r.keywords), source_id=r.source_id,
-                category=r.category.casefold() if r.category else None, created_at=r.created_at),
-         r.channel)
-        for r in rows
-    ]
+        names = source_ids_by_name(conn) if any(r.query and "source:" in r.query.lower() for r in rows) else {}
+    loaded = []
+    for r in rows:
+        try:
+            expression = _compiled(r.query, names, compiled or {}, keep) if r.query else None
+        except QueryError as exc:
+            log.error("filter %s is left out: its query %r does not compile: %s", r.id, r.query, exc)
+            continue
+        loaded.append((
+            Filter(id=r.id, user_id=r.user_id, keywords=tuple(r.keywords), source_id=r.source_id,
+                   category=folded(r.category) if r.category else None, created_at=r.created_at,
+                   query=expression, changes=r.changes),
+            Recipient(r.channel, delivery_plan(r.user_id, r.digest, r.quiet_hours, r.timezone)),
+        ))
+    return loaded
+
+
+def _compiled(
+    text: str, names: Mapping[str, frozenset[int]], compiled: Mapping[str, Query], keep: dict[str, Query] | None,
+) -> Query:
+    if "source:" in text.lower():
+        return compile_query(text, names)
+    query = compiled.get(text) or compile_query(text)
+    if keep is not None:
+        keep[text] = query
+    return query
+
+
+def source_ids_by_name(conn: sa.Connection) -> dict[str, frozenset[int]]:
+    """Each source's name, case-folded and with its spaces collapsed (as ``source:``
+    writes it), to the ids of the sources of that name."""
+    s = schema.sources
+    found: dict[str, set[int]] = {}
+    for source_id, name in conn.execute(sa.select(s.c.id, s.c.name)):
+        found.setdefault(folded(name), set()).add(source_id)
+    return {name: frozenset(ids) for name, ids in found.items()}
 
 
 def _insert_notifications(
-    conn: sa.Connection, matches: Sequence[Match], channels: Mapping[int, str],
-    item_keys: Mapping[int, str | None],
+    conn: sa.Connection, matches: Sequence[Match], recipients: Mapping[int, Recipient],
+    stories: Mapping[int, Story], changes: Sequence[watches.Alert] = (),
 ) -> int:
-    """A pending notification per match, by its user's channel. A user who already has
-    one for the listing, or for the same item carried by another source (its item key,
-    pipeline/core/urls.py), gets none. Returns how many were created."""
-    rows = [
-        {"user_id": m.user_id, "listing_id": m.listing_id, "filter_id": m.filter_id,
-         "channel": channels[m.user_id], "item_key": item_keys.get(m.listing_id)}
+    """A notification per match, and per change alert, by its user's channel: pending,
+    to go out at once, or held until the user's digest or the end of their quiet hours
+    (its ``next_attempt_at``). A user who already has one for the listing, for the same
+    item carried by another source (its item key, pipeline/core/urls.py), or for the
+    same story (its cluster, pipeline/listings/stories.py), gets none; a change alert is
+    told once per (user, listing, event). Returns how many were created."""
+    now = datetime.now(UTC)
+    release = {user: recipients[user].plan.release_at(now)
+               for user in {m.user_id for m in matches} | {a.user_id for a in changes}}
+    at_once, held = [], []
+    told: list[tuple[int, dict[str, Any]]] = [
+        (m.user_id, {"listing_id": m.listing_id, "filter_id": m.filter_id, "event": watches.NEW,
+                     "item_key": stories[m.listing_id].item_key, "cluster_id": stories[m.listing_id].cluster_id})
         for m in matches
+    ] + [
+        (a.user_id, {"listing_id": a.listing_id, "filter_id": a.filter_id, "event": a.event,
+                     "item_key": None, "cluster_id": None})
+        for a in changes
     ]
-    return insert_ignoring_conflicts(conn, schema.notifications, rows, ANY_UNIQUE_KEY)
+    for user_id, row in told:
+        row |= {"user_id": user_id, "channel": recipients[user_id].channel}
+        if (until := release[user_id]) is None:
+            at_once.append(row)
+        else:
+            held.append(row | {"status": NotificationStatus.HELD, "next_attempt_at": until})
+    return sum(insert_ignoring_conflicts(conn, schema.notifications, part, ANY_UNIQUE_KEY)
+               for part in (at_once, held) if part)
+
+
+class Story(NamedTuple):
+    """What makes two listings one item, or one story, for a user (``_insert_notifications``)."""
+
+    item_key: str | None
+    cluster_id: int  # the listing's cluster, or its own id when it is a story's first
+
+
+def _stories(rows: Iterable[Row]) -> dict[int, Story]:
+    return {row["id"]: Story(row["item_key"], row["cluster_id"] or row["id"]) for row in rows}
 
 
 def _texts(rows: Sequence[Row]) -> Iterator[ListingText]:
@@ -377,34 +578,53 @@ def _texts(rows: Sequence[Row]) -> Iterator[ListingText]:
         yield ListingText(
             id=row["id"], source_id=row["source_id"], title=row["title"], summary=row["summary"],
             categories=row["categories"] or (), ingested_at=row["ingested_at"],
+            author=row["author"], published_at=row["published_at"],
         )
 
 
 def _load_messages(engine: Engine, ids: Sequence[int]) -> list[Message]:
-    """The messages of notifications ``ids`` whose user is enabled (one query)."""
+    """The messages of notifications ``ids`` whose user is enabled: each its own item,
+    or, for one that carries a digest, every notification of the digest (two queries)."""
     n, u, f, listings = schema.notifications, schema.users, schema.filters, schema.listings
+    item_columns = (
+        n.c.event, f.c.id.label("filter_id"), f.c.keywords, f.c.query, listings.c.id.label("listing_id"), listings.c.url,
+        listings.c.title, listings.c.summary, listings.c.published_at, listings.c.source_id, listings.c.price,
+    )
+    joined = n.join(listings, listings.c.id == n.c.listing_id).outerjoin(f, f.c.id == n.c.filter_id)
     with engine.connect() as conn:
         rows = conn.execute(
-            sa.select(
-                n.c.id, u.c.id.label("user_id"), u.c.name, u.c.channel, u.c.channel_url, u.c.secret,
-                f.c.id.label("filter_id"), f.c.keywords,
-                listings.c.id.label("listing_id"), listings.c.url, listings.c.title,
-                listings.c.summary, listings.c.published_at, listings.c.source_id,
-            )
-            .select_from(n.join(u, u.c.id == n.c.user_id).join(listings, listings.c.id == n.c.listing_id)
-                         .outerjoin(f, f.c.id == n.c.filter_id))
+            sa.select(n.c.id, n.c.digest_id, u.c.id.label("user_id"), u.c.name, u.c.channel, u.c.channel_url,
+                      u.c.secret, u.c.digest, u.c.quiet_hours, u.c.timezone, *item_columns)
+            .select_from(joined.join(u, u.c.id == n.c.user_id))
             .where(n.c.id.in_(list(ids)), u.c.enabled)
         ).all()
+        heads = [r.id for r in rows if r.digest_id == r.id]
+        members: dict[int, list[Item]] = {}
+        if heads:
+            for r in conn.execute(
+                sa.select(n.c.id, n.c.digest_id, *item_columns).select_from(joined)
+                .where(n.c.digest_id.in_(heads), n.c.id != n.c.digest_id).order_by(n.c.id)
+            ):
+                members.setdefault(r.digest_id, []).append(_item(r))
     return [
         Message(
             notification_id=r.id, user_id=r.user_id, user_name=r.name, channel=r.channel,
-            channel_url=r.channel_url, secret=r.secret, filter_id=r.filter_id,
-            keywords=list(r.keywords or []),
-            listing={
-                "id": r.listing_id, "url": r.url, "title": r.title, "summary": r.summary,
-                "published_at": r.published_at.isoformat() if r.published_at else None,
-                "source_id": r.source_id,
-            },
+            channel_url=r.channel_url, secret=r.secret, items=(_item(r), *members.get(r.id, ())),
+            is_digest=r.digest_id == r.id, plan=delivery_plan(r.user_id, r.digest, r.quiet_hours, r.timezone),
         )
         for r in rows
     ]
+
+
+def _item(r: Any) -> Item:  # a row with the item columns
+    return Item(
+        notification_id=r.id, filter_id=r.filter_id, keywords=list(r.keywords or []),
+        query=r.query or " ".join(r.keywords or []),
+        listing={
+            "id": r.listing_id, "url": r.url, "title": r.title, "summary": r.summary,
+            "published_at": r.published_at.isoformat() if r.published_at else None,
+            "source_id": r.source_id,
+            **({} if r.price is None else {"price": r.price}),  # a page item's
+        },
+        event=watches.event_kind(r.event),
+    )

@@ -15,6 +15,7 @@ index over ``locked_until`` of rows that hold one, so that both branches of a cl
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 import uuid
@@ -23,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -36,6 +37,32 @@ log = logging.getLogger(__name__)
 Predicate = sa.ColumnElement[bool]
 # SQLAlchemy's names of the MySQL family: MariaDB through a ``mysql+`` URL is "mysql".
 MARIADB = ("mysql", "mariadb")
+# InnoDB's "deadlock found" and "lock wait timeout": it rolled the transaction back.
+_INNODB_ROLLED_BACK = (1213, 1205)
+_TRIES = 8
+
+T = TypeVar("T")
+
+
+def in_transaction(engine: Engine, work: Callable[[Connection], T]) -> T:
+    """``work`` in a transaction of its own; on MariaDB, run again when InnoDB rolled it
+    back to break a deadlock (up to 8 times, a few ms apart, doubling), as its manual
+    asks of every application. Seen between claims and completions of due
+    notifications: that queue's pending predicate is two ranges of its index, so a
+    claim's locking read sorts what it found and holds every row it locked, not only
+    those it returns, to its commit (tests/test_claim_concurrency.py). ``work`` must be
+    safe to run again: everything it did was rolled back."""
+    for attempt in range(_TRIES):
+        try:
+            with engine.begin() as conn:
+                return work(conn)
+        except sa.exc.OperationalError as exc:
+            code = exc.orig.args[0] if exc.orig is not None and exc.orig.args else None
+            if engine.dialect.name not in MARIADB or code not in _INNODB_ROLLED_BACK or attempt == _TRIES - 1:
+                raise
+            log.debug("transaction rolled back by InnoDB (%s): run again", exc.orig)
+            time.sleep(random.uniform(0.001, 0.005) * 2**attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
 # A claimed row: its columns by name (a dict from the driver on PostgreSQL's fast path).
 Row = Mapping[Any, Any]
 
@@ -662,14 +689,20 @@ class WorkQueue:
         them (its columns set here as the UPDATE sets them)."""
         assert self._locking is not None
         expired, free = self._locking
-        with self.engine.begin() as conn:
+
+        def lease(conn: Connection) -> tuple[list[dict[str, Any]], datetime | None]:
             rows = [dict(row) for row in conn.execute(expired, params).mappings()]
             if len(rows) < limit:
                 rows += [dict(row) for row in conn.execute(free, {**params, "claim_limit": limit - len(rows)}).mappings()]
             if not rows:
-                return []
+                return [], None
             until = rows[0]["claim_clock"] + self.lease
             conn.execute(self._claim_stmt, {**params, "claim_until": until, "claim_ids": [r["id"] for r in rows]})
+            return rows, until
+
+        rows, until = in_transaction(self.engine, lease)
+        if not rows:
+            return []
         leased = {"locked_until": until, "claimed_by": params["claim_worker"], "claim_token": params["claim_token"]}
         attempts = self.spec.attempts.name if self.spec.attempts is not None else None
         taken = []
@@ -786,8 +819,7 @@ class WorkQueue:
             if conn is not None:
                 done = self._fenced_locked(conn, stmt, params)
             else:
-                with self.engine.begin() as own:
-                    done = self._fenced_locked(own, stmt, params)
+                done = in_transaction(self.engine, lambda own: self._fenced_locked(own, stmt, params))
         elif conn is not None:
             done = conn.execute(stmt, params).scalars().all()
         else:

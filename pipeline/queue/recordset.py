@@ -37,3 +37,16 @@ def json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
         raise TypeError(f"cannot send {type(value).__name__} {value!r} in a recordset")
 
     return json.dumps(list(rows), default=encode, ensure_ascii=False)
+
+
+def integers(name: str) -> sa.Cast[Any]:
+    """``CAST(string_to_array(:name, ',') AS BIGINT[])``: many integers as one text
+    parameter (``integer_list``), a tenth of the client's work of sending a list, which
+    the driver dumps element by element in Python."""
+    return sa.cast(sa.func.string_to_array(sa.bindparam(name, type_=sa.Text()), ","),
+                   postgresql.ARRAY(sa.BigInteger()))
+
+
+def integer_list(values: Iterable[int]) -> str:
+    """The parameter of ``integers``."""
+    return ",".join(map(str, values))

@@ -77,10 +77,12 @@ def _configure_postgres(engine: Engine) -> None:
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         # Every timestamp is UTC (DESIGN.md "Databases"): timestamptz values then come
         # back from the driver already in UTC, whatever the server's default zone.
+        # No JIT: the pipeline's statements are short, and compiling one took longer
+        # than running it (37 ms against 18 for a batch's story lookup, bench/RESULTS.md).
         autocommit = dbapi_conn.autocommit
         dbapi_conn.autocommit = True
         dbapi_conn.execute(
-            "SELECT set_config('TimeZone', 'UTC', false),"
+            "SELECT set_config('TimeZone', 'UTC', false), set_config('jit', 'off', false),"
             " CASE WHEN current_setting('idle_in_transaction_session_timeout') = '0'"
             " THEN set_config('idle_in_transaction_session_timeout', %s, false) END",
             [str(IDLE_IN_TRANSACTION_TIMEOUT_MS)],

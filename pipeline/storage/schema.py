@@ -247,6 +247,10 @@ source_items = sa.Table(
     sa.Column("changed_at", UTCDateTime(), nullable=False, server_default=_now()),
 )
 
+# The columns of a listing's story keys (pipeline/listings/stories.py): its story URL's
+# hash, then its fingerprint's four 16-bit bands.
+STORY_KEYS = ("story_key", "story_band_0", "story_band_1", "story_band_2", "story_band_3")
+
 listings = sa.Table(
     "listings",
     metadata,
@@ -269,8 +273,54 @@ listings = sa.Table(
     # once per key, however many sources carry the item. NULL before revision 0006.
     sa.Column("item_key", sa.String(64)),
     *_claim_columns(),
+    # The story it is (pipeline/listings/stories.py): NULL for the first listing of a
+    # story, the id of that first listing for a later copy from another source; and the
+    # SimHash of its words (signed), by which copies are found. Revision 0013.
+    sa.Column("cluster_id", IdType),
+    sa.Column("simhash", sa.BigInteger()),
+    # When a watched listing was last seen gone from its source (pipeline/storage/watches.py);
+    # NULL while it is there. Revision 0014.
+    sa.Column("gone_at", UTCDateTime()),
+    # The keys its copies from other sources are found by, each with an index: its story
+    # URL's hash and its fingerprint's four 16-bit bands (STORY_KEYS). Set when it is
+    # first stored, NULL when it has none. Revision 0015.
+    sa.Column(STORY_KEYS[0], sa.BigInteger()),
+    *(sa.Column(band, sa.Integer()) for band in STORY_KEYS[1:]),
+    # A page item's price as the page shows it (its source's ``price`` selector), a part
+    # of its content (change alerts); NULL for everything else. Revision 0016.
+    sa.Column("price", sa.Text()),
     sa.UniqueConstraint("source_id", "source_item_id"),
     sa.Index(None, "ingested_at"),  # windows for re-matching backfills
+    # Copies only (the first of a story has none): `pipeline status` counts them.
+    sa.Index(None, "cluster_id", postgresql_where=sa.text("cluster_id IS NOT NULL"),
+             sqlite_where=sa.text("cluster_id IS NOT NULL")),
+    # Each story key's most recent listings, newest first (MariaDB indexes the NULLs too).
+    *(sa.Index(None, key, "id", postgresql_where=sa.text(f"{key} IS NOT NULL"),
+               sqlite_where=sa.text(f"{key} IS NOT NULL"))
+      for key in STORY_KEYS),
+)
+
+# One row, locked by the part of a processor's transaction that puts new listings in
+# clusters: two copies of one story stored at once do not both found one.
+story_lock = sa.Table(
+    "story_lock",
+    metadata,
+    sa.Column("id", sa.SmallInteger(), primary_key=True, autoincrement=False),
+)
+
+# A user watching a listing they were notified of by a filter with ``changes``
+# (pipeline/storage/watches.py), and the version of it they heard of. Revision 0014.
+watches = sa.Table(
+    "watches",
+    metadata,
+    sa.Column("user_id", IdType, sa.ForeignKey("users.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("listing_id", IdType, sa.ForeignKey("listings.id", ondelete="CASCADE"), primary_key=True),
+    _source_id(),
+    sa.Column("filter_id", IdType, sa.ForeignKey("filters.id", ondelete="SET NULL")),
+    sa.Column("version", sa.String(16), nullable=False),
+    sa.Column("created_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.Index(None, "listing_id"),
+    sa.Index(None, "source_id"),
 )
 
 users = sa.Table(
@@ -283,6 +333,11 @@ users = sa.Table(
     sa.Column("secret", sa.Text()),  # HMAC key of the webhook channel
     sa.Column("enabled", sa.Boolean(), nullable=False, server_default=sa.true()),
     sa.Column("created_at", UTCDateTime(), nullable=False, server_default=_now()),
+    # When the user hears (pipeline/notify/schedule.py): NULL digest is immediate, NULL
+    # quiet hours none, NULL time zone UTC. Revision 0012.
+    sa.Column("digest", sa.Text()),
+    sa.Column("quiet_hours", sa.Text()),
+    sa.Column("timezone", sa.Text()),
     sa.UniqueConstraint("name"),
     sa.CheckConstraint(sql_in("channel", ChannelKind), name="channel"),
 )
@@ -294,11 +349,18 @@ filters = sa.Table(
     sa.Column(
         "user_id", IdType, sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False
     ),
-    sa.Column("keywords", JSONType, nullable=False),  # list of lower-case words, all must match
+    # The words the filter looks for, case-folded (shown; a filter without a query must
+    # find every one), and the expression its user wrote (pipeline/notify/query.py;
+    # NULL before revision 0011).
+    sa.Column("keywords", JSONType, nullable=False),
+    sa.Column("query", sa.Text()),
     sa.Column("source_id", IdType, sa.ForeignKey("sources.id", ondelete="CASCADE")),
     sa.Column("category", sa.Text()),
     sa.Column("enabled", sa.Boolean(), nullable=False, server_default=sa.true()),
     sa.Column("created_at", UTCDateTime(), nullable=False, server_default=_now()),
+    # Its user also hears when a listing it notified them of changes or goes
+    # (`filters add --changes`, pipeline/storage/watches.py). Revision 0014.
+    sa.Column("changes", sa.Boolean(), nullable=False, server_default=sa.false()),
     sa.Index(None, "user_id"),
 )
 
@@ -321,11 +383,23 @@ notifications = sa.Table(
     sa.Column("created_at", UTCDateTime(), nullable=False, server_default=_now()),
     sa.Column("sent_at", UTCDateTime()),
     sa.Column("item_key", sa.String(64)),  # the listing's, at matching
+    # The listing's story (its cluster_id, or its id when it is the first): a user is
+    # notified once per story, whichever source brings it first. Revision 0013. NULL for
+    # a change alert, as its item key: the user heard of the story already.
+    sa.Column("cluster_id", IdType),
+    # What it tells (pipeline/storage/watches.py): "new", "changed:<version>" or "gone:<when>".
+    # Revision 0014.
+    sa.Column("event", sa.String(40), nullable=False, server_default=sa.text("'new'")),
+    # The digest this notification went into: the id of the notification that carries it
+    # (status held for the others until it is sent). Revision 0012.
+    sa.Column("digest_id", IdType),
     *_claim_columns(),
     # A user is never notified twice about one listing, nor about one item that several
-    # sources carry (NULL keys, of notifications older than revision 0006, never clash).
-    sa.UniqueConstraint("user_id", "listing_id"),
+    # sources carry (NULL keys, of notifications older than revision 0006, never clash),
+    # nor about one story (its copies from other sources).
+    sa.Index("uq_notifications_user_id_listing_id_event", "user_id", "listing_id", "event", unique=True),
     sa.Index("uq_notifications_user_id_item_key", "user_id", "item_key", unique=True),
+    sa.Index("uq_notifications_user_id_cluster_id", "user_id", "cluster_id", unique=True),
     sa.CheckConstraint(sql_in("status", NotificationStatus), name="status"),
     sa.Index(None, "listing_id"),
     # Dead notifications, for the asset check and `notifications requeue --dead`.
@@ -334,6 +408,17 @@ notifications = sa.Table(
         postgresql_where=sa.text(f"status = '{NotificationStatus.DEAD}'"),
         sqlite_where=sa.text(f"status = '{NotificationStatus.DEAD}'"),
     ),
+    # Held notifications not yet in a digest, by when they are released (digests are
+    # made of them, pipeline/notify/notifier.py); and a digest's notifications. Not on
+    # MariaDB, which has no partial indexes: a whole index on next_attempt_at would draw
+    # the delivery claim away from its own (tests/test_claim_plans.py); held rows are
+    # found there by the claim's index, whose first column is the status.
+    sa.Index(
+        "ix_notifications_held", "next_attempt_at",
+        postgresql_where=sa.text(f"status = '{NotificationStatus.HELD}' AND digest_id IS NULL"),
+        sqlite_where=sa.text(f"status = '{NotificationStatus.HELD}' AND digest_id IS NULL"),
+    ).ddl_if(dialect=("postgresql", "sqlite")),  # type: ignore[arg-type]  # a tuple is documented
+    sa.Index(None, "digest_id"),
 )
 
 # The events of ingestion_events: a source handed out for a fetch, and its fetch's end.

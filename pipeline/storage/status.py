@@ -21,7 +21,7 @@ from pipeline.queue.claim import QueueSpec
 from pipeline.storage import db, health, schema
 from pipeline.storage.bulk import on_conflict_insert
 
-UNSENT = (NotificationStatus.PENDING, NotificationStatus.FAILED, NotificationStatus.DEAD)
+UNSENT = (NotificationStatus.PENDING, NotificationStatus.FAILED, NotificationStatus.DEAD, NotificationStatus.HELD)
 
 QUEUE_LABELS = {
     "sources": "sources due",
@@ -59,7 +59,8 @@ class PipelineStatus:
     disabled_by_failures: int
     last_hour: dict[str, int]  # fetches, failed, items_new (ingestion.completed events)
     raw_given_up: int
-    notifications: dict[str, int]  # pending, failed (retrying), dead; sent where exact
+    stories: dict[str, int]  # stories: carried by more than one source; copies: their later listings
+    notifications: dict[str, int]  # pending, failed (retrying), dead, held (for a digest); sent where exact
     totals: dict[str, int]  # rows per table (estimates on PostgreSQL for the big ones)
     totals_estimated: bool
     queues: list[QueueStatus]
@@ -144,6 +145,16 @@ def _totals(conn: sa.Connection) -> tuple[dict[str, int], bool]:
     return totals, estimated
 
 
+def _stories(conn: sa.Connection) -> dict[str, int]:
+    """Stories that more than one source brought, and their later copies: the listings
+    that record a cluster (pipeline/listings/stories.py), read by its index."""
+    t = schema.listings
+    copies, stories = conn.execute(
+        sa.select(sa.func.count(), sa.func.count(sa.distinct(t.c.cluster_id))).where(t.c.cluster_id.is_not(None))
+    ).one()
+    return {"stories": int(stories), "copies": int(copies)}
+
+
 def collect_status(engine: Engine) -> PipelineStatus:
     now = schema.now_sql(engine.dialect.name)
     s, n, events = schema.sources, schema.notifications, schema.ingestion_events
@@ -181,6 +192,7 @@ def collect_status(engine: Engine) -> PipelineStatus:
             disabled_by_failures=failing.disabled_by_failures,
             last_hour={"fetches": int(hour[0]), "failed": int(hour[1]), "items_new": int(hour[2])},
             raw_given_up=health.raw_given_up(conn),
+            stories=_stories(conn),
             notifications=notifications,
             totals=totals,
             totals_estimated=estimated,
@@ -255,7 +267,10 @@ def status_as_text(status: PipelineStatus) -> str:
         f"failing now    {failing}",
         f"last hour      {hour['fetches']:,} fetches, {hour['failed']:,} failed, {hour['items_new']:,} new items",
         f"listings       {about}{status.totals['listings']:,}; raw rows given up: {status.raw_given_up:,}",
-        f"notifications  {sent}{notes['pending']:,} pending, {notes['failed']:,} retrying, {notes['dead']:,} dead",
+        (f"stories        {status.stories['stories']:,} carried by more than one source;"
+         f" {status.stories['copies']:,} later copies (a user hears of a story once)"),
+        (f"notifications  {sent}{notes['pending']:,} pending, {notes['failed']:,} retrying,"
+         f" {notes['dead']:,} dead, {notes['held']:,} held for digests"),
         "",
     ]
     lines += _table(

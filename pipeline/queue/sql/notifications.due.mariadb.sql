@@ -3,14 +3,14 @@
 
 -- claim_expired
 -- served by ix_notifications_due_free (MariaDB: the pending columns and the lease lead it), a range; locking the rows taken, skipping those other claims hold
-SELECT notifications.id, notifications.user_id, notifications.listing_id, notifications.filter_id, notifications.channel, notifications.status, notifications.attempts, notifications.next_attempt_at, notifications.last_error, notifications.created_at, notifications.sent_at, notifications.item_key, notifications.locked_until, notifications.claimed_by, notifications.claim_token, utc_timestamp(6) AS claim_clock
+SELECT notifications.id, notifications.user_id, notifications.listing_id, notifications.filter_id, notifications.channel, notifications.status, notifications.attempts, notifications.next_attempt_at, notifications.last_error, notifications.created_at, notifications.sent_at, notifications.item_key, notifications.cluster_id, notifications.event, notifications.digest_id, notifications.locked_until, notifications.claimed_by, notifications.claim_token, utc_timestamp(6) AS claim_clock
 FROM notifications
 WHERE notifications.status IN ('pending', 'failed') AND notifications.locked_until IS NOT NULL AND notifications.locked_until <= utc_timestamp(6) AND notifications.next_attempt_at <= utc_timestamp(6) ORDER BY notifications.locked_until
  LIMIT %(claim_limit)s FOR UPDATE SKIP LOCKED;
 
 -- claim_free
 -- served by ix_notifications_due_free (MariaDB: the pending columns and the lease lead it), a range; locking the rows taken, skipping those other claims hold
-SELECT notifications.id, notifications.user_id, notifications.listing_id, notifications.filter_id, notifications.channel, notifications.status, notifications.attempts, notifications.next_attempt_at, notifications.last_error, notifications.created_at, notifications.sent_at, notifications.item_key, notifications.locked_until, notifications.claimed_by, notifications.claim_token, utc_timestamp(6) AS claim_clock
+SELECT notifications.id, notifications.user_id, notifications.listing_id, notifications.filter_id, notifications.channel, notifications.status, notifications.attempts, notifications.next_attempt_at, notifications.last_error, notifications.created_at, notifications.sent_at, notifications.item_key, notifications.cluster_id, notifications.event, notifications.digest_id, notifications.locked_until, notifications.claimed_by, notifications.claim_token, utc_timestamp(6) AS claim_clock
 FROM notifications
 WHERE notifications.status IN ('pending', 'failed') AND notifications.locked_until IS NULL AND notifications.next_attempt_at <= utc_timestamp(6) ORDER BY notifications.next_attempt_at ASC, notifications.id ASC
  LIMIT %(claim_limit)s FOR UPDATE SKIP LOCKED;

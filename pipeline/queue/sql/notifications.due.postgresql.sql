@@ -18,7 +18,7 @@ c AS MATERIALIZED
 FROM expired UNION ALL SELECT free.id AS id
 FROM free
  LIMIT %(claim_limit)s::INTEGER)
- UPDATE notifications SET attempts=(notifications.attempts + 1), locked_until=(now() + %(claim_lease)s), claimed_by=%(claim_worker)s::VARCHAR, claim_token=%(claim_token)s::VARCHAR FROM c WHERE notifications.id = c.id RETURNING notifications.id, notifications.user_id, notifications.listing_id, notifications.filter_id, notifications.channel, notifications.status, notifications.attempts, notifications.next_attempt_at, notifications.last_error, notifications.created_at, notifications.sent_at, notifications.item_key, notifications.locked_until, notifications.claimed_by, notifications.claim_token;
+ UPDATE notifications SET attempts=(notifications.attempts + 1), locked_until=(now() + %(claim_lease)s), claimed_by=%(claim_worker)s::VARCHAR, claim_token=%(claim_token)s::VARCHAR FROM c WHERE notifications.id = c.id RETURNING notifications.id, notifications.user_id, notifications.listing_id, notifications.filter_id, notifications.channel, notifications.status, notifications.attempts, notifications.next_attempt_at, notifications.last_error, notifications.created_at, notifications.sent_at, notifications.item_key, notifications.cluster_id, notifications.event, notifications.digest_id, notifications.locked_until, notifications.claimed_by, notifications.claim_token;
 
 -- complete (sets status, sent_at, last_error)
 -- served by pk_notifications (the ids held), fenced by claim_token and claimed_by

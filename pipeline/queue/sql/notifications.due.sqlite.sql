@@ -12,7 +12,7 @@ FROM (SELECT notifications.id AS id
 FROM notifications
 WHERE notifications.status IN ('pending', 'failed') AND notifications.locked_until IS NULL AND notifications.next_attempt_at <= ? ORDER BY notifications.next_attempt_at ASC, notifications.id ASC
  LIMIT ? OFFSET ?) AS anon_2
- LIMIT ? OFFSET ?) RETURNING id, user_id, listing_id, filter_id, channel, status, attempts, next_attempt_at, last_error, created_at, sent_at, item_key, locked_until, claimed_by, claim_token;
+ LIMIT ? OFFSET ?) RETURNING id, user_id, listing_id, filter_id, channel, status, attempts, next_attempt_at, last_error, created_at, sent_at, item_key, cluster_id, event, digest_id, locked_until, claimed_by, claim_token;
 
 -- complete (sets status, sent_at, last_error)
 -- served by pk_notifications (the ids held), fenced by claim_token and claimed_by

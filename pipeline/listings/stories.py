@@ -1,0 +1,311 @@
+"""One alert per story across sources: which new listings are a story another source
+already brought, and the clusters they form (docs/runbook.md, "One alert per story").
+
+Two listings **from different sources** are the same story when
+
+* their links name the same story (``story_url``, pipeline/core/urls.py: the canonical
+  URL less tracking parameters such as ``utm_*``; never a site's home page), or
+* their texts are near-identical: the 64-bit SimHash (Charikar 2002; the thresholds of
+  Manku, Jain and Das Sarma 2007) of the distinct words of title and summary differ in
+  at most ``MAX_DISTANCE`` bits. A text of fewer than ``MIN_WORDS`` distinct words has
+  no fingerprint (too short to tell a copy from a namesake): only its link can join it.
+
+Listings of one source are never joined by these rules: a source's own item identity
+(its ids, pipeline/core/urls.py ``item_key``) says what its items are, and two job ads of
+one board that differ in a salary are two jobs.
+
+A cluster is named by the id of its first listing; that listing keeps ``cluster_id``
+NULL ("its own story", the common case, costs no write) and each later member records
+the cluster in ``cluster_id``: the earliest cluster any of its matches belongs to.
+Membership is decided once, when the listing is first stored, and never moves: a
+cluster is not split when a title is edited, nor merged when a later listing resembles
+two. The notifier notifies a user once per cluster (``notifications.cluster_id``).
+
+Finding matches: each listing has keys, columns of its own row with an index each
+(``schema.STORY_KEYS``): its story URL's hash and its fingerprint's four 16-bit bands
+(two fingerprints within 3 bits of each other agree on at least one band: pigeonhole),
+so candidates are found by index, never by a scan.
+
+Two processors storing two copies of one story at once must not both found a cluster:
+the part of a batch's transaction that looks for matches and records them holds the
+one row of ``story_lock`` (FOR UPDATE) until it commits, so the second sees the first's
+listings. (Per-key locks would be finer, but a batch of hundreds of listings has keys
+in nearly every band: they would serialise the same.) SQLite has one writer at a
+time, which the batch already is.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import string
+from collections import defaultdict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+from pipeline.core.urls import story_url
+from pipeline.listings.normalize import Listing
+from pipeline.queue.recordset import integer_list, integers
+from pipeline.storage import schema
+
+BITS = 64
+MAX_DISTANCE = 3  # bits of 64 in which two near-identical texts' fingerprints may differ
+BANDS = 4  # MAX_DISTANCE + 1 bands: two fingerprints within the distance share one
+BAND_BITS = BITS // BANDS
+MIN_WORDS = 8  # distinct words a text needs to have a fingerprint
+# Copies are looked for among the most recent listings filed under each key: a bound on
+# the work a key shared by very many listings (a template, a flood) can cause.
+RECENT_PER_KEY = 20
+MAX_WORDS = 255  # the first distinct words counted: a count per bit fits a byte
+assert len(schema.STORY_KEYS) == 1 + BANDS  # the link's key, then the bands
+
+
+# What separates words for a fingerprint: white space and punctuation. (Cheaper than
+# the filters' whole-word rule, pipeline/core/words.py, and a fingerprint needs no
+# compound words: a copy splits them the same way.)
+_SEPARATORS = str.maketrans(dict.fromkeys(string.punctuation + "\u2018\u2019\u201c\u201d\u00ab\u00bb\u2013\u2014\u2026\u00b7\u2022", " "))
+
+
+def fingerprint(title: str, summary: str) -> int | None:
+    """The SimHash of the distinct words (case-folded, in order, the first ``MAX_WORDS``)
+    of ``title`` and ``summary``: bit i is set when more than half of the words' hashes
+    have bit i set. None for fewer than ``MIN_WORDS`` distinct words."""
+    distinct = list(dict.fromkeys(text_words(f"{title} {summary}")))[:MAX_WORDS]
+    if len(distinct) < MIN_WORDS:
+        return None
+    # Each word's hash spread one bit to a byte; summing them counts, per bit, how many
+    # words set it (at most 255: no byte overflows into the next).
+    counts = sum(map(_spread, distinct)).to_bytes(BITS, "little")
+    return int(counts.translate(_MAJORITY[len(distinct)])[::-1], 2)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _spread(word: str) -> int:
+    """``word``'s 64-bit hash with bit i moved to bit 8 * i (one byte per bit)."""
+    digest = hashlib.blake2b(word.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(b"".join(_BYTE_BITS[b] for b in digest), "little")
+
+
+# _BYTE_BITS[b]: the 8 bits of b, low first, one byte each (0 or 1).
+_BYTE_BITS = [bytes((b >> i) & 1 for i in range(8)) for b in range(256)]
+# _MAJORITY[n]: maps a count of n words to the character "1" when it is more than half.
+_MAJORITY = [bytes(ord("1") if 2 * count > n else ord("0") for count in range(256)) for n in range(MAX_WORDS + 1)]
+
+
+def distance(a: int, b: int) -> int:
+    """How many bits two fingerprints differ in."""
+    return (a ^ b).bit_count()
+
+
+def to_signed(value: int) -> int:
+    """A 64-bit fingerprint as the signed BIGINT a database stores."""
+    return value - (1 << BITS) if value >= 1 << (BITS - 1) else value
+
+
+def from_signed(value: int) -> int:
+    return value & ((1 << BITS) - 1)
+
+
+def url_key(canonical_url: str) -> int | None:
+    """The key of a listing's story URL (None when its link names no story): 62 bits of
+    its hash (a BIGINT, and revision 0015 carried the older keys over)."""
+    story = story_url(canonical_url)
+    if story is None:
+        return None
+    return int.from_bytes(hashlib.sha256(story.encode("utf-8", "surrogatepass")).digest()[:8], "big") >> 2
+
+
+def bands(print_: int) -> tuple[int, ...]:
+    """The fingerprint's ``BANDS`` bands of ``BAND_BITS`` bits, lowest first."""
+    mask = (1 << BAND_BITS) - 1
+    return tuple((print_ >> (band * BAND_BITS)) & mask for band in range(BANDS))
+
+
+@dataclass(frozen=True)
+class Marks:
+    """What tells a listing's story: its link's key, its text's fingerprint, its title."""
+
+    url_key: int | None
+    fingerprint: int | None  # unsigned
+    title_words: frozenset[str]  # of its own title (none when the title is its link)
+
+    @classmethod
+    def of(cls, listing: Listing) -> Marks:
+        """A listing's marks, taken from its content."""
+        title = own_title(listing.title, listing.url)
+        return cls(url_key(listing.canonical_url), fingerprint(title, listing.summary), frozenset(text_words(title)))
+
+    @classmethod
+    def stored(cls, story_key: int | None, simhash: int | None, title: str, url: str) -> Marks:
+        """A stored listing's marks, from its row."""
+        return cls(story_key, None if simhash is None else from_signed(simhash),
+                   frozenset(text_words(own_title(title, url))))
+
+    @functools.cached_property
+    def keys(self) -> dict[str, int]:
+        """Its story keys, column (``schema.STORY_KEYS``) -> value, those it has."""
+        keys = {} if self.url_key is None else {schema.STORY_KEYS[0]: self.url_key}
+        if self.fingerprint is not None:
+            keys.update(zip(schema.STORY_KEYS[1:], bands(self.fingerprint), strict=True))
+        return keys
+
+    def columns(self) -> dict[str, int | None]:
+        """Its fingerprint and keys, as the listing's row stores them."""
+        return {"simhash": None if self.fingerprint is None else to_signed(self.fingerprint),
+                **dict.fromkeys(schema.STORY_KEYS), **self.keys}
+
+
+@dataclass(frozen=True)
+class NewListing:
+    """A listing just inserted (or, in ``_candidates``, stored before), with what
+    clustering needs of it."""
+
+    id: int
+    source_id: int
+    marks: Marks
+    cluster: int | None = None  # a stored listing's cluster: its cluster_id, or its id
+
+
+def same_story(a: NewListing, b: NewListing) -> bool:
+    """Whether two listings are one story (the module docstring's rules)."""
+    if a.source_id == b.source_id:
+        return False
+    x, y = a.marks, b.marks
+    if x.url_key is not None and x.url_key == y.url_key:
+        return True
+    return (x.fingerprint is not None and y.fingerprint is not None
+            and distance(x.fingerprint, y.fingerprint) <= MAX_DISTANCE and titles_agree(x.title_words, y.title_words))
+
+
+def own_title(title: str, url: str) -> str:
+    """A listing's title, or "" when it is its link (the normaliser's stand-in)."""
+    return "" if title == url else title
+
+
+def titles_agree(x: frozenset[str], y: frozenset[str]) -> bool:
+    """Whether two titles can be one story's: every word of the shorter is in the other
+    (the same words in another case or punctuation, an outlet's name or a prefix
+    added), or one has no title of its own. Items of one template have near-identical
+    texts under titles apart: a boilerplate summary under "BondiBlock" and
+    "SynthaBlock", "Release 3.14" and "Release 3.15"; an edited title is missed rather
+    than a story wrongly joined (a repeat, not a lost alert)."""
+    return not x or not y or x <= y or y <= x
+
+
+def text_words(text: str) -> list[str]:
+    """The words of ``text`` as fingerprints and titles count them: case-folded, split
+    at white space and punctuation."""
+    return text.translate(_SEPARATORS).casefold().split()
+
+
+def assign(conn: sa.Connection, new: Sequence[NewListing]) -> int:
+    """Record, for each of ``new`` (listings inserted in this transaction, their keys
+    stored with them (``Marks.columns``), in the order they were stored) that is a story
+    already seen from another source, its cluster. Returns how many joined a cluster."""
+    keyed = [listing for listing in new if listing.marks.keys]
+    if not keyed:
+        return 0
+    conn.execute(_lock_statement(conn.dialect.name))  # held until commit
+    # Per key, its most recent listings, oldest first: those stored before, then this
+    # batch's in order, each with its cluster.
+    recent: dict[tuple[str, int], deque[tuple[NewListing, int]]] = defaultdict(
+        lambda: deque(maxlen=RECENT_PER_KEY))
+    for key, stored in _candidates(conn, keyed):
+        recent[key].append((stored, stored.cluster or stored.id))
+    joined: dict[int, int] = {}  # listing id -> its cluster
+    for listing in keyed:
+        keys = listing.marks.keys.items()
+        # Each listing once, though it shares several keys (a near copy shares bands).
+        others = {other.id: (other, cluster) for key in keys for other, cluster in recent[key]}
+        clusters = [cluster for other, cluster in others.values() if same_story(listing, other)]
+        if clusters:
+            joined[listing.id] = min(clusters)
+        for key in keys:
+            recent[key].append((listing, joined.get(listing.id, listing.id)))
+    if joined:
+        t = schema.listings
+        conn.execute(
+            sa.update(t).where(t.c.id == sa.bindparam("listing")).values(cluster_id=sa.bindparam("cluster")),
+            [{"listing": listing, "cluster": cluster} for listing, cluster in joined.items()],
+        )
+    return len(joined)
+
+
+def _candidates(conn: sa.Connection, keyed: Sequence[NewListing]) -> list[tuple[tuple[str, int], NewListing]]:
+    """The listings stored before ``keyed`` that share a key with one of them: each key's
+    ``RECENT_PER_KEY`` most recent, oldest first, with the key (column, value).
+
+    PostgreSQL leaves out a band key's listings whose fingerprint is not within
+    ``MAX_DISTANCE`` of one asking (``same_story`` would refuse them): a far smaller answer
+    when bands are crowded. Elsewhere ``same_story`` alone tells."""
+    postgres = conn.dialect.name == "postgresql"
+    ids = [listing.id for listing in keyed]
+    params: dict[str, Any] = {"batch": integer_list(ids) if postgres else ids}
+    for number, column in enumerate(schema.STORY_KEYS):
+        values = {listing.marks.keys[column] for listing in keyed if column in listing.marks.keys}
+        params[f"values_{number}"] = integer_list(values) if postgres else sorted(values)
+        if number and postgres:  # a band: the fingerprints asking, with their value of it
+            asking = [(listing.marks.keys[column], to_signed(listing.marks.fingerprint)) for listing in keyed
+                      if column in listing.marks.keys and listing.marks.fingerprint is not None]
+            params[f"asking_{number}"] = integer_list(value for value, _ in asking)
+            params[f"prints_{number}"] = integer_list(print_ for _, print_ in asking)
+    found = {(row.key_number, row.key_value, row.id): row
+             for row in conn.execute(_recent_statement(conn.dialect.name), params)}
+    return [
+        ((schema.STORY_KEYS[number], value), NewListing(
+            row.id, row.source_id, Marks.stored(row.story_key, row.simhash, row.title, row.url), row.cluster_id))
+        for (number, value, _), row in sorted(found.items())
+    ]
+
+
+def _lock_statement(dialect: str) -> sa.Select[Any]:
+    """Lock ``story_lock`` until the transaction ends. On PostgreSQL it also plans the
+    rest of the transaction's statements for their own parameters: a prepared statement
+    is otherwise planned once for any (``plan_cache_mode``), and the lookup's generic
+    plan, made blind to how many keys are asked and how many listings there are, took
+    10 times as long (bench/RESULTS.md, "One alert per story")."""
+    columns: list[Any] = [schema.story_lock.c.id]
+    if dialect == "postgresql":
+        columns.append(sa.func.set_config("plan_cache_mode", "force_custom_plan", True))
+    return sa.select(*columns).with_for_update()
+
+
+@functools.cache
+def _recent_statement(dialect: str) -> sa.CompoundSelect[Any]:
+    """Per story key column, the ``RECENT_PER_KEY`` most recent listings under each value
+    asked (``values_<n>``), leaving out this batch's (``batch``); on PostgreSQL, a band's
+    only those near a fingerprint asking with that value (``asking_<n>``, ``prints_<n>``)."""
+    t = schema.listings
+    stored = (t.c.id, t.c.source_id, t.c.cluster_id, t.c.simhash, t.c.story_key, t.c.title, t.c.url)
+    parts = []
+    for number, column in enumerate(schema.STORY_KEYS):
+        key_number = sa.literal_column(str(number), sa.Integer()).label("key_number")
+        if dialect == "postgresql":
+            values = sa.func.unnest(integers(f"values_{number}")).table_valued(
+                sa.column("value", sa.BigInteger()), name=f"v{number}").render_derived()
+            recent = (sa.select(*stored).where(t.c[column] == values.c.value, t.c.id != sa.all_(integers("batch")))
+                      .order_by(t.c.id.desc()).limit(RECENT_PER_KEY).lateral(f"r{number}"))
+            part = (sa.select(key_number, values.c.value.label("key_value"), *recent.c)
+                    .select_from(values).join(recent, sa.true()))
+            if number:  # a band: near one asking with this value
+                asking = sa.func.unnest(integers(f"asking_{number}"), integers(f"prints_{number}")).table_valued(
+                    sa.column("value", sa.BigInteger()), sa.column("print", sa.BigInteger()), name=f"a{number}",
+                ).render_derived()
+                near = sa.func.bit_count(sa.cast(recent.c.simhash.op("#")(asking.c["print"]), postgresql.BIT(64)))
+                # A semi-join: each listing once, however many fingerprints ask with its band.
+                part = part.where(sa.exists().select_from(asking).where(
+                    asking.c.value == values.c.value, near <= MAX_DISTANCE))
+        else:
+            rank = sa.func.row_number().over(partition_by=t.c[column], order_by=t.c.id.desc()).label("rank")
+            ranked = (sa.select(t.c[column].label("key_value"), *stored, rank)
+                      .where(t.c[column].in_(sa.bindparam(f"values_{number}", expanding=True)),
+                             t.c.id.not_in(sa.bindparam("batch", expanding=True)))
+                      .subquery(f"r{number}"))
+            part = (sa.select(key_number, ranked.c.key_value, *(ranked.c[c.name] for c in stored))
+                    .where(ranked.c.rank <= RECENT_PER_KEY))
+        parts.append(part)
+    return sa.union_all(*parts)

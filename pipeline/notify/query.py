@@ -1,0 +1,456 @@
+"""The filter language (DESIGN.md "Filters and delivery"): parsed once, at ``filters add``
+and when the notifier loads filters, and compiled to clauses the set-based matcher files
+by one of their words (pipeline/notify/matching.py).
+
+    python remote                  every word, whole word, case-insensitive (the default)
+    "machine learning"             an exact phrase: its words in a row
+    -senior  -"full time"          a word or phrase that must not appear
+    rust OR go   (rust OR go) remote   alternatives; AND binds tighter than OR
+    title:python  summary:"data engineer"  author:smith  title:(rust OR go)
+    category:remote  source:12  source:"Hacker News"
+    published:7d  published:24h  published:2026-01-01..2026-01-31  published:2026-03-01..
+
+Words and phrases without a field look in the title and the summary (a phrase in one of
+them, not across the two). ``category:`` is one of the listing's categories, whole and
+case-insensitive; ``source:`` a source's id or name; ``published:`` a window of the
+listing's publication time (UTC days, both ends included; ``7d``/``24h``/``2w`` reach back
+from the moment of matching), which a listing without a date is never in. ``OR`` and
+``AND`` are operators only in capitals (juxtaposition already means AND); commas
+separate like spaces. Every alternative needs something that must appear (a word, a
+phrase, an author, a category or a source): that is what it is filed under, and a filter
+of exclusions alone would match nearly everything.
+
+Compiling turns the expression into alternatives of plain conditions (negations pushed
+inward, parentheses multiplied out, at most ``MAX_CLAUSES``); a listing matches when
+every condition of one alternative holds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from enum import StrEnum
+from itertools import product
+
+from pipeline.core.errors import QueryError
+from pipeline.core.words import WORD, folded, phrase_tokens
+
+__all__ = ["Clause", "Condition", "Query", "QueryError", "compile_query", "parse", "plain", "source_terms"]
+
+MAX_TERMS = 40  # conditions written in one filter
+MAX_CLAUSES = 32  # alternatives after multiplying out parentheses
+MAX_TERM_CHARS = 200
+MAX_KEYWORD_CHARS = 100
+
+
+class Field(StrEnum):
+    TEXT = "text"  # title or summary: no field written
+    TITLE = "title"
+    SUMMARY = "summary"
+    AUTHOR = "author"
+    CATEGORY = "category"
+    SOURCE = "source"
+    PUBLISHED = "published"
+
+
+WRITTEN_FIELDS = tuple(f for f in Field if f is not Field.TEXT)
+TEXT_FIELDS = (Field.TEXT, Field.TITLE, Field.SUMMARY, Field.AUTHOR)
+
+
+# -- the expression ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Term:
+    """One condition as written: ``words`` for a text field (one word, or a phrase's
+    words), ``value`` for a category or a source, ``window`` for published."""
+
+    field: Field
+    position: int
+    words: tuple[str, ...] = ()
+    phrase: bool = False
+    value: str = ""
+    window: Window | None = None
+
+
+@dataclass(frozen=True)
+class Window:
+    """Published at or after ``start`` and before ``end`` (either open); or within the
+    last ``back`` of the moment of matching."""
+
+    start: datetime | None = None
+    end: datetime | None = None
+    back: timedelta | None = None
+
+    def holds(self, published_at: datetime | None, now: datetime) -> bool:
+        if published_at is None:
+            return False
+        if self.back is not None:
+            return published_at >= now - self.back
+        return (self.start is None or published_at >= self.start) and (self.end is None or published_at < self.end)
+
+
+@dataclass(frozen=True)
+class Not:
+    node: Node
+
+
+@dataclass(frozen=True)
+class And:
+    nodes: tuple[Node, ...]
+
+
+@dataclass(frozen=True)
+class Or:
+    nodes: tuple[Node, ...]
+
+
+Node = Term | Not | And | Or
+
+
+# -- parsing ----------------------------------------------------------------------------
+
+_TOKEN = re.compile(
+    r'(?P<space>[\s,]+)|(?P<open>\()|(?P<close>\))|(?P<quote>"[^"]*"?)'
+    r'|(?P<bare>[^\s,()"]+)'
+)
+_FIELD = re.compile(r"([A-Za-z]+):(.*)", re.DOTALL)
+_BACK = re.compile(r"(\d{1,5})([hdw])")
+_UNITS = {"h": timedelta(hours=1), "d": timedelta(days=1), "w": timedelta(weeks=1)}
+
+
+@dataclass
+class _Tok:
+    kind: str  # open close quote bare or and minus
+    text: str
+    position: int  # 1-based
+
+
+def _tokens(text: str) -> list[_Tok]:
+    found: list[_Tok] = []
+    for m in _TOKEN.finditer(text):
+        kind, value, pos = m.lastgroup or "", m.group(), m.start() + 1
+        if kind == "space":
+            continue
+        if kind == "quote" and (len(value) < 2 or not value.endswith('"')):
+            raise QueryError('this " is never closed', pos)
+        if kind == "bare" and value in ("OR", "AND"):
+            kind = value.lower()
+        elif kind == "bare" and value.startswith("-"):
+            found.append(_Tok("minus", "-", pos))
+            value, pos = value[1:], pos + 1
+            if not value:  # "-(" or '-"': the term follows as a token of its own
+                if text[m.end():m.end() + 1] in ("", ")") or text[m.end()].isspace() or text[m.end()] == ",":
+                    raise QueryError("- must stand right before the word, phrase or ( it excludes", pos - 1)
+                continue
+        found.append(_Tok(kind, value, pos))
+    return found
+
+
+@dataclass
+class _Parser:
+    text: str
+    toks: list[_Tok]
+    at: int = 0
+    terms: int = 0
+    sources: list[Term] = field(default_factory=list)
+
+    def peek(self) -> _Tok | None:
+        return self.toks[self.at] if self.at < len(self.toks) else None
+
+    def take(self) -> _Tok:
+        tok = self.toks[self.at]
+        self.at += 1
+        return tok
+
+    def end_position(self) -> int:
+        return len(self.text.rstrip()) + 1
+
+    def expression(self, scope: Field | None) -> Node:
+        alternatives = [self.conjunction(scope)]
+        while (tok := self.peek()) is not None and tok.kind == "or":
+            self.take()
+            nxt = self.peek()
+            if nxt is None or nxt.kind in ("or", "close"):
+                raise QueryError("OR needs a condition after it", nxt.position if nxt else self.end_position())
+            alternatives.append(self.conjunction(scope))
+        return alternatives[0] if len(alternatives) == 1 else Or(tuple(alternatives))
+
+    def conjunction(self, scope: Field | None) -> Node:
+        parts: list[Node] = []
+        while (tok := self.peek()) is not None and tok.kind not in ("or", "close"):
+            if tok.kind == "and":
+                self.take()
+                continue
+            parts.append(self.unary(scope))
+        if not parts:
+            tok = self.peek()
+            if tok is None:
+                raise QueryError("a condition is missing here", self.end_position())
+            raise QueryError(f"{tok.text!r} needs a condition before it", tok.position)
+        return parts[0] if len(parts) == 1 else And(tuple(parts))
+
+    def unary(self, scope: Field | None) -> Node:
+        tok = self.peek()
+        if tok is not None and tok.kind == "minus":
+            self.take()
+            nxt = self.peek()
+            if nxt is None or nxt.kind in ("or", "and", "close", "minus"):
+                raise QueryError("- must stand right before the word, phrase or ( it excludes", tok.position)
+            return Not(self.atom(scope))
+        return self.atom(scope)
+
+    def atom(self, scope: Field | None) -> Node:
+        tok = self.take()
+        if tok.kind == "open":
+            return self.group(tok, scope)
+        if tok.kind == "close":
+            raise QueryError("this ) has no ( before it", tok.position)
+        if tok.kind == "quote":
+            return self.term(scope or Field.TEXT, tok.text[1:-1], tok.position, quoted=True)
+        m = _FIELD.fullmatch(tok.text)
+        if m is None:
+            return self.term(scope or Field.TEXT, tok.text, tok.position, quoted=False)
+        name, value = m.group(1).lower(), m.group(2)
+        if name not in WRITTEN_FIELDS:
+            raise QueryError(
+                f"unknown field {m.group(1)!r} (fields: {', '.join(WRITTEN_FIELDS)})", tok.position)
+        if scope is not None:
+            raise QueryError(f"{name}: inside {scope}:( ) (one field per group)", tok.position)
+        fld, value_at = Field(name), tok.position + len(name) + 1
+        if value:
+            return self.term(fld, value, value_at, quoted=False, start=tok.position)
+        nxt = self.peek()
+        if nxt is None or nxt.position != value_at or nxt.kind not in ("quote", "open"):
+            raise QueryError(f"{name}: needs a value right after the colon", tok.position)
+        self.take()
+        if nxt.kind == "open":
+            return self.group(nxt, fld)
+        return self.term(fld, nxt.text[1:-1], nxt.position, quoted=True, start=tok.position)
+
+    def group(self, opening: _Tok, scope: Field | None) -> Node:
+        if (tok := self.peek()) is None or tok.kind == "close":
+            raise QueryError("empty parentheses" if tok else "this ( is never closed", opening.position)
+        node = self.expression(scope)
+        tok = self.peek()
+        if tok is None or tok.kind != "close":
+            raise QueryError("this ( is never closed", opening.position)
+        self.take()
+        return node
+
+    def term(self, fld: Field, value: str, position: int, *, quoted: bool, start: int | None = None) -> Term:
+        """The term of ``value`` (at ``position``), written from ``start`` (its field)."""
+        at = start or position
+        self.terms += 1
+        if self.terms > MAX_TERMS:
+            raise QueryError(f"a filter takes at most {MAX_TERMS} conditions", position)
+        if len(value) > MAX_TERM_CHARS:
+            raise QueryError(f"a condition is at most {MAX_TERM_CHARS} characters", position)
+        if fld is Field.PUBLISHED:
+            return Term(fld, at, window=_window(value, position))
+        if fld in (Field.CATEGORY, Field.SOURCE):
+            value = folded(value)
+            if not value:
+                raise QueryError(f"{fld}: needs a value", position)
+            term = Term(fld, at, value=value)
+            if fld is Field.SOURCE:
+                self.sources.append(term)
+            return term
+        if quoted:
+            tokens = phrase_tokens(value)
+            if not tokens:
+                raise QueryError("a phrase needs at least one word", position)
+            return Term(fld, at, words=tokens, phrase=True)
+        keyword = value.casefold()
+        if len(keyword) > MAX_KEYWORD_CHARS or not WORD.fullmatch(keyword):
+            raise QueryError(
+                f"{value!r} is not a word (letters and digits, optionally joined by . + # ' -"
+                ' as in node.js or c++; quote a phrase: "..." )', position)
+        return Term(fld, at, words=(keyword,))
+
+
+def _day(text: str, position: int) -> datetime:
+    try:
+        return datetime.combine(date.fromisoformat(text), datetime.min.time(), UTC)
+    except ValueError:
+        raise QueryError(f"{text!r} is not a date (YYYY-MM-DD)", position) from None
+
+
+def _window(value: str, position: int) -> Window:
+    if m := _BACK.fullmatch(value):
+        return Window(back=int(m.group(1)) * _UNITS[m.group(2)])
+    if ".." in value:
+        first, _, last = value.partition("..")
+        if not first and not last:
+            raise QueryError("published:.. needs a date on at least one side", position)
+        start = _day(first, position) if first else None
+        end = _day(last, position + len(first) + 2) + timedelta(days=1) if last else None
+        if start and end and end <= start:
+            raise QueryError(f"published:{value} ends before it starts", position)
+        return Window(start=start, end=end)
+    start = _day(value, position)
+    return Window(start=start, end=start + timedelta(days=1))
+
+
+def parse(text: str) -> Node:
+    """The expression ``text`` writes; QueryError naming the position of what is wrong."""
+    parser = _Parser(text, _tokens(text))
+    if not parser.toks:
+        raise QueryError("a filter needs at least one word")
+    node = parser.expression(None)
+    if (tok := parser.peek()) is not None:  # only a stray ) stops an expression early
+        raise QueryError("this ) has no ( before it", tok.position)
+    return node
+
+
+def source_terms(node: Node) -> list[Term]:
+    """The ``source:`` conditions of ``node``, for checking that each names a source."""
+    if isinstance(node, Term):
+        return [node] if node.field is Field.SOURCE else []
+    if isinstance(node, Not):
+        return source_terms(node.node)
+    return [t for n in node.nodes for t in source_terms(n)]
+
+
+# -- compiling --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Condition:
+    """A term of one alternative, possibly negated, with what it is compared with
+    resolved: a source's names become ids."""
+
+    term: Term
+    negated: bool
+    source_ids: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class Clause:
+    """One alternative: ``words`` must all be among the listing's words (title and
+    summary; all a plain filter needs, and for a phrase or a title word the cheap test
+    that comes first), none of ``absent`` may be, and every one of ``checks`` must hold.
+    ``filings``: the key sets the clause may be filed under (a listing that matches holds
+    every key of each set), one per condition that must appear."""
+
+    words: tuple[str, ...]
+    absent: tuple[str, ...]
+    checks: tuple[Condition, ...]
+    filings: tuple[tuple[str, ...], ...]
+
+
+@dataclass(frozen=True)
+class Query:
+    text: str
+    clauses: tuple[Clause, ...]
+
+    @property
+    def words(self) -> tuple[str, ...]:
+        """The words and phrase words that must appear somewhere, for display."""
+        seen: dict[str, None] = {}
+        for clause in self.clauses:
+            seen.update(dict.fromkeys(clause.words))
+            for c in clause.checks:
+                if not c.negated:
+                    seen.update(dict.fromkeys(c.term.words))
+        return tuple(seen)
+
+
+# Index keys: a word of the title and summary is its own key; the other fields' keys carry
+# a prefix no word can hold.
+AUTHOR_KEY, CATEGORY_KEY, SOURCE_KEY = "\x00a:", "\x00c:", "\x00s:"
+
+
+def _nnf(node: Node, negated: bool = False) -> Node:
+    """``node`` with every negation pushed onto a term (De Morgan)."""
+    if isinstance(node, Not):
+        return _nnf(node.node, not negated)
+    if isinstance(node, Term):
+        return Not(node) if negated else node
+    parts = tuple(_nnf(n, negated) for n in node.nodes)
+    return (Or(parts) if isinstance(node, And) else And(parts)) if negated else type(node)(parts)
+
+
+def _dnf(node: Node) -> list[list[tuple[Term, bool]]]:
+    """Alternatives of (term, negated), for a node in negation normal form."""
+    if isinstance(node, Term):
+        return [[(node, False)]]
+    if isinstance(node, Not):
+        assert isinstance(node.node, Term)
+        return [[(node.node, True)]]
+    if isinstance(node, Or):
+        return [alt for n in node.nodes for alt in _dnf(n)]
+    result: list[list[tuple[Term, bool]]] = [[]]
+    for n in node.nodes:
+        options = _dnf(n)
+        if len(result) * len(options) > MAX_CLAUSES:
+            raise QueryError(
+                f"over {MAX_CLAUSES} alternatives once the parentheses are multiplied out;"
+                " split it into several filters")
+        result = [a + b for a, b in product(result, options)]
+    return result
+
+
+def _key(term: Term, word: str) -> str:
+    return AUTHOR_KEY + word if term.field is Field.AUTHOR else word
+
+
+def _clause(alternative: list[tuple[Term, bool]], sources: Mapping[str, frozenset[int]]) -> Clause | None:
+    """The clause of one alternative; None when it contradicts itself (x and -x)."""
+    unique: dict[tuple[object, ...], tuple[Term, bool]] = {}
+    signs: dict[tuple[object, ...], bool] = {}
+    for t, neg in alternative:  # the first of each, in the order written
+        what = (t.field, t.words, t.phrase, t.value, t.window)
+        if signs.setdefault(what, neg) != neg:
+            return None
+        unique.setdefault((*what, neg), (t, neg))
+    words: list[str] = []
+    absent: list[str] = []
+    checks: list[Condition] = []
+    filings: list[tuple[str, ...]] = []
+    for term, neg in sorted(unique.values(), key=lambda tn: tn[0].position):
+        plain_word = term.field is Field.TEXT and not term.phrase
+        if plain_word:  # a word of the title or summary: no check beyond the set of words
+            (absent if neg else words).append(term.words[0])
+            if not neg:
+                filings.append(term.words)
+            continue
+        if not neg and term.field in (Field.TEXT, Field.TITLE, Field.SUMMARY):
+            words.extend(term.words)  # needed among the words before the phrase or field is read
+        ids: frozenset[int] = frozenset()
+        if term.field is Field.SOURCE:
+            ids = sources.get(term.value, frozenset())
+            if term.value.isdigit():
+                ids |= {int(term.value)}
+        checks.append(Condition(term, neg, ids))
+        if neg:
+            continue
+        if term.words:  # a phrase or a scoped word: every word of it is a key
+            filings.extend((_key(term, w),) for w in dict.fromkeys(term.words))
+        elif term.field is Field.CATEGORY:
+            filings.append((CATEGORY_KEY + term.value,))
+        elif term.field is Field.SOURCE and ids:  # one of them: filed under each
+            filings.append(tuple(SOURCE_KEY + str(i) for i in sorted(ids)))
+    if not filings and not any(c.term.field is Field.SOURCE and not c.negated for c in checks):
+        first = min(t.position for t, _ in alternative)
+        raise QueryError(
+            "nothing here must appear (only exclusions or a published window), so it would match"
+            " nearly every listing: add a word, phrase, author, category or source", first)
+    return Clause(tuple(dict.fromkeys(words)), tuple(absent), tuple(checks), tuple(filings))
+
+
+def compile_query(text: str, sources: Mapping[str, frozenset[int]] | None = None) -> Query:
+    """``text`` compiled to clauses. ``sources`` maps a source's name, case-folded, to the
+    ids of the sources of that name (``source:`` by name); a ``source:`` that names no
+    source matches nothing."""
+    alternatives = _dnf(_nnf(parse(text)))
+    clauses = [c for alt in alternatives if (c := _clause(alt, sources or {})) is not None]
+    if not clauses:
+        raise QueryError("this filter can never match (it asks for a condition and its exclusion)")
+    return Query(text.strip(), tuple(dict.fromkeys(clauses)))
+
+
+def plain(keywords: Sequence[str]) -> Query:
+    """The query of a filter of keywords alone (every one must appear), as filters were
+    before the language; their words are already checked and case-folded."""
+    return Query(" ".join(keywords), (Clause(tuple(keywords), (), (), tuple((k,) for k in keywords)),))

@@ -1,0 +1,195 @@
+"""Change alerts (pipeline/storage/watches.py): a user whose filter watches for changes
+hears once per change when a listing it notified them of changes its title or summary,
+or goes from its source; a feed's window moving on is not a listing gone."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+
+from pipeline.catalogue import users
+from pipeline.storage import schema
+from tests import test_duplicates
+from tests.conftest import BACKENDS_WITH_MARIADB
+from tests.helpers import add_source
+from tests.http_server import LocalServer
+from tests.test_collector import collector
+from tests.test_notifier import add_user, notifier, posts
+from tests.test_processor import add_raw, processor
+
+site = test_duplicates.site  # a fixture: a webhook receiver
+
+
+@pytest.fixture(params=BACKENDS_WITH_MARIADB)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def told(site: LocalServer) -> list[tuple[str, str, str]]:
+    """(user, event, title) of every webhook delivery, in order."""
+    return [(b["user"]["name"], b["event"], b["listing"]["title"])
+            for b in (json.loads(p["body"]) for p in posts(site))]
+
+
+def one_pass(engine: sa.Engine, *, fetched: int = 1) -> None:
+    """Every source due now; collect (``fetched`` of them succeed), process, notify."""
+    with engine.begin() as conn:
+        conn.execute(sa.update(schema.sources).values(next_fetch_at=None))
+    assert collector(engine).run().succeeded == fetched
+    processor(engine).run()
+    notifier(engine).run()
+
+
+def test_a_change_of_a_watched_listing_is_told_once(engine, site):
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1/jobs.rss")
+        add_user(conn, "alice", site.url("/hook"))
+        users.add_filter(conn, "alice", "python", changes=True)
+        add_user(conn, "bob", site.url("/hook"))
+        users.add_filter(conn, "bob", "python")  # no --changes
+        add_raw(conn, source, "job-1", title="Python developer", summary="Salary 60k")
+    processor(engine).run()
+    assert notifier(engine).run().sent == 2
+
+    def store(**content) -> None:
+        with engine.begin() as conn:
+            add_raw(conn, source, "job-1", **content)
+        processor(engine).run()
+
+    store(title="Python developer", summary="Salary 70k")  # changed
+    store(title="Python developer", summary="Salary 70k", published_at="2026-11-25T10:00:00Z")  # a date only
+    stats = notifier(engine).run()
+    assert (stats.notifications_created, stats.sent) == (1, 1)
+    store(title="Python developer (filled)", summary="Salary 70k")  # changed again, no longer matching bob
+    assert notifier(engine).run().sent == 1
+    store(title="Python developer", summary="Salary 70k")  # back to a version told before
+    assert notifier(engine).run().notifications_created == 0
+    assert sorted(told(site)) == [
+        ("alice", "changed", "Python developer"), ("alice", "changed", "Python developer (filled)"),
+        ("alice", "new", "Python developer"), ("bob", "new", "Python developer"),
+    ]
+    assert notifier(engine).run().notifications_created == 0, "nothing twice"
+    with engine.connect() as conn:
+        events = conn.execute(sa.select(schema.notifications.c.event).order_by(schema.notifications.c.id)).scalars()
+        assert [e.split(":")[0] for e in events] == ["new", "new", "changed", "changed"]
+
+
+def test_a_watching_filter_watches_though_an_older_filter_of_its_user_matches_too(engine, site):
+    """A user hears once of a listing however many of their filters match it; when one
+    of them watches for changes, that one is the match, or the change went untold."""
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1/jobs.rss")
+        add_user(conn, "alice", site.url("/hook"))
+        users.add_filter(conn, "alice", "python")  # older, not watching
+        users.add_filter(conn, "alice", '"python developer"', changes=True)
+        add_raw(conn, source, "job-1", title="Python developer", summary="Salary 60k")
+    processor(engine).run()
+    assert notifier(engine).run().sent == 1
+    with engine.begin() as conn:
+        add_raw(conn, source, "job-1", title="Python developer", summary="Salary 70k")
+    processor(engine).run()
+    assert notifier(engine).run().sent == 1
+    assert told(site) == [("alice", "new", "Python developer"), ("alice", "changed", "Python developer")]
+    assert [json.loads(p["body"])["filter"]["query"] for p in posts(site)] == ['"python developer"'] * 2
+
+
+PAGE = """<html><body><ul>{}</ul></body></html>"""
+
+
+def _page(*jobs: str) -> bytes:
+    return PAGE.format("".join(f'<li class="job"><h2>{j}</h2><a href="/jobs/{j}">more</a></li>' for j in jobs)).encode()
+
+
+def test_a_watched_listing_gone_from_a_page_is_told_once_and_its_return_is_quiet(backend, engine, site):
+    body = [_page("Python developer", "Python lead")]
+    site.routes["/board"] = lambda h: h.reply(200, body[0], {"Content-Type": "text/html"})
+    with engine.begin() as conn:
+        add_source(conn, site.url("/board"), source_type="http",
+                   config={"item": "li.job", "title": "h2", "link": "a"})
+        add_user(conn, "alice", site.url("/hook"))
+        users.add_filter(conn, "alice", "python", changes=True)
+
+    def step(page: bytes, fetched: bool = True) -> None:
+        body[0] = page
+        one_pass(engine, fetched=int(fetched))
+
+    step(body[0])
+    step(_page("Python lead"))  # the developer job went
+    step(_page("Python lead"))  # still gone: not told again
+    step(_page("Python developer", "Python lead"))  # back: quiet
+    step(_page(), fetched=False)  # a page with no items fails its fetch (parse_error): nothing told
+    assert sorted(told(site)) == [("alice", "gone", "Python developer"), ("alice", "new", "Python developer"),
+                                  ("alice", "new", "Python lead")]
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(schema.listings.c.gone_at)).scalars().all() == [None, None]
+
+
+def test_a_new_price_on_a_page_is_a_change_told_once_with_the_price(backend, engine, site):
+    """A page source's ``price`` selector: a watched listing whose price moves is told as
+    changed, with its price, once per price; a page that shows no prices tells nothing."""
+    prices = ["€1,299"]
+    site.routes["/shop"] = lambda h: h.reply(200, (
+        '<ul><li class="offer"><h2>Python course</h2><a href="/c/1">more</a>'
+        f'<span class="price">{prices[0]}</span></li></ul>').encode(), {"Content-Type": "text/html"})
+    with engine.begin() as conn:
+        add_source(conn, site.url("/shop"), source_type="http",
+                   config={"item": "li.offer", "title": "h2", "link": "a", "summary": "h2", "price": ".price"})
+        add_user(conn, "alice", site.url("/hook"))
+        users.add_filter(conn, "alice", "python", changes=True)
+        users.add_user(conn, "carol", apprise_url=f"json://127.0.0.1:{site.port}/apprise")
+        users.add_filter(conn, "carol", "python", changes=True)
+    site.routes["/apprise"] = lambda h: h.reply(204)
+
+    for price in ("€1,299", "€1,199", "€1,199", "€1,299"):  # told: new, then the 1,199; back to 1,299 is quiet
+        prices[0] = price
+        one_pass(engine)
+    bodies = [json.loads(p["body"]) for p in posts(site) if p["path"] == "/hook"]
+    assert [(b["event"], b["listing"]["price"]) for b in bodies] == [("new", "€1,299"), ("changed", "€1,199")]
+    texts = [json.loads(p["body"]) for p in posts(site) if p["path"] == "/apprise"]
+    assert [(t["title"], "Price: €1,199" in t["message"]) for t in texts] == [
+        ("Python course", False), ("Changed: Python course", True)]
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(schema.listings.c.price)).scalars().all() == ["€1,299"]
+
+
+def _feed(*letters: str) -> bytes:
+    """An RSS feed of items a, b, c, ... published on the 1st, 2nd, 3rd ..., newest first."""
+    items = "".join(
+        f"<item><guid>{x}</guid><title>Python {x.upper()}</title><link>http://127.0.0.1/{x}</link>"
+        f"<pubDate>{ord(x) - 96:02d} Nov 2026 10:00:00 GMT</pubDate></item>"
+        for x in letters
+    )
+    return f"<?xml version='1.0'?><rss version='2.0'><channel><title>t</title>{items}</channel></rss>".encode()
+
+
+def test_a_feed_moving_on_is_not_a_listing_gone_but_one_taken_out_is(engine, site):
+    body = [_feed("c", "b", "a")]
+    site.routes["/feed"] = lambda h: h.reply(200, body[0], {"Content-Type": "application/rss+xml"})
+    with engine.begin() as conn:
+        add_source(conn, site.url("/feed"))
+        add_user(conn, "alice", site.url("/hook"))
+        users.add_filter(conn, "alice", "python", changes=True)
+
+    def step(feed: bytes) -> None:
+        body[0] = feed
+        one_pass(engine)
+
+    step(_feed("c", "b", "a"))
+    step(_feed("d", "c", "b"))  # A fell off the end
+    step(_feed("d", "b"))  # C was taken out: B, older, is still there
+    assert sorted((e, t) for _, e, t in told(site)) == [
+        ("gone", "Python C"), ("new", "Python A"), ("new", "Python B"), ("new", "Python C"), ("new", "Python D"),
+    ]
+
+
+def test_filters_add_changes_on_the_command_line(engine, db_url):
+    from tests.test_cli import run
+
+    with engine.begin() as conn:
+        users.add_user(conn, "alice", webhook="http://127.0.0.1:9/hook", secret="s" * 20)
+    env = {"DATABASE_URL": db_url}
+    added = run("filters", "add", "alice", "--query", "python", "--changes", env=env)
+    assert added.returncode == 0, added.stderr
+    assert "python (and its changes)" in run("filters", "list", env=env).stdout

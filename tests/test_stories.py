@@ -1,0 +1,285 @@
+"""One alert per story across sources (pipeline/listings/stories.py): the same story
+from different sources, by its link less tracking parameters or by near-identical text,
+forms one cluster; a user hears of it once; concurrent processors never split one."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import re
+import subprocess
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from datetime import UTC, datetime
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeline.catalogue import users
+from pipeline.core.urls import story_url
+from pipeline.listings import stories
+from pipeline.listings.normalize import normalise
+from pipeline.queue.claim import MARIADB
+from pipeline.storage import bulk, schema
+from pipeline.storage.status import collect_status, status_as_text
+from tests import test_duplicates
+from tests.claim_workers import process
+from tests.conftest import BACKENDS_WITH_MARIADB
+from tests.helpers import add_source
+from tests.test_notifier import add_user, notifier, posts
+from tests.test_processor import add_raw, processor
+
+site = test_duplicates.site  # a fixture: a webhook receiver
+
+TEXT = ("PostgreSQL 18 brings asynchronous I/O to sequential scans, bitmap heap scans and vacuum;"
+        " the release also adds virtual generated columns and OAuth authentication.")
+
+
+@pytest.fixture(params=BACKENDS_WITH_MARIADB)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.mark.parametrize(("url", "story"), [
+    ("https://news.example/a/1?utm_source=rss&utm_medium=feed", "https://news.example/a/1"),
+    ("https://news.example/a/1?id=7&UTM_Campaign=x&fbclid=abc&page=2", "https://news.example/a/1?id=7&page=2"),
+    ("https://news.example/a/1?gclid=1&mc_cid=2&_hsenc=3", "https://news.example/a/1"),
+    ("https://news.example/?p=12&utm_source=x", "https://news.example/?p=12"),  # a story by query
+    ("https://news.example/?utm_source=x", None),  # a home page names no story
+    ("https://news.example/", None),
+])
+def test_a_story_url_is_the_link_less_its_tracking_parameters(url, story):
+    assert story_url(url) == story
+
+
+def _reference(words: list[str]) -> int | None:
+    """SimHash as written in the papers: a count per bit over the distinct words' hashes."""
+    import hashlib
+    distinct = list(dict.fromkeys(w.casefold() for w in words))[:stories.MAX_WORDS]
+    if len(distinct) < stories.MIN_WORDS:
+        return None
+    counts = [0] * 64
+    for word in distinct:
+        h = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little")
+        for bit in range(64):
+            counts[bit] += (h >> bit) & 1
+    return sum(1 << bit for bit, c in enumerate(counts) if 2 * c > len(distinct))
+
+
+@given(st.lists(st.text(alphabet="abcdefghijklmnopqrstuvwxyzABC0123456789", min_size=1, max_size=8),
+                max_size=300))
+def test_the_fingerprint_is_simhash_by_the_book(words):
+    assert stories.fingerprint(" ".join(words), "") == _reference(words)
+
+
+@given(st.integers(0, 2**64 - 1), st.sets(st.integers(0, 63), max_size=stories.MAX_DISTANCE))
+def test_fingerprints_within_the_distance_share_a_band(print_, flips):
+    other = print_
+    for bit in flips:
+        other ^= 1 << bit
+    assert stories.distance(print_, other) <= stories.MAX_DISTANCE
+    assert any(a == b for a, b in zip(stories.bands(print_), stories.bands(other), strict=True))
+    assert stories.from_signed(stories.to_signed(print_)) == print_
+
+
+def _story(source: int, title: str, summary: str = "", url: str = "https://a.example/x") -> stories.NewListing:
+    listing = normalise({"title": title, "summary": summary, "url": url}, now=datetime.now(UTC))
+    return stories.NewListing(source, source, stories.Marks.of(listing))
+
+
+BOILERPLATE = ("After stumbling upon a few crazy block creations over the years on their creator's site,"
+               " I have decided to share a few of my favourites here, one a week.")
+
+
+@pytest.mark.parametrize(("a", "b", "same"), [
+    # one template under other titles: two stories
+    (("BondiBlock", BOILERPLATE), ("SynthaBlock", BOILERPLATE), False),
+    (("Release 3.14 is out", BOILERPLATE), ("Release 3.15 is out", BOILERPLATE), False),
+    # a prefix, other case and punctuation, another link: one story
+    (("PostgreSQL 18 is out", TEXT), ("Release: PostgreSQL 18 Is Out!", TEXT), True),
+    # no title of its own (the link stands in): the text decides
+    (("", TEXT), ("PostgreSQL 18 is out", TEXT), True),
+    # too few words for a fingerprint: only a link could join them
+    (("Weekly notes", "Short."), ("Weekly notes", "Short."), False),
+])
+def test_near_identical_texts_are_one_story_when_their_titles_agree(a, b, same):
+    x = _story(1, a[0], a[1], "https://one.example/post/1")
+    y = _story(2, b[0], b[1], "https://two.example/p?id=1")
+    assert stories.same_story(x, y) is same
+    assert not stories.same_story(x, stories.NewListing(1, 1, y.marks)), "never within one source"
+
+
+def test_the_fingerprint_is_the_same_in_every_process():
+    code = "from pipeline.listings.stories import fingerprint; print(fingerprint('a b c d e f g h i j', 'k'))"
+    seen = {
+        subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed},
+                       capture_output=True, text=True, check=True).stdout.strip()
+        for seed in ("1", "2")
+    }
+    assert seen == {str(stories.fingerprint("a b c d e f g h i j", "k"))}
+
+
+
+
+def _listings(engine: sa.Engine) -> dict[tuple[int, str], dict]:
+    t = schema.listings
+    with engine.connect() as conn:
+        return {(r["source_id"], r["source_item_id"]): dict(r) for r in conn.execute(sa.select(t)).mappings()}
+
+
+def test_one_story_from_two_sources_reaches_a_user_once(engine, site):
+    with engine.begin() as conn:
+        a = add_source(conn, "http://127.0.0.1/a.rss")
+        b = add_source(conn, "http://127.0.0.1/b.rss")
+        add_user(conn, "alice", site.url("/hook"))
+        users.add_filter(conn, "alice", "postgresql")
+        add_user(conn, "bob", site.url("/hook"))
+        users.add_filter(conn, "bob", "released")  # only the second copy's title says so
+        add_raw(conn, a, "a-1", title="PostgreSQL 18 is out",
+                url="https://news.example/pg18?utm_source=a&utm_medium=rss", summary=TEXT)
+        add_raw(conn, b, "b-1", title="PostgreSQL 18 released",
+                url="https://NEWS.example/pg18?utm_source=b&fbclid=x", summary="Read it on B.")
+    assert processor(engine).run().clustered == 1
+    stats = notifier(engine).run()
+    assert (stats.notifications_created, stats.sent) == (2, 2)
+    got = sorted((json.loads(p["body"])["user"]["name"], json.loads(p["body"])["listing"]["title"])
+                 for p in posts(site))
+    assert got == [("alice", "PostgreSQL 18 is out"), ("bob", "PostgreSQL 18 released")]
+    rows = _listings(engine)
+    first, copy = rows[(a, "a-1")], rows[(b, "b-1")]
+    assert (first["cluster_id"], copy["cluster_id"]) == (None, first["id"])
+
+
+def test_near_identical_text_from_two_sources_is_one_story_and_a_later_copy_is_recorded(engine, site):
+    with engine.begin() as conn:
+        a = add_source(conn, "http://127.0.0.1/a.rss")
+        b = add_source(conn, "http://127.0.0.1/b.rss")
+        c = add_source(conn, "http://127.0.0.1/c.rss")
+        add_user(conn, "alice", site.url("/hook"))
+        users.add_filter(conn, "alice", "postgresql")
+        add_raw(conn, a, "a-1", title="PostgreSQL 18 is out", url="https://a.example/2026/pg18", summary=TEXT)
+    processor(engine).run()
+    assert notifier(engine).run().sent == 1
+    with engine.begin() as conn:  # the same text, other links and markup, later
+        add_raw(conn, b, "b-9", title="<b>PostgreSQL 18</b> is out", url="https://b.example/p?id=9",
+                summary=f"<p>{TEXT}</p>")
+        add_raw(conn, c, "c-3", title="PostgreSQL 18 is out", url="https://c.example/n/3", summary=TEXT.upper())
+    assert processor(engine).run().clustered == 2
+    assert notifier(engine).run().notifications_created == 0
+    rows = _listings(engine)
+    first = rows[(a, "a-1")]["id"]
+    assert [rows[(b, "b-9")]["cluster_id"], rows[(c, "c-3")]["cluster_id"]] == [first, first]
+    status = collect_status(engine)
+    assert status.stories == {"stories": 1, "copies": 2}
+    assert "1 carried by more than one source; 2 later copies" in status_as_text(status)
+
+
+def test_a_source_keeps_its_own_items_and_a_home_page_names_no_story(engine, site):
+    with engine.begin() as conn:
+        a = add_source(conn, "http://127.0.0.1/a.rss")
+        b = add_source(conn, "http://127.0.0.1/b.rss")
+        add_user(conn, "alice", site.url("/hook"))
+        users.add_filter(conn, "alice", "engineer")
+        # Two job ads of one board, the same words: two jobs.
+        for item in ("a-1", "a-2"):
+            add_raw(conn, a, item, title="Data engineer at Acme (remote)", url=f"https://jobs.example/{item}",
+                    summary="Acme is hiring a data engineer to build pipelines in Python and SQL, remote.")
+        # Two sources linking every item to their home page, with texts of their own.
+        add_raw(conn, a, "a-3", title="Site reliability engineer", url="https://jobs.example/")
+        add_raw(conn, b, "b-1", title="Platform engineer", url="https://jobs.example/?utm_source=b")
+    assert processor(engine).run().clustered == 0
+    assert notifier(engine).run().sent == 4
+    assert all(r["cluster_id"] is None for r in _listings(engine).values())
+
+
+def test_concurrent_processors_never_split_a_story(backend, engine, db_url):
+    """Each story comes from three sources, its copies next to each other in the raw
+    queue: three processors claiming one row at a time store them at the same moment.
+    Without the story lock, each would find no earlier copy and found a cluster."""
+    n = 60
+    vocabulary = [f"word{i}" for i in range(500)]
+    with engine.begin() as conn:
+        sources = [add_source(conn, f"http://127.0.0.1/{i}.rss") for i in range(3)]
+        for s in range(n):
+            words = random.Random(s).sample(vocabulary, 20)  # a text of its own
+            for i, source in enumerate(sources):
+                by_url = s % 2 == 0  # half by link, half by text (links of their own)
+                add_raw(conn, source, f"{i}-{s}", title=" ".join(words[:6]), summary=" ".join(words[6:]),
+                        url=f"https://news.example/{s}?utm_source={i}" if by_url else f"https://s{i}.example/{s}")
+    spawn = multiprocessing.get_context("spawn")
+    with spawn.Manager() as manager, ProcessPoolExecutor(max_workers=3, mp_context=spawn) as pool:
+        gate = manager.Barrier(3)  # all three connected before any claims: they contend
+        results = [f.result(timeout=600) for f in
+                   [pool.submit(process, db_url, f"p{i}", 1, gate) for i in range(3)]]
+    assert sum(r["inserted"] for r in results) == 3 * n
+    assert sum(1 for r in results if r["inserted"]) > 1, "the processors really ran side by side"
+    assert sum(r["clustered"] for r in results) == 2 * n
+    rows = _listings(engine)
+    for s in range(n):
+        members = [rows[(source, f"{i}-{s}")] for i, source in enumerate(sources)]
+        founders = [m for m in members if m["cluster_id"] is None]
+        assert len(founders) == 1, f"story {s} was split: {[(m['id'], m['cluster_id']) for m in members]}"
+        assert {m["cluster_id"] for m in members if m is not founders[0]} == {founders[0]["id"]}
+
+
+def test_a_copy_is_looked_for_among_the_most_recent_listings_of_each_key(engine):
+    """A key many listings share (here a link one source gives RECENT_PER_KEY + 10
+    items) costs a bounded lookup: a copy from another source sees the most recent
+    RECENT_PER_KEY and joins the oldest cluster among them."""
+    with engine.begin() as conn:
+        a = add_source(conn, "http://127.0.0.1/a.rss")
+        b = add_source(conn, "http://127.0.0.1/b.rss")
+        for i in range(stories.RECENT_PER_KEY + 10):  # ids in the order of their keys, as stored
+            add_raw(conn, a, f"a-{i:02d}", title=f"Item {i}", url="https://news.example/live?utm_source=a")
+    assert processor(engine).run().clustered == 0
+    with engine.begin() as conn:
+        add_raw(conn, b, "b-1", title="Live", url="https://news.example/live")
+    assert processor(engine).run().clustered == 1
+    rows = _listings(engine)
+    assert rows[(b, "b-1")]["cluster_id"] == rows[(a, "a-10")]["id"]  # the oldest of the 20 most recent
+
+
+def test_the_lookup_reads_each_key_by_its_index_planned_for_its_own_keys(backend, engine):
+    """Candidates are found by the story key indexes, never a scan of ``listings``, and on
+    PostgreSQL the lookup is planned for the keys it is given: a prepared statement's
+    generic plan, blind to them, took ten times as long (bench/RESULTS.md)."""
+    rng = random.Random(7)
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1/a.rss")
+        rows = []
+        for i in range(5000):
+            marks = stories.Marks(rng.getrandbits(62), rng.getrandbits(64), frozenset({"t"}))
+            rows.append({"source_id": source, "source_item_id": str(i), "url": f"https://a.example/{i}",
+                         "content_hash": "h", **marks.columns()})
+        bulk.insert_rows(conn, schema.listings, rows)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("ANALYZE TABLE listings" if engine.dialect.name in MARIADB else "ANALYZE")
+    asking = [stories.NewListing(10_000 + i, source + 1, stories.Marks(
+        rng.getrandbits(62), rng.getrandbits(64), frozenset())) for i in range(200)]
+    with engine.begin() as conn:
+        conn.execute(stories._lock_statement(engine.dialect.name))
+        captured = []
+        sa.event.listen(conn, "before_cursor_execute",
+                        lambda conn, cursor, sql, params, context, many: captured.append((sql, params)))
+        stories._candidates(conn, asking)
+        sql, params = captured[-1]
+        if engine.dialect.name == "postgresql":
+            assert conn.exec_driver_sql("SELECT current_setting('plan_cache_mode')").scalar() == "force_custom_plan"
+            plan = "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + sql, params))
+            assert "Seq Scan on listings" not in plan, plan
+            used = set(re.findall(r"using (ix_listings_story_\w+) on listings", plan))
+        elif engine.dialect.name == "sqlite":
+            plan = "\n".join(str(r[-1]) for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, params))
+            assert "SCAN listings" not in plan, plan
+            used = set(re.findall(r"USING (?:COVERING )?INDEX (ix_listings_story_\w+)", plan))
+        else:
+            result = conn.exec_driver_sql("EXPLAIN " + sql, params)
+            accesses = [dict(zip(result.keys(), row, strict=True)) for row in result]
+            plan = "\n".join(map(str, accesses))
+            assert all(a["type"] != "ALL" for a in accesses if a["table"] == "listings"), plan
+            used = {a["key"] for a in accesses if a["table"] == "listings"}
+    assert used == {f"ix_listings_{column}_id" for column in schema.STORY_KEYS}, plan
