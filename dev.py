@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -53,6 +54,16 @@ retention:
       failure: 7
       success: 7
 """
+# In the dev instance's folder while the stack stops: its run launcher then starts no run
+# (sensors/shutdown.py), so none starts between the runs' termination and dagster dev's stop.
+STOP_FILE = "stopping"
+
+
+def dev_instance(dagster_home: Path) -> str:
+    """The dev dagster.yaml: DEV_INSTANCE, and the run launcher that heeds STOP_FILE."""
+    stop_file = json.dumps(str(dagster_home / STOP_FILE))  # a JSON string is a YAML string
+    return (f"{DEV_INSTANCE}run_launcher:\n  module: sensors.shutdown\n  class: StoppableRunLauncher\n"
+            f"  config:\n    stop_file: {stop_file}\n")
 
 
 def say(message: str) -> None:
@@ -129,6 +140,13 @@ def end_runs(step: str, env: dict[str, str]) -> None:
     subprocess.run([str(BIN / "python"), "-m", "sensors.shutdown", step], cwd=ROOT, env=env, check=False)
 
 
+def stop_runs(dagster_home: Path, env: dict[str, str]) -> None:
+    """On Ctrl-C, before dagster dev is stopped: no run starts any more, and the runs in
+    flight are terminated."""
+    (dagster_home / STOP_FILE).touch()
+    end_runs("terminate", env)
+
+
 def after_dagster(pgid: int, env: dict[str, str]) -> None:
     """Once dagster dev has exited: no process of its group left, no run left active."""
     kill_group(pgid)
@@ -189,7 +207,8 @@ def up(args: list[str]) -> int:
     dagster_home = Path(env.setdefault("DAGSTER_HOME", str(STATE / "dagster")))
     if own_instance:
         dagster_home.mkdir(parents=True, exist_ok=True)
-        (dagster_home / "dagster.yaml").write_text(DEV_INSTANCE)
+        (dagster_home / "dagster.yaml").write_text(dev_instance(dagster_home))
+        (dagster_home / STOP_FILE).unlink(missing_ok=True)  # left by a stop that was cut off
     else:
         say(f"using DAGSTER_HOME={dagster_home} as it is (its dagster.yaml, its runs)")
     code = run([str(BIN / "pipeline"), "db", "upgrade"], env=env)
@@ -212,7 +231,7 @@ def up(args: list[str]) -> int:
         say(f"starting the Dagster UI on http://127.0.0.1:{port} (Ctrl-C stops it)")
         return run(
             [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", "3000", *args],
-            env=env, before_stop=(lambda: end_runs("terminate", env)) if own_instance else None,
+            env=env, before_stop=(lambda: stop_runs(dagster_home, env)) if own_instance else None,
             after_exit=(lambda pgid: after_dagster(pgid, env)) if own_instance else kill_group,
         )
     finally:

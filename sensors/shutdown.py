@@ -13,6 +13,12 @@ records for ever (the default run launcher cannot check a run worker's health). 
 * ``mark``, after dagster dev and every process of its group are gone: a run still not
   ended (launched by the daemon in between, or one that did not stop in time) is marked
   CANCELED, saying why.
+
+Between the last look of ``terminate`` and the SIGINT that stops dagster dev, the daemon
+could still start a run; that run got the SIGINT unasked for and Dagster recorded it
+FAILED ("no user initiated termination request was found"). So the dev instance's run
+launcher is :class:`StoppableRunLauncher`: once dev.py has written its stop file, which it
+does before ``terminate``, a run the daemon dequeues is canceled instead of started.
 """
 
 from __future__ import annotations
@@ -20,13 +26,46 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
+
+if TYPE_CHECKING:  # Dagster exports neither name; they type the launcher's overrides only
+    from dagster._core.launcher import LaunchRunContext
+    from dagster._serdes import ConfigurableClassData
 
 from sensors.runs import ACTIVE
 
 REASON = "the dev stack (dev.py) stopped while this run was in flight"
 IN_FLIGHT = [*ACTIVE, dg.DagsterRunStatus.CANCELING]  # not ended yet
+
+
+class StoppableRunLauncher(dg.DefaultRunLauncher):
+    """Dagster's default run launcher, which cancels the runs it is given instead of
+    starting them once ``stop_file`` exists (dev.py writes it when the stack is stopping,
+    and removes it when the stack starts). The daemon marks a run STARTING before it calls
+    the launcher, so once the file exists every run that is or will be in flight is one
+    ``terminate`` sees, or one this cancels."""
+
+    def __init__(self, stop_file: str, inst_data: ConfigurableClassData | None = None) -> None:
+        super().__init__(inst_data=inst_data)
+        self.stop_file = Path(stop_file)
+
+    @classmethod
+    def config_type(cls) -> dict[str, Any]:
+        return {"stop_file": dg.Field(str, description="a file whose existence means: start no run")}
+
+    @classmethod
+    def from_config_value(cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]) -> StoppableRunLauncher:
+        return cls(stop_file=config_value["stop_file"], inst_data=inst_data)
+
+    def launch_run(self, context: LaunchRunContext) -> None:
+        if self.stop_file.exists():
+            self._instance.report_run_canceled(context.dagster_run, message=REASON)
+            return
+        super().launch_run(context)
 
 
 def runs_in_flight(instance: dg.DagsterInstance) -> list[dg.DagsterRun]:

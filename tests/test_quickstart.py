@@ -357,8 +357,9 @@ def test_ctrl_c_during_a_run_ends_it_canceled_and_leaves_no_process(quickstart: 
                    lambda: not quickstart.alive() and not quickstart.processes(), timeout=60, every=1)
         with dg.DagsterInstance.from_config(str(quickstart.state / "dagster")) as instance:
             statuses = {r.dagster_run.run_id: r.dagster_run.status for r in instance.get_run_records()}
+            failures = _failures(instance)
         assert dg.DagsterRunStatus.CANCELED in statuses.values(), statuses
-        assert set(statuses.values()) <= {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.CANCELED}, statuses
+        assert set(statuses.values()) <= {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.CANCELED}, failures
         with quickstart.engine.connect() as conn:
             fetched = conn.execute(sa.select(schema.sources.c.last_fetched_at)
                                    .where(schema.sources.c.url == server.url("/slow"))).scalar_one()
@@ -366,6 +367,22 @@ def test_ctrl_c_during_a_run_ends_it_canceled_and_leaves_no_process(quickstart: 
     finally:
         gate.set()
         server.stop()
+
+
+def _failures(instance: Any) -> dict[str, list[str]]:
+    """Each failed run's job and the messages of its failure events, for an assertion's
+    message: the run's own account of why it failed."""
+    import dagster as dg
+
+    failed = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
+    return {
+        f"{run.job_name} {run.run_id}": [
+            f"{e.dagster_event.event_type_value}: {e.dagster_event.message or ''} {e.user_message or ''}"[:2000]
+            for e in instance.all_logs(run.run_id)
+            if (e.dagster_event is not None and e.dagster_event.is_failure) or e.level >= 40
+        ]
+        for run in failed
+    }
 
 
 def test_a_dagster_home_given_from_outside_is_used_as_it_is(tmp_path: Path) -> None:

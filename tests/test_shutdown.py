@@ -1,0 +1,67 @@
+"""The dev stack's stop (sensors/shutdown.py, dev.py): once dev.py has written its stop
+file, the dev instance's run launcher cancels the runs the daemon hands it instead of
+starting them. Without it, a run the daemon started between the runs' termination and
+the SIGINT that stops dagster dev got that SIGINT unasked for and ended FAILED (it failed
+CI once in tests/test_quickstart.py). The whole stop, with a daemon, is
+tests/test_quickstart.py's."""
+
+from __future__ import annotations
+
+import importlib.util
+import uuid
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster._core.launcher import LaunchRunContext
+
+from sensors.shutdown import REASON, StoppableRunLauncher
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _dev() -> object:
+    spec = importlib.util.spec_from_file_location("dev_script", ROOT / "dev.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def dev_home(tmp_path: Path):
+    """A Dagster instance with the dagster.yaml dev.py writes, and dev.py's stop file."""
+    dev = _dev()
+    (tmp_path / "dagster.yaml").write_text(dev.dev_instance(tmp_path))  # type: ignore[attr-defined]
+    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+        yield instance, tmp_path / dev.STOP_FILE  # type: ignore[attr-defined]
+
+
+def _starting_run(instance: dg.DagsterInstance) -> dg.DagsterRun:
+    """A run as the daemon hands it to the launcher: STARTING."""
+    return instance.add_run(dg.DagsterRun(job_name="collect", run_id=str(uuid.uuid4()),
+                                          status=dg.DagsterRunStatus.STARTING))
+
+
+def test_once_the_stack_is_stopping_a_run_handed_to_the_launcher_is_canceled_not_started(dev_home) -> None:
+    instance, stop_file = dev_home
+    assert isinstance(instance.run_launcher, StoppableRunLauncher)
+    stop_file.touch()
+    run = _starting_run(instance)
+    instance.run_launcher.launch_run(LaunchRunContext(dagster_run=run, workspace=None))
+    ended = instance.get_run_by_id(run.run_id)
+    assert ended is not None and ended.status == dg.DagsterRunStatus.CANCELED
+    messages = [e.message for e in instance.all_logs(run.run_id)]
+    assert any(REASON in m for m in messages), messages
+
+
+def test_while_the_stack_runs_the_launcher_starts_runs_as_dagsters_default_does(dev_home) -> None:
+    """No stop file: the launch goes to Dagster's DefaultRunLauncher, which needs the
+    daemon's workspace to reach the code server (none here: its own error says so)."""
+    instance, stop_file = dev_home
+    assert not stop_file.exists()
+    run = _starting_run(instance)
+    with pytest.raises(dg.DagsterInvariantViolationError, match="requires a workspace"):
+        instance.run_launcher.launch_run(LaunchRunContext(dagster_run=run, workspace=None))
+    started = instance.get_run_by_id(run.run_id)
+    assert started is not None and started.status == dg.DagsterRunStatus.STARTING
