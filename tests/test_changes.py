@@ -10,6 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from pipeline.catalogue import users
+from pipeline.notify import delivery
 from pipeline.storage import schema
 from tests import test_duplicates
 from tests.conftest import BACKENDS_WITH_MARIADB
@@ -152,6 +153,14 @@ def test_a_new_price_on_a_page_is_a_change_told_once_with_the_price(backend, eng
         ("Python course", False), ("Changed: Python course", True)]
     with engine.connect() as conn:
         assert conn.execute(sa.select(schema.listings.c.price)).scalars().all() == ["€1,299"]
+
+
+
+def test_a_listing_in_one_line_says_its_event_and_its_price_when_it_has_one() -> None:
+    """A digest's line and the demo receiver's title: one rule (delivery.headline)."""
+    assert delivery.headline("changed", {"title": "Python course", "price": "€1,199"}) == "Changed: Python course (€1,199)"
+    assert delivery.headline("new", {"title": "Python course", "price": None}) == "Python course"
+    assert delivery.headline("gone", {"title": None}) == "Gone: New listing"
 
 
 def _feed(*letters: str) -> bytes:

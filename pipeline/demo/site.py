@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from pipeline.core.settings import DEFAULT_DEMO_PORT
 from pipeline.demo.content import CHANNEL_ID, DEMO_SECRET, DEMO_USER, FEEDS, Feed
-from pipeline.notify.delivery import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, heading, verify
+from pipeline.notify.delivery import IDEMPOTENCY_HEADER, SIGNATURE_HEADER, headline, verify
 
 
 class Deliveries:
@@ -90,8 +90,7 @@ class _Handler(BaseHTTPRequestHandler):
             listing = payload["listing"]
             event = payload.get("event", "new")
             record |= {"notification_id": payload["notification_id"], "filter": payload["filter"].get("query", ""),
-                       "event": event, "url": listing["url"], "title": heading(event, listing["title"])
-                       + (f" ({listing['price']})" if listing.get("price") else "")}
+                       "event": event, "url": listing["url"], "title": headline(event, listing)}
         self.server.deliveries.add(record)
         self._reply(204, b"", "text/plain")
 

@@ -65,6 +65,13 @@ def heading(event: str, title: str) -> str:
     return {"changed": f"Changed: {title}", "gone": f"Gone: {title}"}.get(event, title)
 
 
+def headline(event: str, listing: dict[str, Any]) -> str:
+    """A listing's event in one line, as a digest lists it: its heading, and its price
+    in brackets when it has one."""
+    line = heading(event, str(listing.get("title") or "New listing"))
+    return f"{line} ({listing['price']})" if listing.get("price") else line
+
+
 @dataclass(frozen=True)
 class Message:
     """One message as it is sent: one notification's item, or a digest's items (the
@@ -109,8 +116,7 @@ class Message:
                 f"Price: {listing['price']}" if listing.get("price") else "", str(listing.get("url") or ""),
                 f"Matched: {item.query} ({self.idempotency_key})") if part)
             return item.heading, body
-        lines = [f"- {i.heading}" + (f" ({i.listing['price']})" if i.listing.get("price") else "")
-                 + f"\n  {i.listing.get('url') or ''}" for i in self.items]
+        lines = [f"- {headline(i.event, i.listing)}\n  {i.listing.get('url') or ''}" for i in self.items]
         return (f"{len(self.items)} new listings",
                 "\n".join(lines) + f"\n\n({self.idempotency_key})")
 
