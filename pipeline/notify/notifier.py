@@ -134,7 +134,8 @@ class Notifier:
     # -- matching -----------------------------------------------------------------------
 
     def match(self, stats: NotifyStats, *, max_listings: int | None = None) -> None:
-        queue = WorkQueue(self.engine, schema.LISTINGS_UNMATCHED, lease_seconds=self.settings.lease_seconds)
+        queue = WorkQueue(self.engine, schema.LISTINGS_UNMATCHED, lease_seconds=self.settings.lease_seconds,
+                          columns=(*MATCHED_COLUMNS, *watches.ALERT_COLUMNS))
         claimed = 0  # the cap counts rows claimed: rows lost to another worker count too
         while max_listings is None or claimed < max_listings:
             limit = min(self.match_batch, max_listings - claimed) if max_listings else self.match_batch
@@ -168,8 +169,7 @@ class Notifier:
         while True:
             with self.engine.connect() as conn:
                 rows = conn.execute(
-                    sa.select(t.c.id, t.c.source_id, t.c.title, t.c.summary, t.c.categories, t.c.ingested_at,
-                              t.c.author, t.c.published_at, t.c.item_key, t.c.cluster_id)
+                    sa.select(t.c.id, *(t.c[name] for name in MATCHED_COLUMNS))
                     .where(t.c.ingested_at >= start, t.c.ingested_at < end, t.c.id > after)
                     .order_by(t.c.id).limit(chunk)
                 ).mappings().all()
@@ -571,6 +571,11 @@ class Story(NamedTuple):
 
 def _stories(rows: Iterable[Row]) -> dict[int, Story]:
     return {row["id"]: Story(row["item_key"], row["cluster_id"] or row["id"]) for row in rows}
+
+
+# The listing columns matching reads, besides ``id``: ``_texts``' and ``_stories``'.
+MATCHED_COLUMNS = ("source_id", "title", "summary", "categories", "ingested_at", "author", "published_at",
+                   "item_key", "cluster_id")
 
 
 def _texts(rows: Sequence[Row]) -> Iterator[ListingText]:

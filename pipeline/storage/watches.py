@@ -86,9 +86,13 @@ def watch(conn: sa.Connection, candidates: Sequence[Watch]) -> int:
     return insert_ignoring_conflicts(conn, schema.watches, rows, ANY_UNIQUE_KEY)
 
 
+# The listing columns ``alerts`` reads, besides ``id``: ``version``'s and ``gone_at``.
+ALERT_COLUMNS = ("title", "summary", "price", "gone_at")
+
+
 def alerts(conn: sa.Connection, listings: Sequence[Mapping[str, Any]]) -> list[Alert]:
-    """The change alerts the watches of ``listings`` (rows with id, title, summary, price
-    and gone_at) call for: gone, or changed since the version watched."""
+    """The change alerts the watches of ``listings`` (rows with id and ALERT_COLUMNS)
+    call for: gone, or changed since the version watched."""
     if not listings:
         return []
     w = schema.watches
