@@ -169,10 +169,10 @@ def collect_status(engine: Engine) -> PipelineStatus:
             ).where(events.c.event == schema.EVENT_COMPLETED,
                     events.c.occurred_at >= sa.literal(datetime.now(UTC) - timedelta(hours=1), schema.UTCDateTime()))
         ).one()
-        by_status: dict[str, int] = dict(conn.execute(
+        by_status: dict[str, int] = {status: count for status, count in conn.execute(
             sa.select(n.c.status, sa.func.count()).where(n.c.status.in_(UNSENT))
             .group_by(n.c.status)
-        ).tuples().all())
+        )}
         notifications = {str(k): int(by_status.get(k, 0)) for k in UNSENT}
         if engine.dialect.name != "postgresql":
             notifications["sent"] = _count(conn, n, n.c.status == NotificationStatus.SENT)
