@@ -30,6 +30,7 @@ from tests import test_duplicates
 from tests.claim_workers import process
 from tests.conftest import BACKENDS_WITH_MARIADB
 from tests.helpers import add_source
+from tests.http_server import LocalServer
 from tests.test_notifier import add_user, notifier, posts
 from tests.test_processor import add_raw, processor
 
@@ -131,12 +132,18 @@ def _listings(engine: sa.Engine) -> dict[tuple[int, str], dict]:
         return {(r["source_id"], r["source_item_id"]): dict(r) for r in conn.execute(sa.select(t)).mappings()}
 
 
+def _sources_and_alice(conn: sa.Connection, site: LocalServer, query: str, sources: str = "ab") -> list[int]:
+    """Sources http://127.0.0.1/a.rss, b.rss ... (one a letter of ``sources``), and a user
+    alice, whose webhook is ``site``'s /hook, with one filter ``query``."""
+    ids = [add_source(conn, f"http://127.0.0.1/{letter}.rss") for letter in sources]
+    add_user(conn, "alice", site.url("/hook"))
+    users.add_filter(conn, "alice", query)
+    return ids
+
+
 def test_one_story_from_two_sources_reaches_a_user_once(engine, site):
     with engine.begin() as conn:
-        a = add_source(conn, "http://127.0.0.1/a.rss")
-        b = add_source(conn, "http://127.0.0.1/b.rss")
-        add_user(conn, "alice", site.url("/hook"))
-        users.add_filter(conn, "alice", "postgresql")
+        a, b = _sources_and_alice(conn, site, "postgresql")
         add_user(conn, "bob", site.url("/hook"))
         users.add_filter(conn, "bob", "released")  # only the second copy's title says so
         add_raw(conn, a, "a-1", title="PostgreSQL 18 is out",
@@ -156,11 +163,7 @@ def test_one_story_from_two_sources_reaches_a_user_once(engine, site):
 
 def test_near_identical_text_from_two_sources_is_one_story_and_a_later_copy_is_recorded(engine, site):
     with engine.begin() as conn:
-        a = add_source(conn, "http://127.0.0.1/a.rss")
-        b = add_source(conn, "http://127.0.0.1/b.rss")
-        c = add_source(conn, "http://127.0.0.1/c.rss")
-        add_user(conn, "alice", site.url("/hook"))
-        users.add_filter(conn, "alice", "postgresql")
+        a, b, c = _sources_and_alice(conn, site, "postgresql", sources="abc")
         add_raw(conn, a, "a-1", title="PostgreSQL 18 is out", url="https://a.example/2026/pg18", summary=TEXT)
     processor(engine).run()
     assert notifier(engine).run().sent == 1
@@ -180,10 +183,7 @@ def test_near_identical_text_from_two_sources_is_one_story_and_a_later_copy_is_r
 
 def test_a_source_keeps_its_own_items_and_a_home_page_names_no_story(engine, site):
     with engine.begin() as conn:
-        a = add_source(conn, "http://127.0.0.1/a.rss")
-        b = add_source(conn, "http://127.0.0.1/b.rss")
-        add_user(conn, "alice", site.url("/hook"))
-        users.add_filter(conn, "alice", "engineer")
+        a, b = _sources_and_alice(conn, site, "engineer")
         # Two job ads of one board, the same words: two jobs.
         for item in ("a-1", "a-2"):
             add_raw(conn, a, item, title="Data engineer at Acme (remote)", url=f"https://jobs.example/{item}",
