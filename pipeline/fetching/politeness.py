@@ -232,10 +232,6 @@ class PoliteQueue(WorkQueue):
         self.record_started, self.run_id = record_started, run_id
         super().__init__(engine, schema.SOURCES_DUE, lease_seconds=lease_seconds, strategy=strategy)
         self._next_start = self._build_next_start()
-        # The constants of the compiled claim (the default group's name, 0, 1, ...) are
-        # bound parameters too: pass them with every execution of the compiled SQL.
-        compiled = self._claim_stmt.compile(dialect=engine.dialect)
-        self._constants = dict(compiled.params)
 
     # -- shared SQL ---------------------------------------------------------------------
 
@@ -419,10 +415,11 @@ class PoliteQueue(WorkQueue):
 
     def _claim_params(self, worker: str, limit: int) -> tuple[str, dict[str, Any]]:
         """The PostgreSQL claim's parameters: the queue's, the compiled statement's
-        constants, the started events' run and how many due sources to look at."""
+        constants (the default group's name, 0, 1, ...), the started events' run and how
+        many due sources to look at."""
         token, params = super()._claim_params(worker, limit)
         return token, {
-            **self._constants, **params, "started_run_id": self.run_id, "claim_scan": limit * SCAN_FACTOR,
+            **self._claim_constants, **params, "started_run_id": self.run_id, "claim_scan": limit * SCAN_FACTOR,
         }
 
     def _claim_in_steps(self, worker: str, limit: int) -> Claim:

@@ -383,7 +383,11 @@ class WorkQueue:
         # SQLAlchemy's per-call work and per-row type processing. That is safe because
         # pipeline/storage/db.py pins every PostgreSQL session to UTC and psycopg decodes
         # JSON itself.
-        self._claim_sql = self._driver_sql(self._claim_stmt)[0] if self.strategy is Strategy.POSTGRES else None
+        # Its constants (bound parameters of the compiled text) go with every execution.
+        self._claim_sql: str | None = None
+        self._claim_constants: dict[str, Any] = {}
+        if self.strategy is Strategy.POSTGRES:
+            self._claim_sql, self._claim_constants = self._driver_sql(self._claim_stmt)
         self._fenced: dict[tuple[str, ...], sa.Update] = {}
         self._fenced_sql: dict[tuple[str, ...], _DriverStatement] = {}
         # MariaDB's claim locks each branch's rows with a query of its own.
