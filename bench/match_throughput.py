@@ -119,6 +119,16 @@ class Corpus:
         ]
 
 
+def _in_scope(f: Filter, item: ListingText, categories: set[str]) -> bool:
+    """The reference's scope rules, before any word: the filter's source and category
+    (``categories``: the listing's, case-folded), and no listing older than the filter."""
+    if f.source_id is not None and f.source_id != item.source_id:
+        return False
+    if f.category is not None and f.category not in categories:
+        return False
+    return not (f.created_at and item.ingested_at and item.ingested_at < f.created_at)
+
+
 def naive_loop(filters: list[Filter], listings: list[ListingText]) -> set[tuple[int, int]]:
     """Every filter against every listing: the reference (tests/test_matching.py)."""
     prepared = [
@@ -128,11 +138,7 @@ def naive_loop(filters: list[Filter], listings: list[ListingText]) -> set[tuple[
     best: dict[tuple[int, int], int] = {}  # (user, listing) -> lowest filter id
     for f in filters:
         for item, text, categories in prepared:
-            if f.source_id is not None and f.source_id != item.source_id:
-                continue
-            if f.category is not None and f.category not in categories:
-                continue
-            if f.created_at and item.ingested_at and item.ingested_at < f.created_at:
+            if not _in_scope(f, item, categories):
                 continue
             if all(k in text for k in f.keywords):
                 key = (f.user_id, item.id)
@@ -355,11 +361,7 @@ def naive_language(filters: list[Filter], listings: list[ListingText]) -> set[tu
         fields = _Fields(item, text, now)
         categories = {c.casefold() for c in item.categories}
         for f in filters:
-            if f.source_id is not None and f.source_id != item.source_id:
-                continue
-            if f.category is not None and f.category not in categories:
-                continue
-            if f.created_at and item.ingested_at and item.ingested_at < f.created_at:
+            if not _in_scope(f, item, categories):
                 continue
             if any(all(w in text for w in c.words) and not any(w in text for w in c.absent)
                    and all(fields.holds(x) for x in c.checks) for c in f.clauses):
