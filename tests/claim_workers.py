@@ -12,11 +12,14 @@ from tests.helpers import now
 
 def drain(
     url: str, strategy: str | None, worker: str, max_batch: int, gate: Any, seed: int,
-    notifications: bool = False,
+    notifications: bool = False, held: Any = None,
 ) -> list[tuple[int, list[int], list[int]]]:
     """Claim and complete raw rows (or due notifications) until none is left; return
     (limit, claimed, lost) per claim. Claiming starts once every worker is connected
-    and at ``gate`` (a barrier of a ``multiprocessing.Manager``), so that they contend."""
+    and at ``gate`` (a barrier of a ``multiprocessing.Manager``), so that they contend.
+    With ``held`` (another such barrier), each worker keeps its first claim, done or
+    empty, until every worker has made one: however the machine schedules them, every
+    worker's first claim then ran while all the others held theirs."""
     engine = db.create_engine(url)
     queue = WorkQueue(
         engine,
@@ -33,6 +36,9 @@ def drain(
         while True:
             limit = rng.randint(1, max_batch)
             claim = queue.claim(worker, limit)
+            if held is not None:
+                held.wait(600)
+                held = None
             if not claim:
                 return log
             fenced = queue.complete(claim, {"status": "sent"} if notifications else {"processed_at": now()})

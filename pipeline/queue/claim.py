@@ -664,15 +664,20 @@ class WorkQueue:
     def _claim_portable(self, params: dict[str, Any]) -> Sequence[Row]:
         # Correct on any SQL database, in 1 + N + 1 round trips: read candidates, take
         # each with the guarded UPDATE of _build_claim, read back the rows taken.
+        # Workers that read at the same moment read the same candidates, and all but one
+        # may lose every one of them: an empty claim means "no work", so such a claim
+        # reads again (the rows taken meanwhile are leased, so each read sees fewer)
+        # and returns empty only when no candidate is left.
         t = self.spec.table
         taken: list[int] = []
         with self._autocommit.connect() as conn:
-            candidates = list(conn.execute(self._chosen, params).scalars())
-            for row_id in candidates:
-                if conn.execute(self._claim_stmt, {**params, "claim_id": row_id}).rowcount == 1:
-                    taken.append(row_id)
-            if not taken:
-                return []
+            while not taken:
+                candidates = list(conn.execute(self._chosen, params).scalars())
+                if not candidates:
+                    return []
+                for row_id in candidates:
+                    if conn.execute(self._claim_stmt, {**params, "claim_id": row_id}).rowcount == 1:
+                        taken.append(row_id)
             return conn.execute(sa.select(*self.columns).where(t.c.id.in_(taken))).mappings().all()
 
     def _mariadb_locking(self) -> tuple[sa.Select[Any], sa.Select[Any]]:
