@@ -108,10 +108,10 @@ def test_each_thread_keeps_its_own_connections_and_close_ends_them_all(server):
     for thread in threads:
         thread.join()
     assert len(server.requests) == 9 and len(server.connections) == 3, "one kept-alive connection per thread"
-    clients = list(fetcher._clients)
-    assert len(clients) == 3 and not any(client.is_closed for client in clients)
+    transports = list(fetcher._transports)
+    assert len(transports) == 3 and all(t._pool.connections for t in transports)
     fetcher.close()
-    assert all(client.is_closed for client in clients)
+    assert not any(t._pool.connections for t in transports)
 
 
 def test_not_modified_and_error_answers_keep_the_connection_too(server, fetcher):

@@ -1,13 +1,13 @@
 """Fetching a URL the way DESIGN.md ("HTTP") asks, for feeds, pages and webhooks alike;
 every failure is a ``FetchError`` with a code of the taxonomy.
 
-One httpx client per run, an SSRF guard on the address actually connected to, a streamed
-size cap, an overall deadline, conditional GET, bounded redirects and Retry-After.
+httpx's transport (a kept-alive connection pool per thread), an SSRF guard on the address
+actually connected to, a streamed size cap, an overall deadline, conditional GET,
+bounded redirects and Retry-After.
 """
 
 from __future__ import annotations
 
-import http.cookiejar
 import ipaddress
 import logging
 import re
@@ -346,33 +346,30 @@ class Fetcher:
         self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=4)
         self.guard = AddressGuard(allow_networks)
         self._ssl_context = httpx.create_ssl_context(trust_env=False)  # loads the CA bundle: once
-        self._timeout = timeout
+        # Requests go to httpx's transport itself, not through an ``httpx.Client``: what a
+        # client adds (a cookie jar, auth and redirect handling, environment proxies) is
+        # either unwanted here or done by hand (redirects, so each hop is counted and
+        # vetted), and cost about a third of a 304's HTTP work (bench/RESULTS.md). No
+        # cookie is kept, so one a site sets never reaches another; no environment proxy
+        # is used, which would bypass the address guard.
+        self._headers = {
+            "Accept": "*/*", "Accept-Encoding": ACCEPT_ENCODING, "Connection": "keep-alive",
+            "User-Agent": USER_AGENT,
+        }
+        self._timeouts = httpx.Timeout(timeout, connect=min(timeout, 10.0)).as_dict()
         self._local = threading.local()
-        self._clients: list[httpx.Client] = []
+        self._transports: list[_GuardedTransport] = []
 
     @property
-    def client(self) -> httpx.Client:
-        """This thread's client: each thread has its own connection pool, since httpcore's
-        pool scans every connection it holds on each request and each release."""
-        client: httpx.Client | None = getattr(self._local, "client", None)
-        if client is None:
-            client = self._local.client = self._new_client()
+    def transport(self) -> httpx.HTTPTransport:
+        """This thread's transport: each thread has its own connection pool, since
+        httpcore's pool scans every connection it holds on each request and each release."""
+        transport: _GuardedTransport | None = getattr(self._local, "transport", None)
+        if transport is None:
+            transport = self._local.transport = _GuardedTransport(self.guard, self._limits, self._ssl_context)
             with self._slots_lock:
-                self._clients.append(client)
-        return client
-
-    def _new_client(self) -> httpx.Client:
-        timeout = self._timeout
-        return httpx.Client(
-            transport=_GuardedTransport(self.guard, self._limits, self._ssl_context),
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-            headers={"User-Agent": USER_AGENT, "Accept-Encoding": ACCEPT_ENCODING},
-            # A client serves many sources: a cookie one site sets must never reach
-            # another, so none is kept.
-            cookies=http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[])),
-            follow_redirects=False,  # followed by hand, so each hop is counted and vetted
-            trust_env=False,  # an environment proxy would bypass the address guard
-        )
+                self._transports.append(transport)
+        return transport
 
     @classmethod
     def from_settings(cls, settings: Settings, *, threads: int = 16) -> Fetcher:
@@ -388,9 +385,9 @@ class Fetcher:
 
     def close(self) -> None:
         with self._slots_lock:
-            clients, self._clients = self._clients, []
-        for client in clients:
-            client.close()
+            transports, self._transports = self._transports, []
+        for transport in transports:
+            transport.close()
 
     def __enter__(self) -> Fetcher:  # noqa: PYI034 (Fetcher is not meant to be subclassed)
         return self
@@ -535,8 +532,12 @@ class Fetcher:
             raise FetchError(FailureReason.TIMEOUT, f"no answer within {self.timeout:g} s")
         for attempt in (1, 2):
             try:
-                request = self.client.build_request(method, url, headers=headers, content=content)
-                response = self.client.send(request, stream=True)
+                sent = httpx.Headers(self._headers)
+                sent.update(headers)  # by name, whatever its case
+                request = httpx.Request(method, url, headers=sent, content=content,
+                                        extensions={"timeout": self._timeouts})
+                response = self.transport.handle_request(request)
+                response.request = request
             except (BlockedAddress, httpx.HTTPError, httpx.InvalidURL) as exc:
                 raise _request_error(exc, url, self.timeout) from None
             stream = response.extensions.get("network_stream")
