@@ -16,7 +16,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
@@ -69,6 +69,12 @@ def work_claimed(
         _Writer(write, f"{queue.spec.name}-write") as writer,
     ):
         running: dict[Future[Result], tuple[Claim, int]] = {}
+        # Each future, when done, puts itself here: the loop waits on one queue, not on
+        # every running future (``concurrent.futures.wait`` installs a waiter on each of
+        # them per call). The writer's failure is put here too: a write that failed ends
+        # the pass at once, not when the slowest work in flight finishes.
+        finished: queues.SimpleQueue[Future[Any]] = queues.SimpleQueue()
+        writer.failed.add_done_callback(finished.put)
         ready: list[Result] = []
         write_by = 0.0  # when the oldest result in ``ready`` must be written
         more = True
@@ -107,17 +113,17 @@ def work_claimed(
                     for job in jobs:
                         claim_of, row_id = held(job)
                         heartbeat.hold(claim_of, [row_id])
-                        running[pool.submit(work, job)] = (claim_of, row_id)
+                        future = pool.submit(work, job)
+                        running[future] = (claim_of, row_id)
+                        future.add_done_callback(finished.put)
             waiting = more and remaining != 0 and claim_after > time.monotonic()
             if running:
                 deadlines = [write_by] if ready else []
                 if waiting:
                     deadlines.append(claim_after)
                 timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-                # The writer's failure wakes the loop too: a write that failed ends the
-                # pass at once, not when the slowest work in flight finishes.
-                watched: list[Future[Any]] = [*running, writer.failed]
-                done, _ = wait(watched, timeout=timeout, return_when=FIRST_COMPLETED)
+                # (A future already taken by _drain_then_run_alone is not running any more.)
+                done = [f for f in _finished(finished, timeout) if f in running]
                 writer.check()
                 if done and not ready:
                     write_by = time.monotonic() + write_window
@@ -133,6 +139,20 @@ def work_claimed(
             if not running and not ready and not (more and remaining != 0):
                 writer.close()  # every result written (or the write's error raised)
                 return claimed
+
+
+def _finished(finished: queues.SimpleQueue[Future[Any]], timeout: float | None) -> list[Future[Any]]:
+    """The futures done so far: waits up to ``timeout`` seconds (None: for ever) for the
+    first, then takes every other that is there."""
+    try:
+        done = [finished.get(timeout=timeout)]
+    except queues.Empty:
+        return []
+    while True:
+        try:
+            done.append(finished.get_nowait())
+        except queues.Empty:
+            return done
 
 
 def _race_pause(races: int) -> float:
