@@ -28,6 +28,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from pipeline.core.failures import FailureReason
 from pipeline.queue.claim import MARIADB
+from pipeline.queue.recordset import json_rows, recordset
 from pipeline.storage import schema
 from pipeline.storage.bulk import on_conflict_insert
 
@@ -166,7 +167,10 @@ def add(conn: sa.Connection, counts: Mapping[tuple[str, str], float]) -> None:
             for (name, label), value in sorted(counts.items()) if value]
     if not rows:
         return
-    conn.execute(_upsert(conn), rows)
+    if conn.dialect.name == "postgresql":  # one statement, one bound JSON text
+        conn.execute(_upsert(conn), {"rows": json_rows(rows)})
+    else:  # an executemany
+        conn.execute(_upsert(conn), rows)
 
 
 _UPSERTS: dict[str, sa.Insert] = {}
@@ -182,6 +186,13 @@ def _upsert(conn: sa.Connection) -> sa.Insert:
 
 def _build_upsert(conn: sa.Connection) -> sa.Insert:
     t = schema.metric_counts
+    if conn.dialect.name == "postgresql":
+        # INSERT ... SELECT FROM jsonb_to_recordset(:rows) ORDER BY the key: the rows in
+        # key order, as the module's docstring requires; an executemany of the rows
+        # cost the writer more client CPU than the rest of its statements.
+        v = recordset(sa.column(c.name, c.type) for c in (t.c.name, t.c.label, t.c.shard, t.c.value))
+        ordered = sa.select(v.c.name, v.c.label, v.c.shard, v.c.value).order_by(v.c.name, v.c.label)
+        return _adding(postgresql.insert(t).from_select(["name", "label", "shard", "value"], ordered))
     if conn.dialect.name in MARIADB:
         duplicate = mysql.insert(t)
         return duplicate.on_duplicate_key_update(value=t.c.value + duplicate.inserted.value)
