@@ -4,9 +4,10 @@ Rows are claimed as threads come free (once half of them are idle, so claims sta
 batched) and each claimed row starts at once: its lease runs from the claim, so it
 never waits for a thread. Slow work on one row delays no other. A heartbeat
 (``claim.Heartbeat``) extends the lease of every row whose work is still running. Results that finish
-within ``write_window`` seconds of each other are written together in one call of
-``write`` (one transaction), so per-transaction costs are shared, on a writer thread of
-their own: the loop goes on claiming while a batch is written (``_Writer``).
+within ``write_window`` seconds of each other (up to ``WRITE_BATCH_THREADS`` x threads of
+them) are written together in one call of ``write`` (one transaction), so
+per-transaction costs are shared, on a writer thread of their own: the loop goes on
+claiming while a batch is written (``_Writer``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ from pipeline.queue.claim import Claim, Heartbeat, WorkQueue
 # lost a race to another worker's claim: look again after a pause that starts short and
 # doubles, with jitter so that racing workers fall out of step, while the races go on.
 _RACE_PAUSE = (0.002, 0.1)  # first, longest (seconds)
+# Results are written when ``write_window`` has passed since the first of them, when no
+# work runs any more, or when this many times ``threads`` are waiting: a transaction's
+# own cost is most of a batch's for cheap work (an unchanged feed's 304), and batches
+# capped at ``threads`` spent 0.1-0.2 ms more client CPU per feed (bench/RESULTS.md).
+WRITE_BATCH_THREADS = 4
 Job = TypeVar("Job")
 Result = TypeVar("Result")
 
@@ -133,7 +139,7 @@ def work_claimed(
                     ready.append(future.result())
             elif waiting and not ready:
                 time.sleep(max(0.0, claim_after - time.monotonic()))
-            if ready and (not running or len(ready) >= threads or time.monotonic() >= write_by):
+            if ready and (not running or len(ready) >= WRITE_BATCH_THREADS * threads or time.monotonic() >= write_by):
                 writer.submit(ready)
                 ready = []
             if not running and not ready and not (more and remaining != 0):
