@@ -26,7 +26,8 @@ Then every source is made due again and both fetch a second time: the server ans
 Reported per pass: feeds per second of wall time, CPU milliseconds per feed (the
 project: its worker processes' own accounting plus the PostgreSQL cluster's, from
 /proc; reader: this process, whose threads and SQLite do its work; the feed server's
-CPU is left out for both) and the most requests the server had in flight at once. The
+CPU is left out for both, and printed beside them: it shares the cores) and the most
+requests the server had in flight at once. The
 median of --repeats runs, the systems interleaved; then the peak memory of a collector
 process for 100 and 500 sources.
 
@@ -69,6 +70,7 @@ from bench.scratch import (
     ServerCpu,
     commit,
     load,
+    process_seconds,
     scratch_database,
     unique_name,
     wait_for_backends_gone,
@@ -276,8 +278,14 @@ def main() -> int:
                 {"name": u, "url": u, "source_type": "rss", "politeness_group": "127.0.0.1"} for u in urls
             ])
 
-    def project_passes(options: dict[str, bool]) -> list[tuple[float, float, int]]:
-        """(seconds, CPU seconds, most in flight) of the first and second pass."""
+    def feed_server_seconds() -> float:
+        spent = process_seconds(server.pid or 0)
+        assert spent is not None, "the feed server is gone"
+        return spent
+
+    def project_passes(options: dict[str, bool]) -> list[tuple[float, float, int, float]]:
+        """(seconds, CPU seconds, most in flight, the feed server's CPU seconds) of the
+        first and second pass."""
         passes = []
         with scratch_database(admin, DB_NAME):
             url = db.parse_url(args.database_url).set(database=DB_NAME).render_as_string(hide_password=False)
@@ -286,19 +294,20 @@ def main() -> int:
             server_cpu = ServerCpu(engine)
             for expected_items in (args.feeds * ITEMS, 0):
                 most_in_flight(port)
-                before = server_cpu.seconds()
+                before, feed_server = server_cpu.seconds(), feed_server_seconds()
                 fetched, items, elapsed, _, cpu = run_collectors(url, args.processes, args.concurrency, options)
+                feed_server = feed_server_seconds() - feed_server
                 wait_for_backends_gone(engine, DB_NAME)
                 after = server_cpu.seconds()
                 assert fetched == args.feeds and items == expected_items, (fetched, items)
                 cpu += (after - before) if before is not None and after is not None else 0.0
-                passes.append((elapsed, cpu, most_in_flight(port)))
+                passes.append((elapsed, cpu, most_in_flight(port), feed_server))
                 with engine.begin() as conn:  # every source due again
                     conn.execute(sa.update(schema.sources).values(next_fetch_at=None))
             engine.dispose()
         return passes
 
-    def reader_passes(options: dict[str, bool]) -> list[tuple[float, float, int]]:
+    def reader_passes(options: dict[str, bool]) -> list[tuple[float, float, int, float]]:
         from reader import make_reader
 
         passes = []
@@ -308,9 +317,10 @@ def main() -> int:
                 reader.add_feed(u)
             for _ in range(2):
                 most_in_flight(port)
-                started, cpu = time.monotonic(), time.process_time()
+                started, cpu, feed_server = time.monotonic(), time.process_time(), feed_server_seconds()
                 reader.update_feeds(workers=args.concurrency, scheduled=False)
-                passes.append((time.monotonic() - started, time.process_time() - cpu, most_in_flight(port)))
+                passes.append((time.monotonic() - started, time.process_time() - cpu, most_in_flight(port),
+                               feed_server_seconds() - feed_server))
             entries = reader.get_entry_counts().total
             reader.close()
         assert entries == args.feeds * ITEMS, entries
@@ -324,8 +334,8 @@ def main() -> int:
     bodies = [make_feed(n) for n in range(args.feeds)]
     for name in chosen:
         options = settings[name]
-        project: list[list[tuple[float, float, int]]] = []
-        reader: list[list[tuple[float, float, int]]] = []
+        project: list[list[tuple[float, float, int, float]]] = []
+        reader: list[list[tuple[float, float, int, float]]] = []
         for _ in range(args.repeats):
             project.append(project_passes(options))
             reader.append(reader_passes(options))
@@ -339,15 +349,18 @@ def main() -> int:
             assert parsed == args.feeds * ITEMS
         print(f"\nparse {name} ({', '.join(f'{k}={v}' for k, v in options.items())}), load {load()}")
         print(f"  {'pass':<16} {'project':>9} {'reader':>9} {'ratio':>6} {'ms CPU/feed':>12} {'reader':>7}"
-              f" {'ratio':>6} {'in flight':>10}")
+              f" {'ratio':>6} {'in flight':>10} {'feed server ms/feed':>20}")
         for i, label in enumerate(("first (200, new)", "second (304)")):
             p_rate = statistics.median(args.feeds / run[i][0] for run in project)
             r_rate = statistics.median(args.feeds / run[i][0] for run in reader)
             p_cpu = statistics.median(run[i][1] / args.feeds * 1000 for run in project)
             r_cpu = statistics.median(run[i][1] / args.feeds * 1000 for run in reader)
             flight = f"{max(run[i][2] for run in project)}/{max(run[i][2] for run in reader)}"
+            feed_server = "/".join(
+                f"{statistics.median(run[i][3] / args.feeds * 1000 for run in runs):.2f}" for runs in (project, reader)
+            )
             print(f"  {label:<16} {p_rate:>9.0f} {r_rate:>9.0f} {p_rate / r_rate:>6.2f} {p_cpu:>12.2f}"
-                  f" {r_cpu:>7.2f} {r_cpu / p_cpu:>6.2f} {flight:>10}", flush=True)
+                  f" {r_cpu:>7.2f} {r_cpu / p_cpu:>6.2f} {flight:>10} {feed_server:>20}", flush=True)
         print("  parsing alone, every core: " + ", ".join(
             f"{label} {args.feeds / seconds:.0f} feeds/s" for label, seconds in parse_only.items()))
         print(f"  each run, first pass feeds/s: project {'/'.join(f'{args.feeds / r[0][0]:.0f}' for r in project)},"
