@@ -11,7 +11,14 @@ import pytest
 import sqlalchemy as sa
 
 from pipeline.fetching.politeness import PoliteQueue
-from pipeline.queue.claim import UNCLAIMED, RowCompletion, Strategy, WorkQueue, strategy_for
+from pipeline.queue.claim import (
+    UNCLAIMED,
+    RowCompletion,
+    Strategy,
+    WorkQueue,
+    _dollar_placeholders,
+    strategy_for,
+)
 from pipeline.storage import db, schema
 from tests.conftest import BACKENDS_WITH_MARIADB
 from tests.helpers import add_raw_rows, add_source, now, raw_states, round_trips, wire_messages
@@ -571,3 +578,11 @@ def test_driver_errors_reach_the_caller_as_sqlalchemys_and_a_broken_connection_l
     with pytest.raises(sa.exc.OperationalError):
         raw_queue(nowhere, Strategy.POSTGRES).complete_and_claim(claim, {"processed_at": now()}, 1)
     nowhere.dispose()
+
+
+def test_driver_sql_takes_postgresqls_own_placeholders():
+    """The driver's statements are raw queries: each name one $n, however often it is
+    used, and a percent sign SQLAlchemy escaped for psycopg's %(name)s style is one again."""
+    sql, order = _dollar_placeholders("SELECT %(a)s, %(b)s::INTEGER, %(a)s WHERE x LIKE '5%%'")
+    assert sql == "SELECT $1, $2::INTEGER, $1 WHERE x LIKE '5%'"
+    assert order == ("a", "b")

@@ -168,37 +168,35 @@ def captured_claim_sql(engine: sa.Engine, spec: QueueSpec) -> tuple[str, object]
         sa.event.remove(engine, "before_cursor_execute", capture)
     assert claim, f"{spec.table.name}: the populated table has claimable rows"
     if engine.dialect.name == "postgresql":
-        # Sent by psycopg itself, past SQLAlchemy's events: the SQL compiled once
-        # (test_claim.py checks on the wire that it is what is sent).
+        # Sent by psycopg itself, past SQLAlchemy's events: the SQL compiled once, with
+        # PostgreSQL's $n placeholders (test_claim.py checks on the wire that it is what
+        # is sent), and its arguments in their order.
         assert not seen and queue._claim_sql is not None
-        return queue._claim_sql, queue._claim_params("probe", 10)[1]
+        return queue._claim_sql.sql, queue._claim_sql.arguments(queue._claim_params("probe", 10)[1])
     if engine.dialect.name in MARIADB:
         return seen  # the locking reads (expired leases, then free rows), and the UPDATE by ids
     assert len(seen) == 1
     return seen[0]
 
 
-def postgres_plans(conn: sa.Connection, statement: str, parameters: dict) -> list[str]:
+def explain_raw(conn: sa.Connection, explain: str, statement: str, arguments: list) -> list:
+    """``explain`` (EXPLAIN and its options) of a statement with $n placeholders, as the
+    driver's hot path sends it (``_DriverStatement``): each row of the plan."""
+    return psycopg.RawCursor(conn.connection.dbapi_connection).execute(f"{explain} {statement}", arguments).fetchall()
+
+
+def postgres_plans(conn: sa.Connection, statement: str, arguments: list) -> list[str]:
     """The custom plan (parameters known) and the generic plan (parameters unknown)."""
-    custom = [r[0] for r in conn.exec_driver_sql("EXPLAIN " + statement, parameters)]
-    names: list[str] = []
-
-    def positional(match: re.Match[str]) -> str:
-        if match.group(1) not in names:
-            names.append(match.group(1))
-        return f"${names.index(match.group(1)) + 1}"
-
-    prepared = re.sub(r"%\((\w+)\)s", positional, statement)
+    custom = [r[0] for r in explain_raw(conn, "EXPLAIN", statement, arguments)]
     conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
-    conn.exec_driver_sql(f"PREPARE claim_probe AS {prepared}")
+    psycopg.RawCursor(conn.connection.dbapi_connection).execute(f"PREPARE claim_probe AS {statement}")
     types = conn.exec_driver_sql(
         "SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = 'claim_probe'"
     ).scalar_one()
     # EXPLAIN EXECUTE takes no bound parameters: spell the values out as literals.
     raw = conn.connection.dbapi_connection
     values = ", ".join(
-        f"{psycopg.sql.Literal(parameters[n]).as_string(raw)}::{t}"
-        for n, t in zip(names, types, strict=True)
+        f"{psycopg.sql.Literal(value).as_string(raw)}::{t}" for value, t in zip(arguments, types, strict=True)
     )
     generic = [r[0] for r in conn.exec_driver_sql(f"EXPLAIN EXECUTE claim_probe({values})")]
     conn.exec_driver_sql("DEALLOCATE claim_probe")
@@ -263,7 +261,7 @@ def test_the_polite_claim_of_due_sources_is_index_scans_too(big_engine: sa.Engin
     if big_engine.dialect.name == "postgresql":
         # Sent by psycopg itself, past SQLAlchemy's events: the SQL compiled once.
         assert not seen and queue._claim_sql is not None
-        seen.append((queue._claim_sql, queue._claim_params("probe", 10)[1]))
+        seen.append((queue._claim_sql.sql, queue._claim_sql.arguments(queue._claim_params("probe", 10)[1])))
     plans = []
     with big_engine.connect() as conn:
         for statement, parameters in seen:
@@ -273,7 +271,7 @@ def test_the_polite_claim_of_due_sources_is_index_scans_too(big_engine: sa.Engin
                 plans.append("\n".join(str(p["key"]) for p in accesses))
                 continue
             if big_engine.dialect.name == "postgresql":
-                plan = [r[0] for r in conn.exec_driver_sql("EXPLAIN " + statement, parameters)]
+                plan = [r[0] for r in explain_raw(conn, "EXPLAIN", statement, parameters)]
                 scans = [line for line in plan if re.search(r"Seq Scan on sources\b", line)]
             else:
                 plan = [r[3] for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters)]
@@ -306,9 +304,8 @@ def test_the_polite_claim_counts_a_groups_fetches_once_not_once_per_due_source(p
     assert len(queue.claim("w", 24)) == 24  # fetches in flight, for the count to read
     assert queue._claim_sql is not None
     with pg_engine.connect() as conn:  # EXPLAIN ANALYZE runs the claim: rolled back
-        [[plan]] = conn.exec_driver_sql(
-            "EXPLAIN (ANALYZE, FORMAT JSON) " + queue._claim_sql, queue._claim_params("w", 8)[1]
-        ).all()
+        [[plan]] = explain_raw(conn, "EXPLAIN (ANALYZE, FORMAT JSON)", queue._claim_sql.sql,
+                               queue._claim_sql.arguments(queue._claim_params("w", 8)[1]))
         conn.rollback()
 
     def nodes(node: dict) -> Iterator[dict]:

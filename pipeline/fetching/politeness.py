@@ -413,7 +413,7 @@ class PoliteQueue(WorkQueue):
             sa.update(s)
             .where(s.c.id == picked.c.id)
             .values(self._lease_values())
-            .returning(*s.c)
+            .returning(*self.columns)
             .add_cte(bump)
         )
 
@@ -425,13 +425,10 @@ class PoliteQueue(WorkQueue):
         return super().claim(worker, limit)  # one statement, sent by psycopg itself
 
     def _claim_params(self, worker: str, limit: int) -> tuple[str, dict[str, Any]]:
-        """The PostgreSQL claim's parameters: the queue's, the compiled statement's
-        constants (the default group's name, 0, 1, ...), the started events' run and how
+        """The PostgreSQL claim's parameters: the queue's, the started events' run and how
         many due sources to look at."""
         token, params = super()._claim_params(worker, limit)
-        return token, {
-            **self._claim_constants, **params, "started_run_id": self.run_id, "claim_scan": limit * SCAN_FACTOR,
-        }
+        return token, {**params, "started_run_id": self.run_id, "claim_scan": limit * SCAN_FACTOR}
 
     def _claim_in_steps(self, worker: str, limit: int) -> Claim:
         """SQLite and the portable path: the same rules, as statements in one transaction.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import threading
 import time
 import uuid
@@ -26,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any, TypeVar
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Engine
@@ -296,12 +298,49 @@ class Fenced:
 
 @dataclass(frozen=True)
 class _DriverStatement:
-    """A fenced write as the driver runs it: its SQL, the values of its fixed parameters,
-    and each set column's conversion (None when the driver takes the value as it is)."""
+    """A statement as psycopg runs it (PostgreSQL's hot path): its SQL with PostgreSQL's
+    own ``$n`` placeholders, the parameter each one takes (``order``), the values of its
+    fixed parameters, and for a fenced write each set column's conversion (None when the
+    driver takes the value as it is).
+
+    ``$n`` placeholders make it a raw query (``psycopg.RawCursor``): psycopg parses a
+    ``%(name)s`` statement's placeholders at every execution when the statement is over
+    4 KB (its cache's limit), as the polite claim is: 4% of the collector's CPU on an
+    unchanged pass (bench/RESULTS.md)."""
 
     sql: str
+    order: tuple[str, ...]
     fixed: dict[str, Any]
-    convert: Mapping[str, Callable[[Any], Any] | None]
+    convert: Mapping[str, Callable[[Any], Any] | None] = field(default_factory=dict)
+
+    def arguments(self, params: Mapping[str, Any]) -> list[Any]:
+        """The values of ``$1``, ``$2`` ...: from ``params``, else the fixed ones."""
+        fixed = self.fixed
+        return [params[name] if name in params else fixed[name] for name in self.order]
+
+    def execute(self, pg: Any, params: Mapping[str, Any]) -> Any:
+        """Run on the psycopg connection ``pg`` (prepared on the server); its cursor."""
+        return psycopg.RawCursor(pg).execute(self.sql, self.arguments(params), prepare=True)
+
+
+# The placeholders of SQL compiled for psycopg (``%(name)s``) and its escaped percent sign.
+_PYFORMAT = re.compile(r"%\((\w+)\)s|%%")
+
+
+def _dollar_placeholders(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``sql`` with PostgreSQL's ``$n`` placeholders instead of psycopg's ``%(name)s``
+    (a name used twice is one placeholder), and the name each ``$n`` stands for."""
+    order: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name is None:
+            return "%"
+        if name not in order:
+            order.append(name)
+        return f"${order.index(name) + 1}"
+
+    return _PYFORMAT.sub(number, sql), tuple(order)
 
 
 def sql_now(
@@ -384,10 +423,10 @@ class WorkQueue:
         # pipeline/storage/db.py pins every PostgreSQL session to UTC and psycopg decodes
         # JSON itself.
         # Its constants (bound parameters of the compiled text) go with every execution.
-        self._claim_sql: str | None = None
-        self._claim_constants: dict[str, Any] = {}
+        self._claim_sql: _DriverStatement | None = None
         if self.strategy is Strategy.POSTGRES:
-            self._claim_sql, self._claim_constants = self._driver_sql(self._claim_stmt)
+            self._claim_sql = self._driver_sql(self._claim_stmt)
+        self._claim_names = [c.name for c in self.columns]  # what a claim returns, in order
         self._fenced: dict[tuple[str, ...], sa.Update] = {}
         self._fenced_sql: dict[tuple[str, ...], _DriverStatement] = {}
         # MariaDB's claim locks each branch's rows with a query of its own.
@@ -411,10 +450,14 @@ class WorkQueue:
 
     # -- the driver's own path (PostgreSQL) ---------------------------------------------
 
-    def _driver_sql(self, stmt: sa.Update | sa.Select[Any]) -> tuple[str, dict[str, Any]]:
-        """``stmt`` as the text psycopg runs, and the values of its fixed parameters."""
+    def _driver_sql(
+        self, stmt: sa.Update | sa.Select[Any], convert: Mapping[str, Callable[[Any], Any] | None] | None = None,
+    ) -> _DriverStatement:
+        """``stmt`` as psycopg runs it: compiled by the engine's dialect, its placeholders
+        then PostgreSQL's own."""
         compiled = stmt.compile(dialect=self.engine.dialect)
-        return str(compiled), dict(compiled.params)
+        sql, order = _dollar_placeholders(str(compiled))
+        return _DriverStatement(sql, order, dict(compiled.params), convert or {})
 
     @contextmanager
     def _driver(self) -> Iterator[Any]:
@@ -451,7 +494,9 @@ class WorkQueue:
             raw.close()
 
     def _rows(self, cursor: Any) -> list[Row]:
-        names = [d.name for d in cursor.description]
+        """A claim's rows (``self.columns``, in order: psycopg's ``description`` builds a
+        column object per column at each call)."""
+        names = self._claim_names
         return [dict(zip(names, values, strict=True)) for values in cursor.fetchall()]
 
     # -- time ---------------------------------------------------------------------------
@@ -498,7 +543,7 @@ class WorkQueue:
             rows = self._claim_mariadb(params, limit)
         elif self._claim_sql is not None:
             with self._driver() as pg:
-                rows = self._rows(pg.execute(self._claim_sql, params, prepare=True))
+                rows = self._rows(self._claim_sql.execute(pg, params))
         else:
             with self._one_statement.begin() as conn:
                 rows = conn.execute(self._claim_stmt, params).mappings().all()
@@ -530,9 +575,8 @@ class WorkQueue:
         token, params = self._claim_params(claim.worker, limit)
         with self._driver() as pg:
             with pg.pipeline():
-                completed = pg.execute(driver.sql, self._complete_params(driver, claim, wanted, values),
-                                       prepare=True)
-                claimed = pg.execute(self._claim_sql, params, prepare=True)
+                completed = driver.execute(pg, self._complete_params(driver, claim, wanted, values))
+                claimed = self._claim_sql.execute(pg, params)
             done = [row[0] for row in completed.fetchall()]
             rows = self._rows(claimed)
         fenced = self._fenced_outcome(claim, wanted, done, "completion", quiet=False)
@@ -879,18 +923,16 @@ class WorkQueue:
         key = tuple(sorted(values))
         statement = self._fenced_sql.get(key)
         if statement is None:
-            sql, fixed = self._driver_sql(self._fenced_statement(key))
             t, dialect = self.spec.table, self.engine.dialect
             # The columns' own conversions (UTC times, JSON), as SQLAlchemy applies them.
             convert = {name: t.c[name].type._cached_bind_processor(dialect) for name in key}
-            statement = self._fenced_sql[key] = _DriverStatement(sql, fixed, convert)
+            statement = self._fenced_sql[key] = self._driver_sql(self._fenced_statement(key), convert)
         return statement
 
     def _complete_params(
         self, statement: _DriverStatement, claim: Claim, ids: Sequence[int], values: Mapping[str, Any]
     ) -> dict[str, Any]:
-        params = {**statement.fixed, "ids": list(ids), "fence_token": claim.token,
-                  "fence_worker": claim.worker}
+        params = {"ids": list(ids), "fence_token": claim.token, "fence_worker": claim.worker}
         for name, value in values.items():
             convert = statement.convert[name]
             params[f"set_{name}"] = value if convert is None else convert(value)
@@ -919,7 +961,7 @@ class WorkQueue:
         if not wanted:
             return Fenced(done=[])
         with self._driver() as pg:
-            cursor = pg.execute(driver.sql, self._complete_params(driver, claim, wanted, values), prepare=True)
+            cursor = driver.execute(pg, self._complete_params(driver, claim, wanted, values))
             done = [row[0] for row in cursor.fetchall()]
         return self._fenced_outcome(claim, wanted, done, "completion", quiet=False)
 
