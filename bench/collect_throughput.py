@@ -27,7 +27,8 @@ Reported per pass: feeds per second of wall time, CPU milliseconds per feed (the
 project: its worker processes' own accounting plus the PostgreSQL cluster's, from
 /proc; reader: this process, whose threads and SQLite do its work; the feed server's
 CPU is left out for both, and printed beside them: it shares the cores) and the most
-requests the server had in flight at once. The
+requests the server had in flight at once and on average (the time its requests were
+open, over the pass's: how busy the clients kept their threads). The
 median of --repeats runs, the systems interleaved; then the peak memory of a collector
 process for 100 and 500 sources.
 
@@ -107,14 +108,15 @@ def serve(port_queue: multiprocessing.Queue, feeds: int, latency: float) -> None
     bodies = {f"/feed/{n}": make_feed(n) for n in range(feeds)}
     lock = threading.Lock()
     in_flight = [0, 0]  # now, most since the last /stats
+    busy = [0.0]  # seconds of requests open, summed, since the last /stats
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
-            if self.path == "/stats":  # the most requests in flight at once, then reset
+            if self.path == "/stats":  # the most requests in flight at once, their time; reset
                 with lock:
-                    body, in_flight[1] = str(in_flight[1]).encode(), 0
+                    body, in_flight[1], busy[0] = f"{in_flight[1]} {busy[0]}".encode(), 0, 0.0
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -123,12 +125,14 @@ def serve(port_queue: multiprocessing.Queue, feeds: int, latency: float) -> None
             with lock:
                 in_flight[0] += 1
                 in_flight[1] = max(in_flight)
+            opened = time.monotonic()
             try:
                 time.sleep(latency)  # a remote host's round trip
                 self.answer()
             finally:
                 with lock:
                     in_flight[0] -= 1
+                    busy[0] += time.monotonic() - opened
 
         def answer(self) -> None:
             body = bodies.get(self.path)
@@ -171,13 +175,18 @@ def serve(port_queue: multiprocessing.Queue, feeds: int, latency: float) -> None
     server.serve_forever()
 
 
-def most_in_flight(port: int) -> int:
-    """The most requests the feed server had in flight at once since the last call."""
+def in_flight(port: int) -> tuple[int, float]:
+    """The most requests the feed server had in flight at once since the last call, and
+    the seconds its requests were open, summed."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=10) as answer:
-        return int(answer.read())
+        most, busy = answer.read().split()
+    return int(most), float(busy)
 
 
 Collected = tuple[int, int, float, int, float]  # fetched, new items, end, peak KiB, CPU s
+# A pass: seconds, CPU seconds, the most requests in flight, the seconds requests were
+# open (summed), the feed server's CPU seconds.
+Pass = tuple[float, float, int, float, float]
 
 
 def collect_worker(url: str, concurrency: int, start_at: float, options: dict[str, bool]) -> Collected:
@@ -283,9 +292,8 @@ def main() -> int:
         assert spent is not None, "the feed server is gone"
         return spent
 
-    def project_passes(options: dict[str, bool]) -> list[tuple[float, float, int, float]]:
-        """(seconds, CPU seconds, most in flight, the feed server's CPU seconds) of the
-        first and second pass."""
+    def project_passes(options: dict[str, bool]) -> list[Pass]:
+        """The first and the second pass."""
         passes = []
         with scratch_database(admin, DB_NAME):
             url = db.parse_url(args.database_url).set(database=DB_NAME).render_as_string(hide_password=False)
@@ -293,7 +301,7 @@ def main() -> int:
             fill(engine, feed_urls)
             server_cpu = ServerCpu(engine)
             for expected_items in (args.feeds * ITEMS, 0):
-                most_in_flight(port)
+                in_flight(port)
                 before, feed_server = server_cpu.seconds(), feed_server_seconds()
                 fetched, items, elapsed, _, cpu = run_collectors(url, args.processes, args.concurrency, options)
                 feed_server = feed_server_seconds() - feed_server
@@ -301,13 +309,13 @@ def main() -> int:
                 after = server_cpu.seconds()
                 assert fetched == args.feeds and items == expected_items, (fetched, items)
                 cpu += (after - before) if before is not None and after is not None else 0.0
-                passes.append((elapsed, cpu, most_in_flight(port), feed_server))
+                passes.append((elapsed, cpu, *in_flight(port), feed_server))
                 with engine.begin() as conn:  # every source due again
                     conn.execute(sa.update(schema.sources).values(next_fetch_at=None))
             engine.dispose()
         return passes
 
-    def reader_passes(options: dict[str, bool]) -> list[tuple[float, float, int, float]]:
+    def reader_passes(options: dict[str, bool]) -> list[Pass]:
         from reader import make_reader
 
         passes = []
@@ -316,10 +324,10 @@ def main() -> int:
             for u in feed_urls:
                 reader.add_feed(u)
             for _ in range(2):
-                most_in_flight(port)
+                in_flight(port)
                 started, cpu, feed_server = time.monotonic(), time.process_time(), feed_server_seconds()
                 reader.update_feeds(workers=args.concurrency, scheduled=False)
-                passes.append((time.monotonic() - started, time.process_time() - cpu, most_in_flight(port),
+                passes.append((time.monotonic() - started, time.process_time() - cpu, *in_flight(port),
                                feed_server_seconds() - feed_server))
             entries = reader.get_entry_counts().total
             reader.close()
@@ -334,8 +342,8 @@ def main() -> int:
     bodies = [make_feed(n) for n in range(args.feeds)]
     for name in chosen:
         options = settings[name]
-        project: list[list[tuple[float, float, int, float]]] = []
-        reader: list[list[tuple[float, float, int, float]]] = []
+        project: list[list[Pass]] = []
+        reader: list[list[Pass]] = []
         for _ in range(args.repeats):
             project.append(project_passes(options))
             reader.append(reader_passes(options))
@@ -349,18 +357,22 @@ def main() -> int:
             assert parsed == args.feeds * ITEMS
         print(f"\nparse {name} ({', '.join(f'{k}={v}' for k, v in options.items())}), load {load()}")
         print(f"  {'pass':<16} {'project':>9} {'reader':>9} {'ratio':>6} {'ms CPU/feed':>12} {'reader':>7}"
-              f" {'ratio':>6} {'in flight':>10} {'feed server ms/feed':>20}")
+              f" {'ratio':>6} {'in flight':>10} {'mean in flight':>15} {'feed server ms/feed':>20}")
         for i, label in enumerate(("first (200, new)", "second (304)")):
             p_rate = statistics.median(args.feeds / run[i][0] for run in project)
             r_rate = statistics.median(args.feeds / run[i][0] for run in reader)
             p_cpu = statistics.median(run[i][1] / args.feeds * 1000 for run in project)
             r_cpu = statistics.median(run[i][1] / args.feeds * 1000 for run in reader)
             flight = f"{max(run[i][2] for run in project)}/{max(run[i][2] for run in reader)}"
+            mean_flight = "/".join(
+                f"{statistics.median(run[i][3] / run[i][0] for run in runs):.1f}" for runs in (project, reader)
+            )
             feed_server = "/".join(
-                f"{statistics.median(run[i][3] / args.feeds * 1000 for run in runs):.2f}" for runs in (project, reader)
+                f"{statistics.median(run[i][4] / args.feeds * 1000 for run in runs):.2f}" for runs in (project, reader)
             )
             print(f"  {label:<16} {p_rate:>9.0f} {r_rate:>9.0f} {p_rate / r_rate:>6.2f} {p_cpu:>12.2f}"
-                  f" {r_cpu:>7.2f} {r_cpu / p_cpu:>6.2f} {flight:>10} {feed_server:>20}", flush=True)
+                  f" {r_cpu:>7.2f} {r_cpu / p_cpu:>6.2f} {flight:>10} {mean_flight:>15} {feed_server:>20}",
+                  flush=True)
         print("  parsing alone, every core: " + ", ".join(
             f"{label} {args.feeds / seconds:.0f} feeds/s" for label, seconds in parse_only.items()))
         print(f"  each run, first pass feeds/s: project {'/'.join(f'{args.feeds / r[0][0]:.0f}' for r in project)},"
