@@ -305,8 +305,8 @@ class _DriverStatement:
 
     ``$n`` placeholders make it a raw query (``psycopg.RawCursor``): psycopg parses a
     ``%(name)s`` statement's placeholders at every execution when the statement is over
-    4 KB (its cache's limit), as the polite claim is: 4% of the collector's CPU on an
-    unchanged pass (bench/RESULTS.md)."""
+    4 KB (its cache's limit), as the polite claim is: 3.8% of the collector's samples
+    in a profile of its passes (bench/RESULTS.md, "The claim as a raw query")."""
 
     sql: str
     order: tuple[str, ...]
