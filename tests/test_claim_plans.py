@@ -188,13 +188,13 @@ def explain_raw(conn: sa.Connection, explain: str, statement: str, arguments: li
 def postgres_plans(conn: sa.Connection, statement: str, arguments: list) -> list[str]:
     """The custom plan (parameters known) and the generic plan (parameters unknown)."""
     custom = [r[0] for r in explain_raw(conn, "EXPLAIN", statement, arguments)]
+    raw = conn.connection.dbapi_connection
     conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
-    psycopg.RawCursor(conn.connection.dbapi_connection).execute(f"PREPARE claim_probe AS {statement}")
+    psycopg.RawCursor(raw).execute(f"PREPARE claim_probe AS {statement}")
     types = conn.exec_driver_sql(
         "SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = 'claim_probe'"
     ).scalar_one()
     # EXPLAIN EXECUTE takes no bound parameters: spell the values out as literals.
-    raw = conn.connection.dbapi_connection
     values = ", ".join(
         f"{psycopg.sql.Literal(value).as_string(raw)}::{t}" for value, t in zip(arguments, types, strict=True)
     )
