@@ -18,7 +18,15 @@ from pipeline.core.backoff import PACIFIC, BackoffPolicy, next_quota_reset, retr
 from pipeline.core.errors import NormaliseError, SourceError
 from pipeline.core.failures import PERMANENT, FailureReason
 from pipeline.core.kinds import SourceType
-from pipeline.core.urls import canonical_host, canonical_url, item_key, web_url, web_urls
+from pipeline.core.urls import (
+    _story_url_parsed,
+    canonical_host,
+    canonical_url,
+    item_key,
+    story_url,
+    web_url,
+    web_urls,
+)
 from pipeline.core.words import _PART, WORD
 from pipeline.listings.normalize import (
     CATEGORY_CHARS,
@@ -230,6 +238,23 @@ def test_one_parse_gives_the_web_url_and_its_canonical_spelling(scheme, host, re
     if both is not None:
         assert both == (web, canonical_url(web))
         assert item_key(both[1], "id", canonical=True) == item_key(web, "id")
+
+
+@given(
+    st.sampled_from(["http://", "https://"]),
+    st.one_of(st.sampled_from(["example.com", "Example.COM:80", "127.1:443", "[::1]:8080", "b\u00fccher.example",
+                               "u:p@a_b.c:8080"]), URL_TEXT),
+    st.sampled_from(["", "/", "//", "/a/1", "/?", "/a?utm_source=x", "/a#frag", "?q=1", "/%7e/b?c=%2f&fbclid=1"]),
+    URL_TEXT,
+)
+@settings(max_examples=1000, deadline=None)
+def test_a_story_url_without_a_query_is_its_canonical_url_as_a_parse_finds_it(scheme, host, path, rest):
+    """``story_url`` reads a link without a query without parsing it: the same answer as
+    the parse (pipeline/core/urls.py), home pages included."""
+    both = web_urls(scheme + host + path + rest)
+    if both is None:
+        return
+    assert story_url(both[1]) == _story_url_parsed(both[1])
 
 
 def _words_reference(text: str) -> set[str]:

@@ -152,6 +152,14 @@ def story_url(canonical: str) -> str | None:
     from different sources": the URL without tracking parameters (the rest of the query
     kept as written, in order). None for a site's home page (path ``/``, no query left):
     feeds that link every item to their home page say nothing about which story it is."""
+    if "?" not in canonical:  # no query, nothing to take out: most links, without a parse
+        path = canonical[canonical.find("/", canonical.find("//") + 2):]
+        return None if path == "/" else canonical
+    return _story_url_parsed(canonical)
+
+
+def _story_url_parsed(canonical: str) -> str | None:
+    """``story_url`` by parsing the URL (any URL: with a query or without)."""
     parts = urlsplit(canonical)
     kept = [
         pair for pair in parts.query.split("&")
