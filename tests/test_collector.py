@@ -557,6 +557,32 @@ def test_items_are_made_storable_whatever_the_feed_holds(engine, server):
     assert ids[0].startswith("sha256:") and len(ids[0]) == 71 and ids[1] == "short"
 
 
+def test_items_are_stored_as_they_were_read_whatever_their_text(engine):
+    """store_items writes each item's JSON into its statement as it is (PostgreSQL): ids,
+    links and content with quotes, backslashes, escapes, line separators and non-ASCII
+    text come back unchanged, and the content hash is the hash of the same text."""
+    from pipeline.fetching.base import Item
+    from pipeline.fetching.collector import store_items
+
+    odd = 'a "quoted" \\ back\\slash, \u2028 line, \t tab, caf\u00e9 \U0001f600 </script> \\u0000 ]},'
+    items = [
+        Item(f"id {odd} {n}", f"http://127.0.0.1/item?q={n}&x=\"{n}\"",
+             {"title": f"{odd} {n}", "url": "http://127.0.0.1/", "summary": odd, "n": n, "f": 1.5,
+              "nested": {"list": [odd, None, True]}, "published_at": None, "author": None, "categories": []})
+        for n in range(3)
+    ]
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1/feed")
+        assert store_items(conn, [(source, items)]) == {source: 3}
+    stored = {r["source_item_id"]: r for r in rows(engine, schema.listings_raw)}
+    assert set(stored) == {item.source_item_id for item in items}
+    for item in items:
+        row = stored[item.source_item_id]
+        assert (row["url"], row["raw_json"], row["content_hash"]) == (item.url, item.raw, item.content_hash)
+    with engine.begin() as conn:  # the same items again: nothing new
+        assert store_items(conn, [(source, items)]) == {}
+
+
 def test_item_strings_lose_nul_and_lone_surrogates():
     from pipeline.fetching.base import Item
 

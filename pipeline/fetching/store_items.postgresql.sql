@@ -3,7 +3,7 @@
 -- listings_raw takes plain inserts.
 WITH incoming AS MATERIALIZED (
     SELECT (e->>0)::bigint AS source_id, e->>1 AS source_item_id, e->>2 AS content_hash,
-           e->>3 AS url, (e->>4)::jsonb AS raw_json
+           e->>3 AS url, e->4 AS raw_json
     FROM jsonb_array_elements(%(items)s::jsonb) AS e
 ), changed AS (
     INSERT INTO source_items (source_id, source_item_id, content_hash)
