@@ -28,6 +28,7 @@ from pipeline.core.urls import (
     web_urls,
 )
 from pipeline.core.words import _PART, WORD
+from pipeline.fetching.rss import _absolute, _absolute_parsed
 from pipeline.listings.normalize import (
     CATEGORY_CHARS,
     MAX_CATEGORIES,
@@ -255,6 +256,28 @@ def test_a_story_url_without_a_query_is_its_canonical_url_as_a_parse_finds_it(sc
     if both is None:
         return
     assert story_url(both[1]) == _story_url_parsed(both[1])
+
+
+@given(
+    st.sampled_from(["http://127.0.0.1:8000/feed", "https://x.example/a/b?c=1#d", "", "ftp://x/", "HTTP://y/"]),
+    st.sampled_from(["http://", "https://", "HTTP://", "http:///", "http:", "//", "/", "", "javascript:",
+                     "http://h", "https://[::1]", "http://caf\u00e9.example", "http://a\uff03b"]),
+    URL_TEXT,
+)
+@settings(max_examples=2000, deadline=None)
+def test_an_items_link_kept_without_a_parse_is_what_urljoin_gives(feed_url, prefix, rest):
+    """An RSS item's link that looks absolute and plain is kept as it is: the same answer
+    as urljoin and the scheme check (pipeline/fetching/rss.py), or the same error."""
+    link = prefix + rest
+    try:
+        expected: str | type[Exception] = _absolute_parsed(link, feed_url)
+    except ValueError:
+        expected = ValueError
+    try:
+        got: str | type[Exception] = _absolute(link, feed_url)
+    except ValueError:
+        got = ValueError
+    assert got == expected
 
 
 def _words_reference(text: str) -> set[str]:
