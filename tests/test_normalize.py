@@ -30,6 +30,11 @@ NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
         ("&#60;img src=x onerror=alert(1)&#62; hi", "hi"),
         ("unterminated <b", "unterminated"),
         ("<script>never closed", ""),
+        # Dropping a tag must not join a "<" before it to the text after it.
+        ("<<?>?", "?"),
+        ("a <<b>i>x</i> b", "a i>x b"),
+        ("<</b>/b> c", "/b> c"),
+        ("&lt;<b>script>", ""),
     ],
 )
 def test_html_to_text(html, text):

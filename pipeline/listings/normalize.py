@@ -166,6 +166,10 @@ _ATTRIBUTES = r"""[^>"']*(?:(?:"[^"]*"|'[^']*')[^>"']*)*>?"""
 _TAG = re.compile(r"</?[a-zA-Z!?]" + _ATTRIBUTES)
 # Tags that end a line or a block when rendered: they become a space. Every other tag
 # (<b>, <a>, <span>, ...) goes without one, so "Real <i>text</i>." reads "Real text.".
+# What starts a tag ("<" then a letter, "!", "?", or "/" and a letter) left in the text
+# once the tags are gone: dropping a tag can join a "<" before it to the text after it
+# ("<<b>i" reads "<i").
+_TAG_START = re.compile(r"<(?=[a-zA-Z!?]|/[a-zA-Z])")
 _BLOCK_TAG = re.compile(
     r"</?(?:p|div|br|li|ul|ol|h[1-6]|tr|td|th|table|thead|tbody|blockquote|section|article|header|"
     r"footer|hr|pre|dd|dt|dl|figure|figcaption|main|nav|aside|address|summary|details)\b" + _ATTRIBUTES,
@@ -177,8 +181,9 @@ def html_to_text(value: str) -> str:
     """Plain text of an HTML fragment (or of plain text), as it reads when rendered: tags,
     comments, scripts and styles dropped (block tags such as <p> and <br> become a space),
     entities decoded, white space collapsed to single spaces. What still looks
-    like a tag once entities are decoded ("&lt;script&gt;") is dropped too, so no stored
-    text can be mistaken for markup downstream."""
+    like a tag once entities are decoded ("&lt;script&gt;") is dropped too, and a "<" that
+    dropping a tag joined to a letter ("<<b>i") becomes a space, so no stored text can be
+    mistaken for markup downstream."""
     if _MARKUP.search(value):  # plain text, the common case for titles, skips all of this
         value = _INVISIBLE.sub(" ", value)
         value = _CDATA.sub(lambda m: escape(m.group(1)), value)
@@ -187,6 +192,8 @@ def html_to_text(value: str) -> str:
             value = unescape(value)
             if "<" in value:
                 value = _TAG.sub("", _BLOCK_TAG.sub(" ", value))
+        if "<" in value:  # a "<" the removals joined to a tag's first letter: a space
+            value = _TAG_START.sub(" ", value)
     if _CONTROL.search(value):  # NUL and the like: no database text type stores NUL
         value = _CONTROL.sub(" ", value)
     return " ".join(value.split())  # str.split: several times faster than a \\s+ regex
