@@ -163,13 +163,13 @@ _CDATA = re.compile(r"<!\[CDATA\[(.*?)(?:\]\]>|$)", re.DOTALL)
 # A tag: "<" then a letter, "/", "!" or "?", up to the ">" that is outside quotes. A "<"
 # followed by anything else ("a < b", "<3") is text.
 _ATTRIBUTES = r"""[^>"']*(?:(?:"[^"]*"|'[^']*')[^>"']*)*>?"""
-_TAG = re.compile(r"</?[a-zA-Z!?]" + _ATTRIBUTES)
+_TAG_OPENER = r"</?[a-zA-Z!?]"
+_TAG = re.compile(_TAG_OPENER + _ATTRIBUTES)
+# The "<" of what would read as a tag, left in the text once the tags are gone: dropping
+# a tag can join a "<" before it to the text after it ("<<b>i" reads "<i").
+_TAG_START = re.compile(r"(?=" + _TAG_OPENER + r")<")
 # Tags that end a line or a block when rendered: they become a space. Every other tag
 # (<b>, <a>, <span>, ...) goes without one, so "Real <i>text</i>." reads "Real text.".
-# What starts a tag ("<" then a letter, "!", "?", or "/" and a letter) left in the text
-# once the tags are gone: dropping a tag can join a "<" before it to the text after it
-# ("<<b>i" reads "<i").
-_TAG_START = re.compile(r"<(?=[a-zA-Z!?]|/[a-zA-Z])")
 _BLOCK_TAG = re.compile(
     r"</?(?:p|div|br|li|ul|ol|h[1-6]|tr|td|th|table|thead|tbody|blockquote|section|article|header|"
     r"footer|hr|pre|dd|dt|dl|figure|figcaption|main|nav|aside|address|summary|details)\b" + _ATTRIBUTES,
