@@ -53,3 +53,15 @@ def test_every_exception_the_pipeline_defines_is_a_pipeline_error() -> None:
     }
     assert all(issubclass(cls, errors.PipelineError) for _, cls in defined), defined
     assert {module for module, _ in defined} == {"pipeline.core.errors"}, defined
+
+
+def test_the_command_line_imports_no_library_it_does_not_need_to_start() -> None:
+    """A process of its own (what has been imported shows only in a fresh one): each
+    `pipeline` command starts without importing Apprise (0.2 s), which only sending
+    through it, or checking an Apprise URL, needs."""
+    code = ("import sys, pipeline.cli, pipeline.notify.notifier, pipeline.catalogue.users; "
+            "print(sorted(m for m in ('apprise',) if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

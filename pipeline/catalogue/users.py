@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-import apprise
 import sqlalchemy as sa
 
 from pipeline.core.errors import UserError
@@ -58,6 +57,8 @@ def add_user(
         assert apprise_url is not None
         if secret is not None:
             raise UserError("a webhook secret signs webhooks; an Apprise URL carries its own credentials")
+        import apprise  # 0.2 s of imports: only where an Apprise URL is checked
+
         if not apprise.Apprise().add(apprise_url):
             raise UserError(f"{channel_url(apprise_url)} is not a URL Apprise can send to")
         channel, url = ChannelKind.APPRISE, apprise_url

@@ -21,11 +21,15 @@ ID = click.IntRange(1, MAX_ID)
 
 
 def engine(*, check: bool = True) -> sa.Engine:
+    """The database's engine, disposed of (its connections closed) when the command
+    ends: ``main(argv)`` called in a long-lived process leaves no connection open."""
     engine = db.create_engine(Settings.from_env().database_url)
+    context = click.get_current_context(silent=True)
+    if context is not None:
+        context.call_on_close(engine.dispose)
     if check:
         migrate.check_schema(engine)
     return engine
-
 
 
 def worker(stage: str) -> str:
