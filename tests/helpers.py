@@ -28,12 +28,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until(what: str, check: Callable[[], Any], timeout: float, every: float = 1.0) -> Any:
-    """Poll ``check`` until it returns something true, and return that; AssertionError
-    naming ``what`` after ``timeout`` seconds (for processes started by a test)."""
+def wait_until(what: str, check: Callable[[], Any], timeout: float, every: float = 1.0, *,
+               fail: bool = True) -> Any:
+    """Poll ``check`` until it returns something true, and return that; after
+    ``timeout`` seconds, AssertionError naming ``what`` (or, ``fail=False``, the last
+    value: for a server route that must answer in the end)."""
     deadline = time.monotonic() + timeout
     while not (value := check()):
         if time.monotonic() > deadline:
+            if not fail:
+                return value
             raise AssertionError(f"{what}: not within {timeout:.0f} s")
         time.sleep(every)
     return value
@@ -72,6 +76,17 @@ def wire_messages(engine: sa.Engine) -> Iterator[list[str]]:
 
 def round_trips(lines: Sequence[str]) -> int:
     return sum(1 for line in lines if "\tReadyForQuery" in line)
+
+
+def expire_leases(engine: sa.Engine, table: sa.Table, ids: Sequence[int] | None = None) -> None:
+    """End the leases on ``table``'s rows (those of ``ids``, else every leased row) as
+    if their time had run out: ``locked_until`` an hour in the past. Tests move the
+    lease instead of sleeping until it ends."""
+    update = sa.update(table).where(table.c.locked_until.is_not(None))
+    if ids is not None:
+        update = update.where(table.c.id.in_(list(ids)))
+    with engine.begin() as conn:
+        conn.execute(update.values(locked_until=now() - timedelta(hours=1)))
 
 
 def add_source(conn: sa.Connection, url: str = "http://127.0.0.1/feed", **values: Any) -> int:

@@ -24,7 +24,7 @@ from pipeline.fetching.politeness import set_limits
 from pipeline.fetching.rss import _feedparser_entries, read_feed, refresh_minutes
 from pipeline.net.http import fresh_for
 from pipeline.storage import schema
-from tests.conftest import BACKENDS_WITH_MARIADB
+from tests.conftest import conformance
 from tests.helpers import add_source, now
 from tests.test_cli import assert_one_line_error, run
 from tests.test_collector import collector, rows
@@ -33,11 +33,6 @@ from tests.test_sources import sources_rows
 FAST = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 minutes = st.floats(1, 10080, allow_nan=False)
-
-
-@pytest.fixture(params=BACKENDS_WITH_MARIADB)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 @st.composite
@@ -234,6 +229,7 @@ def dated_feed(gap_minutes: float, count: int, extra: str = "") -> bytes:
     return f"<?xml version='1.0'?><rss version='2.0'><channel><title>t</title>{extra}{entries}</channel></rss>".encode()
 
 
+@conformance
 def test_the_collector_learns_each_adaptive_sources_interval_within_its_limits(engine, receiver):
     server = receiver
     server.routes["/busy"] = lambda h: h.reply(200, dated_feed(240, 50), {"Content-Type": "application/rss+xml"})

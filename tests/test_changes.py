@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import sqlalchemy as sa
 
 from pipeline.catalogue import users
 from pipeline.notify import delivery
 from pipeline.storage import schema
 from tests import test_duplicates
-from tests.conftest import BACKENDS_WITH_MARIADB
+from tests.conftest import conformance
 from tests.helpers import add_source
 from tests.http_server import LocalServer
 from tests.test_collector import collector
@@ -21,11 +20,6 @@ from tests.test_notifier import add_user, notifier, posts
 from tests.test_processor import add_raw, processor
 
 site = test_duplicates.site  # a fixture: a webhook receiver
-
-
-@pytest.fixture(params=BACKENDS_WITH_MARIADB)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 def told(site: LocalServer) -> list[tuple[str, str, str]]:
@@ -43,6 +37,7 @@ def one_pass(engine: sa.Engine, *, fetched: int = 1) -> None:
     notifier(engine).run()
 
 
+@conformance
 def test_a_change_of_a_watched_listing_is_told_once(engine, site):
     with engine.begin() as conn:
         source = add_source(conn, "http://127.0.0.1/jobs.rss")
@@ -103,6 +98,7 @@ def _page(*jobs: str) -> bytes:
     return PAGE.format("".join(f'<li class="job"><h2>{j}</h2><a href="/jobs/{j}">more</a></li>' for j in jobs)).encode()
 
 
+@conformance
 def test_a_watched_listing_gone_from_a_page_is_told_once_and_its_return_is_quiet(backend, engine, site):
     body = [_page("Python developer", "Python lead")]
     site.routes["/board"] = lambda h: h.reply(200, body[0], {"Content-Type": "text/html"})

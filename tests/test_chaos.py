@@ -34,7 +34,7 @@ import sqlalchemy as sa
 
 from pipeline.catalogue import users
 from pipeline.storage import db, schema
-from tests.conftest import migrate
+from tests.databases import migrate
 from tests.helpers import add_source, wait_until
 from tests.http_server import Handler, LocalServer
 

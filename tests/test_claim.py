@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from datetime import timedelta
 
 import pytest
@@ -20,17 +19,22 @@ from pipeline.queue.claim import (
     strategy_for,
 )
 from pipeline.storage import db, schema
-from tests.conftest import BACKENDS_WITH_MARIADB
-from tests.helpers import add_raw_rows, add_source, now, raw_states, round_trips, wire_messages
+from tests.conftest import conformance
+from tests.helpers import (
+    add_raw_rows,
+    add_source,
+    expire_leases,
+    now,
+    raw_states,
+    round_trips,
+    wire_messages,
+)
+
+pytestmark = conformance
 
 # Every test runs on each database, with the database's own strategy and with the
 # portable default that any other SQLAlchemy dialect would get.
 STRATEGIES = ("native", "portable")
-
-
-@pytest.fixture(params=BACKENDS_WITH_MARIADB)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 @pytest.fixture(params=STRATEGIES)
@@ -123,7 +127,7 @@ def test_criteria_are_rechecked_at_claim_time(engine, strategy, source_id):
     """A leased row that meanwhile left the queue is not claimed when its lease expires."""
     with engine.begin() as conn:
         ids = add_raw_rows(conn, source_id, 3)
-    queue = raw_queue(engine, strategy, lease_seconds=1)
+    queue = raw_queue(engine, strategy)
     first = queue.claim("a", 3)
     with engine.begin() as conn:  # someone else finishes row 0 (say, an operator)
         conn.execute(
@@ -131,7 +135,7 @@ def test_criteria_are_rechecked_at_claim_time(engine, strategy, source_id):
             .where(schema.listings_raw.c.id == ids[0])
             .values(processed_at=now())
         )
-    time.sleep(1.2)
+    expire_leases(engine, schema.listings_raw)
     second = queue.claim("b", 10)
     assert second.ids == ids[1:]
     assert first.token != second.token
@@ -164,9 +168,9 @@ def test_expired_lease_is_claimed_again_and_late_completion_is_fenced(
 ):
     with engine.begin() as conn:
         ids = add_raw_rows(conn, source_id, 3)
-    queue = raw_queue(engine, strategy, lease_seconds=1)
+    queue = raw_queue(engine, strategy)
     stale = queue.claim("slow-worker", 3)
-    time.sleep(1.2)
+    expire_leases(engine, schema.listings_raw)
     fresh = queue.claim("other-worker", 3)
     assert fresh.ids == ids, "expired leases are claimable again"
 
@@ -191,20 +195,24 @@ def test_expired_lease_is_claimed_again_and_late_completion_is_fenced(
 def test_late_completion_is_accepted_when_nobody_reclaimed(engine, strategy, source_id):
     with engine.begin() as conn:
         ids = add_raw_rows(conn, source_id, 2)
-    queue = raw_queue(engine, strategy, lease_seconds=1)
+    queue = raw_queue(engine, strategy)
     claim = queue.claim("a", 2)
-    time.sleep(1.2)
+    expire_leases(engine, schema.listings_raw)
     assert queue.complete(claim, {"processed_at": now()}).done == ids
 
 
 def test_extend_keeps_rows_from_other_workers(engine, strategy, source_id):
     with engine.begin() as conn:
         add_raw_rows(conn, source_id, 2)
-    queue = raw_queue(engine, strategy, lease_seconds=1)
+    queue = raw_queue(engine, strategy, lease_seconds=3600)
     claim = queue.claim("a", 2)
+    before = now()
     assert queue.extend(claim, seconds=60).done == claim.ids
-    time.sleep(1.2)
-    assert not queue.claim("b", 2), "the extended lease still holds"
+    with engine.connect() as conn:
+        leases = [row["locked_until"] for row in raw_states(conn, claim.ids).values()]
+    assert all(before + timedelta(seconds=50) < until < now() + timedelta(seconds=70) for until in leases), \
+        "the lease runs from the extension, for its seconds"
+    assert not queue.claim("b", 2), "the extended lease holds"
 
 
 def test_completion_inside_the_callers_transaction_rolls_back_with_it(
@@ -255,9 +263,9 @@ def test_complete_each_writes_each_rows_own_values_and_fences_row_by_row(
     t = schema.sources
     with engine.begin() as conn:
         ids = [add_source(conn, f"http://127.0.0.1/{i}") for i in range(5)]
-    queue = WorkQueue(engine, schema.SOURCES_DUE, lease_seconds=1, strategy=strategy)
-    stale = queue.claim("slow", 2)  # ids[0:2], whose leases will run out
-    time.sleep(1.2)
+    queue = WorkQueue(engine, schema.SOURCES_DUE, strategy=strategy)
+    stale = queue.claim("slow", 2)  # ids[0:2], whose leases run out
+    expire_leases(engine, t)
     retaken = queue.claim("fast", 1)  # takes ids[0] over
     rest = queue.claim("fast", 5)  # ids[1] (expired) and ids[2:]
     assert retaken.ids == [ids[0]] and sorted(rest.ids) == ids[1:]
@@ -455,13 +463,13 @@ def test_a_session_idle_inside_a_transaction_is_ended_by_the_server(pg_engine, p
 def test_count_ready_counts_free_and_expired_rows_up_to_a_cap(engine, source_id):
     with engine.begin() as conn:
         ids = add_raw_rows(conn, source_id, 6)
-    queue = raw_queue(engine, strategy_for(engine.dialect.name), lease_seconds=1)
+    queue = raw_queue(engine, strategy_for(engine.dialect.name))
     assert queue.count_ready() == 6
     assert queue.count_ready(cap=4) == 4
     claim = queue.claim("a", 2)
     assert queue.count_ready() == 4, "live leases are not ready"
     queue.complete(claim, {"processed_at": now()}, ids=ids[:1])
-    time.sleep(1.2)
+    expire_leases(engine, schema.listings_raw)
     assert queue.count_ready() == 5, "the expired lease is ready again"
 
 

@@ -11,15 +11,10 @@ import sqlalchemy as sa
 
 from pipeline.storage import schema
 from tests.claim_workers import drain
-from tests.conftest import BACKENDS_WITH_MARIADB
+from tests.conftest import conformance
 from tests.helpers import add_raw_rows, add_source
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(params=BACKENDS_WITH_MARIADB)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+pytestmark = [pytest.mark.slow, conformance]
 
 
 def run_workers(url: str, processes: int, max_batch: int, strategy: str | None = None):

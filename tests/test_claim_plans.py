@@ -21,12 +21,13 @@ from pipeline.fetching import politeness
 from pipeline.fetching.politeness import PoliteQueue
 from pipeline.queue.claim import MARIADB, QueueSpec, WorkQueue
 from pipeline.storage import bulk, db, schema
-from tests.conftest import BACKENDS_WITH_MARIADB, MariaDatabases, PostgresDatabases
+from tests.conftest import ALL_BACKENDS, conformance
+from tests.databases import MariaDatabases, PostgresDatabases
 from tests.helpers import now
 
 ROWS = 100_000
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, conformance]
 
 
 def _state(i: int) -> dict:
@@ -114,7 +115,7 @@ def populate(conn: sa.Connection) -> None:
     _insert(conn, s.notifications, notifications)
 
 
-@pytest.fixture(scope="module", params=BACKENDS_WITH_MARIADB)
+@pytest.fixture(scope="module", params=ALL_BACKENDS)
 def big_engine(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[sa.Engine]:
     """One populated database per backend, shared by this module's read-only plan tests."""
     if request.param == "sqlite":

@@ -1,7 +1,8 @@
-"""The `pipeline` command as a user runs it: a separate process, settings from the environment."""
+"""The `pipeline` command as a user runs it: settings from the environment, what it prints, its exit status."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -12,31 +13,45 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from click.testing import CliRunner
 
+from pipeline.cli import main
 from pipeline.storage import migrate, schema
-from tests.conftest import BACKENDS_WITH_MARIADB
+from tests.conftest import conformance
 from tests.helpers import add_raw_rows, add_source, now
 
 
-@pytest.fixture(params=BACKENDS_WITH_MARIADB)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """What a command printed and the status it exited with."""
+
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def run(*args: str, env: dict[str, str] | None = None, stdin: str = "") -> subprocess.CompletedProcess[str]:
+def run(*args: str, env: dict[str, str] | None = None, stdin: str = "") -> Result:
+    """``pipeline ARGS`` as the console script runs it (``pipeline.cli.main``), in this
+    process: the environment is the test's (without DATABASE_URL and PIPELINE_STATE_DIR)
+    plus ``env``, standard input is ``stdin``, and what the command prints is captured.
+    A process costs 1-3 s of imports; ``console`` starts one for the few tests that
+    are about the process itself."""
+    patched: dict[str, str | None] = {"DATABASE_URL": None, "PIPELINE_STATE_DIR": None, **(env or {})}
+    with CliRunner().isolation(input=stdin, env=patched) as (stdout, stderr, _):
+        code = main(list(args))
+    return Result(code, stdout.getvalue().decode(), stderr.getvalue().decode())
+
+
+def console(*args: str, env: dict[str, str] | None = None, stdin: str = "") -> Result:
+    """``pipeline ARGS`` in a process of its own (``python -m pipeline.cli``): for what
+    only a process shows (its exit status, what reaches its standard error)."""
     base = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PIPELINE_STATE_DIR")}
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args],
-        env={**base, **(env or {})},
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], env={**base, **(env or {})},
+                          input=stdin, capture_output=True, text=True, timeout=120, check=False)
+    return Result(done.returncode, done.stdout, done.stderr)
 
 
-def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+def assert_one_line_error(result: Result, *fragments: str) -> None:
     assert result.returncode == 1, result
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
@@ -47,7 +62,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: 
 
 def test_embedded_default_creates_a_sqlite_file_in_the_state_folder(tmp_path: Path):
     state = tmp_path / "state"
-    result = run("db", "upgrade", env={"PIPELINE_STATE_DIR": str(state)})
+    result = console("db", "upgrade", env={"PIPELINE_STATE_DIR": str(state)})
     assert result.returncode == 0, result.stderr
     assert (state / "pipeline.db").exists()
     assert f"is at schema revision {migrate.head_revision()}" in result.stdout
@@ -61,6 +76,7 @@ def test_the_default_state_folder_is_git_ignored():
     assert ".state/" in (root / ".gitignore").read_text().splitlines()
 
 
+@conformance
 def test_status_shows_each_queue_its_claims_in_flight_and_expired_leases(engine, db_url):
     t = schema.listings_raw
     with engine.begin() as conn:
@@ -93,11 +109,12 @@ def test_status_shows_each_queue_its_claims_in_flight_and_expired_leases(engine,
 
 
 def test_a_malformed_database_url_is_one_clear_line():
-    assert_one_line_error(run("status", env={"DATABASE_URL": "not a url"}), "DATABASE_URL", "not a url")
+    """A process: nothing but the one line reaches its standard error."""
+    assert_one_line_error(console("status", env={"DATABASE_URL": "not a url"}), "DATABASE_URL", "not a url")
 
 
 def test_an_unreachable_database_is_one_clear_line():
-    result = run("status", env={"DATABASE_URL": "postgresql://nobody@127.0.0.1:9/nowhere"})
+    result = console("status", env={"DATABASE_URL": "postgresql://nobody@127.0.0.1:9/nowhere"})
     assert_one_line_error(result, "cannot connect to postgresql+psycopg://nobody@127.0.0.1:9/nowhere")
 
 
@@ -176,6 +193,7 @@ def test_a_fetch_refused_by_the_address_guard_says_why_and_what_to_set(engine, d
     assert "PIPELINE_ALLOW_NETWORKS=127.0.0.1/32" in result.stderr and "(now: none)" in result.stderr
 
 
+@conformance
 def test_status_shows_how_late_fetches_started_per_hour(engine, db_url):
     """p50 and p95 of (claim time - due time) per clock hour, from the started events;
     a never-fetched source's fetch (no due time) and completed events are not counted.
@@ -199,3 +217,31 @@ def test_status_shows_how_late_fetches_started_per_hour(engine, db_url):
     assert data[0]["start"].startswith(recent.strftime("%Y-%m-%dT%H:00:00"))
     text = run("status", env={"DATABASE_URL": db_url}).stdout
     assert re.search(rf"{recent:%Y-%m-%d %H}:00\s+4\s+2 min\s+9 min", text), text
+
+
+@conformance
+def test_a_feed_item_reaches_the_user_whose_filter_matches_through_the_command_line(db_url, receiver):
+    """The whole pipeline on each database, as a user drives it: a source, a user and a
+    filter added, one pass of each stage; a second pass delivers nothing again."""
+    items = "".join(f"<item><guid>{guid}</guid><title>{title}</title><link>http://127.0.0.1/{guid}</link></item>"
+                    for guid, title in (("a", "Python developer"), ("b", "Java developer")))
+    feed = f"<?xml version='1.0'?><rss version='2.0'><channel><title>jobs</title>{items}</channel></rss>"
+    receiver.routes["/feed"] = lambda h: h.reply(200, feed.encode(), {"Content-Type": "application/rss+xml"})
+    env = {"DATABASE_URL": db_url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32"}
+    for command in (("sources", "add", receiver.url("/feed")),
+                    ("users", "add", "alice", "--webhook", receiver.url("/hook")),
+                    ("filters", "add", "alice", "--query", "python")):
+        added = run(*command, env=env)
+        assert added.returncode == 0, added.stderr
+
+    def one_pass() -> dict[str, dict]:
+        result = run("run", "--once", "--json", env=env)
+        assert result.returncode == 0, result.stderr
+        return {totals["stage"]: totals for totals in map(json.loads, result.stdout.splitlines())}
+
+    first = one_pass()
+    assert (first["collect"]["items_new"], first["notify"]["sent"]) == (2, 1), first
+    [delivery] = [r for r in receiver.requests if r["path"] == "/hook"]
+    assert json.loads(delivery["body"])["listing"]["title"] == "Python developer"
+    again = one_pass()
+    assert (again["collect"]["items_new"], again["notify"]["sent"]) == (0, 0), again

@@ -14,15 +14,9 @@ from assets.policies import LINGER_TAG, run_worker
 from resources import PipelineDatabase
 from sensors import runs
 from sensors.due_sources import STAGE_TAG, due_sources_sensor
-from tests.conftest import BACKENDS_WITH_MARIADB
 from tests.helpers import add_source, now
 from tests.http_server import LocalServer
 from tests.test_collector import rss, serve
-
-
-@pytest.fixture(params=BACKENDS_WITH_MARIADB)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 @pytest.fixture

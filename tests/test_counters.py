@@ -8,7 +8,6 @@ import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from datetime import timedelta
 
-import pytest
 import sqlalchemy as sa
 
 from pipeline.catalogue import users
@@ -16,7 +15,7 @@ from pipeline.core.settings import Settings
 from pipeline.listings.processor import Processor
 from pipeline.storage import counters, schema, upkeep
 from tests.claim_workers import count
-from tests.conftest import BACKENDS_WITH_MARIADB
+from tests.conftest import conformance
 from tests.helpers import add_source, now
 from tests.test_cli import run
 from tests.test_collector import collector, rss, serve
@@ -24,7 +23,7 @@ from tests.test_metrics import samples
 from tests.test_notifier import SECRET, notifier
 
 
-@pytest.mark.parametrize("backend", BACKENDS_WITH_MARIADB, indirect=True)
+@conformance
 def test_processes_adding_at_once_count_exactly_and_a_rollback_counts_nothing(engine, db_url):
     processes, each = 4, 150
     with ProcessPoolExecutor(max_workers=processes, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -39,7 +38,7 @@ def test_processes_adding_at_once_count_exactly_and_a_rollback_counts_nothing(en
     assert shards <= 3 * counters.SHARDS, "three series, each in at most SHARDS rows"
 
 
-@pytest.mark.parametrize("backend", BACKENDS_WITH_MARIADB, indirect=True)
+@conformance
 def test_a_pass_of_the_pipeline_is_counted_and_a_purge_takes_nothing_away(engine, db_url, receiver):
     serve(receiver, "/good", rss([("a", "Python jobs"), ("b", "Rust jobs")]))
     receiver.routes["/broken"] = lambda h: h.reply(500, b"down")

@@ -15,14 +15,9 @@ import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.storage import schema
-from tests.conftest import BACKENDS_WITH_MARIADB
+from tests.conftest import conformance
 from tests.helpers import add_raw_rows, add_source, free_port, now, wait_until
 from tests.test_cli import assert_one_line_error, run
-
-
-@pytest.fixture(params=BACKENDS_WITH_MARIADB)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -45,6 +40,7 @@ def seed(engine: sa.Engine) -> None:
              "scheduled_at": at - timedelta(seconds=late)} for late in (10, 20, 30)])
 
 
+@conformance
 def test_metrics_prints_each_queue_the_lateness_and_the_sources_once(engine, db_url):
     seed(engine)
     result = run("metrics", env={"DATABASE_URL": db_url})

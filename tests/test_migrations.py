@@ -13,14 +13,11 @@ from alembic.runtime.migration import MigrationContext
 from pipeline.core.errors import SchemaMismatch
 from pipeline.queue.claim import MARIADB
 from pipeline.storage import db, migrate, schema
-from tests.conftest import BACKENDS_WITH_MARIADB
+from tests.conftest import conformance
+
+pytestmark = conformance
 
 TABLES = {t.name for t in schema.metadata.sorted_tables}
-
-
-@pytest.fixture(params=BACKENDS_WITH_MARIADB)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 def table_names(engine: sa.Engine) -> set[str]:
@@ -239,7 +236,7 @@ def test_queue_tables_are_vacuumed_early_on_postgresql(pg_engine):
 def test_the_suites_databases_are_all_dropped_at_the_end(pg_server_url):
     """A test that keeps its database to the end of the session (the chaos and deploy
     tests) must not leave it on the server."""
-    from tests.conftest import PostgresDatabases
+    from tests.databases import PostgresDatabases
 
     databases = PostgresDatabases(pg_server_url)
     databases.prefix += "_leak_check"

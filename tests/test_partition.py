@@ -28,7 +28,6 @@ from pipeline.fetching.collector import Collector
 from pipeline.listings.processor import Processor
 from pipeline.notify.notifier import Notifier
 from pipeline.storage import db, schema
-from tests.conftest import BACKENDS_WITH_MARIADB
 from tests.fault_proxy import FaultProxy, postgres_upstream
 from tests.helpers import wait_until
 from tests.http_server import Handler
@@ -39,11 +38,6 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = 6
 LEASE_SECONDS = 3
-
-
-@pytest.fixture(params=BACKENDS_WITH_MARIADB)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 class HeldSite(Site):

@@ -22,18 +22,13 @@ from pipeline.storage.status import collect_status
 from resources import PipelineDatabase
 from sensors.pipeline_work import pending_notifications_sensor, unprocessed_listings_sensor
 from sensors.upkeep import upkeep_job
-from tests.conftest import BACKENDS_WITH_MARIADB
+from tests.conftest import conformance
 from tests.helpers import add_source, now
 from tests.http_server import LocalServer
 from tests.test_collector import rss, serve
 from tests.test_collector_dagster import unwrap
 
 SECRET = "receiver-shared-secret-0123"
-
-
-@pytest.fixture(params=BACKENDS_WITH_MARIADB)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 @pytest.fixture
@@ -115,6 +110,7 @@ def test_the_checks_fail_when_something_is_wrong(engine, db_url):
     assert 299 <= raw_freshness.metadata["unprocessed_rows_oldest_minutes"].value <= 301
 
 
+@conformance
 def test_the_schedule_check_warns_when_the_last_hours_p95_lateness_is_over_the_limit(engine, db_url, monkeypatch):
     """p95 over the last hour of how late fetches started after their due time, against
     PIPELINE_LATENESS_MAX_MINUTES: 19 fetches on time and one 10 minutes late put p95 at
@@ -146,6 +142,7 @@ def test_the_schedule_check_warns_when_the_last_hours_p95_lateness_is_over_the_l
     assert (second.metadata["fetches"].value, second.metadata["lateness_p95_minutes"].value) == (20, 10.0)
 
 
+@conformance
 def test_the_freshness_checks_judge_the_oldest_waiting_work_of_each_stage(engine, db_url, monkeypatch):
     """Fresh means nothing has waited too long, whatever the last materialisation: an idle
     stage is fresh; an overdue source, a listing unmatched or a notification due for
@@ -291,6 +288,7 @@ def test_refetch_backfill_fetches_the_chosen_sources_now(engine, db_url, server,
     assert [r["path"] for r in server.requests] == ["/feed?1"]
 
 
+@conformance
 def test_upkeep_deletes_only_old_processed_raw_rows_and_old_events(engine, db_url):
     with engine.begin() as conn:
         source = add_source(conn, "http://127.0.0.1:9/x")
@@ -318,6 +316,7 @@ def failing_check(db_url: str) -> dg.AssetCheckEvaluation:
     return evaluation
 
 
+@conformance
 def test_failing_sources_counts_what_status_counts_from_the_first_failure(engine, db_url):
     """One failed fetch is a failing source, in `pipeline status` and in the check alike
     (the check once waited for three in a row: hours on an hourly cadence)."""
@@ -367,6 +366,7 @@ def test_upkeep_purges_finished_runs_past_their_retention():
         assert [r.run_id for r in instance.get_runs()] == ["going"]
 
 
+@conformance
 def test_one_ingest_run_collects_processes_and_notifies(engine, db_url, server, monkeypatch):
     """What due sources start: the item is delivered by the same run that fetched it,
     not a sensor tick and a run launch later at each hand-off."""

@@ -19,17 +19,14 @@ from pipeline.notify.matching import FilterIndex
 from pipeline.notify.notifier import NotifyStats
 from pipeline.queue.claim import WorkQueue
 from pipeline.storage import schema
-from tests.conftest import BACKENDS_WITH_MARIADB
+from tests.conftest import conformance
 from tests.helpers import add_source, now, wait_until
 from tests.http_server import Handler
 from tests.test_collector import collector, rows, rss, serve
 from tests.test_notifier import add_listing, add_user, notifier, posts
 from tests.test_processor import add_raw, listings, processor
 
-
-@pytest.fixture(params=BACKENDS_WITH_MARIADB)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+pytestmark = conformance
 
 
 def leased(engine: sa.Engine, table: sa.Table) -> int:

@@ -23,15 +23,12 @@ from pipeline.fetching import politeness
 from pipeline.fetching.politeness import PoliteQueue
 from pipeline.queue.claim import MARIADB
 from pipeline.storage import db, schema
-from tests.conftest import BACKENDS_WITH_MARIADB
+from tests.conftest import conformance
 from tests.helpers import add_source, now, wait_until
 from tests.http_server import Handler, LocalServer
 from tests.test_collector import collector, rows, rss
 
-
-@pytest.fixture(params=BACKENDS_WITH_MARIADB)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+pytestmark = conformance
 
 
 class Host:

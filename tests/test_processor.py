@@ -18,15 +18,10 @@ from pipeline.listings.processor import Processor, ProcessStats, _upsert_stateme
 from pipeline.queue.claim import WorkQueue
 from pipeline.storage import schema
 from tests.claim_workers import process_one_batch
-from tests.conftest import BACKENDS_WITH_MARIADB
-from tests.helpers import add_source, now, wait_until
+from tests.conftest import conformance
+from tests.helpers import add_source, expire_leases, now, wait_until
 
 _item_hashes = iter(range(10**9))
-
-
-@pytest.fixture(params=BACKENDS_WITH_MARIADB)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 def add_raw(conn: sa.Connection, source_id: int, item: str, **raw) -> int:
@@ -60,6 +55,7 @@ def source_id(engine):
         return add_source(conn, "http://127.0.0.1/feed", config={"category": "Remote"})
 
 
+@conformance
 def test_raw_rows_become_listings_and_a_second_run_does_nothing(engine, source_id):
     with engine.begin() as conn:
         add_raw(conn, source_id, "a", title="<b>Python</b> dev", summary="<p>Nice &amp; calm</p>",
@@ -75,15 +71,16 @@ def test_raw_rows_become_listings_and_a_second_run_does_nothing(engine, source_i
     assert (again.claimed, again.inserted) == (0, 0), "running again processes nothing"
 
 
+@conformance
 def test_an_update_keeps_ingested_at_and_resets_matched_at_only_when_content_changes(engine, source_id):
     with engine.begin() as conn:
         add_raw(conn, source_id, "a", title="First")
     processor(engine).run()
     first = listings(engine)["a"]
     matched = now()
-    with engine.begin() as conn:
-        conn.execute(sa.update(schema.listings).values(matched_at=matched))
-    time.sleep(1.1)  # SQLite's CURRENT_TIMESTAMP counts whole seconds
+    with engine.begin() as conn:  # and an hour old (SQLite's CURRENT_TIMESTAMP counts whole seconds)
+        conn.execute(sa.update(schema.listings).values(matched_at=matched, updated_at=matched - timedelta(hours=1)))
+    first = listings(engine)["a"]
     with engine.begin() as conn:
         add_raw(conn, source_id, "a", title="First")  # same content, a new raw row
     assert processor(engine).run().unchanged == 1
@@ -96,6 +93,7 @@ def test_an_update_keeps_ingested_at_and_resets_matched_at_only_when_content_cha
     assert second["updated_at"] > first["updated_at"] and second["matched_at"] is None
 
 
+@conformance
 def test_older_content_never_overwrites_newer(engine, source_id):
     with engine.begin() as conn:
         older = add_raw(conn, source_id, "a", title="Older")
@@ -112,19 +110,19 @@ def test_older_content_never_overwrites_newer(engine, source_id):
     assert stats.unchanged == 1 and listings(engine)["a"]["title"] == "Newer"
 
 
+@conformance
 def test_a_bad_row_keeps_its_error_is_retried_then_given_up_and_never_blocks_others(engine, source_id):
     with engine.begin() as conn:
         bad = add_raw(conn, source_id, "bad", url=None)
         conn.execute(sa.update(schema.listings_raw).where(schema.listings_raw.c.id == bad).values(url=""))
         add_raw(conn, source_id, "good")
     p = processor(engine, raw_max_attempts=2)
-    p.retry_seconds = 1
     first = p.run()
     assert (first.inserted, first.failed, first.gave_up) == (1, 1, 0)
     row = raw_rows(engine)[bad]
     assert (row["attempts"], row["processed_at"]) == (1, None) and "no usable url" in row["last_error"]
     assert p.run().claimed == 0, "the failed row waits before its next attempt"
-    time.sleep(1.2)
+    expire_leases(engine, schema.listings_raw, [bad])  # its wait is over
     second = p.run()
     assert (second.claimed, second.gave_up) == (1, 1)
     row = raw_rows(engine)[bad]
@@ -154,7 +152,7 @@ def test_pipeline_process_command(engine, db_url, source_id):
 
 
 @pytest.mark.slow
-def test_four_processor_processes_process_each_raw_row_once(engine, db_url, source_id):
+def test_four_processor_processes_process_each_raw_row_once(engine, db_url, source_id, tmp_path):
     import os
 
     with engine.begin() as conn:
@@ -166,17 +164,20 @@ def test_four_processor_processes_process_each_raw_row_once(engine, db_url, sour
             for i in range(20000)
         ])
     env = {**os.environ, "DATABASE_URL": db_url}
-    # Every process imports first and starts claiming at the same moment, so they contend.
-    start_at = time.time() + 3
+    # Every process imports first, says so, and starts claiming once all have: they contend.
     script = (
-        "import sys, time; from pipeline.cli import main; "
-        f"time.sleep(max(0, {start_at} - time.time())); sys.exit(main(['process', '--json']))"
+        "import os, sys, time; from pipeline.cli import main; "
+        "open(f'{sys.argv[1]}.{os.getpid()}', 'w').close(); "
+        "exec('while not os.path.exists(sys.argv[2]): time.sleep(0.01)'); "
+        "sys.exit(main(['process', '--json']))"
     )
     procs = [
-        subprocess.Popen([sys.executable, "-c", script],
+        subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "ready"), str(tmp_path / "go")],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(4)
     ]
+    wait_until("four processes ready", lambda: len(list(tmp_path.glob("ready.*"))) == 4, timeout=120, every=0.05)
+    (tmp_path / "go").touch()
     totals = []
     for p in procs:
         out, err = p.communicate(timeout=300)
@@ -210,6 +211,7 @@ def _waiting(engine: sa.Engine, *, on: int | None = None) -> int:
         return int(conn.execute(sa.text(query), {"on": on}).scalar_one())
 
 
+@conformance
 @pytest.mark.parametrize("backend", ["postgresql", "mariadb"], indirect=True)
 def test_two_processors_upserting_the_same_items_in_opposite_orders_do_not_deadlock(backend, engine, db_url):
     """A backlog holds two newer versions of items 1 and 2: one batch lists them 1, 2,

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from pipeline.catalogue.sources import make_spec, read_source_file
 from pipeline.core.errors import SourceError
 from pipeline.storage import schema
-from tests.conftest import BACKENDS_WITH_MARIADB
+from tests.conftest import conformance
 from tests.helpers import now
 from tests.test_cli import assert_one_line_error, run
 
@@ -29,11 +29,6 @@ OPML = """<?xml version="1.0" encoding="UTF-8"?>
   </body>
 </opml>
 """
-
-
-@pytest.fixture(params=BACKENDS_WITH_MARIADB)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 def sources_rows(engine: sa.Engine) -> list[dict]:
@@ -94,12 +89,14 @@ def test_a_duplicate_url_is_refused(engine, db_url):
     assert_one_line_error(run("sources", "add", "http://127.0.0.1/f", env=env), "exists already (id")
 
 
+@conformance
 def test_a_groups_name_is_refused_past_255_characters_by_politeness_set_too(db_url):
     result = run("politeness", "set", "g" * 256, "--max-in-flight", "3", env={"DATABASE_URL": db_url})
     assert result.returncode == 2 and "Traceback" not in result.stderr, result  # a usage error, as its others
     assert "Error: group is 256 characters long; at most 255" in result.stderr
 
 
+@conformance
 def test_the_database_refuses_intervals_out_of_bounds_too(engine):
     # IntegrityError on PostgreSQL and SQLite; PyMySQL reports MariaDB's CHECK as operational.
     with pytest.raises(sa.exc.DBAPIError, match="fetch_interval"), engine.begin() as conn:
@@ -343,6 +340,7 @@ def test_a_bad_priority_in_a_file_names_its_entry(tmp_path):
     assert "entry 2: priority True is not a whole number" in str(error.value)
 
 
+@conformance
 def test_the_collectors_claim_takes_a_higher_priority_source_due_later_first(engine, db_url):
     """Within the due set, priority first: a source due 9 minutes ago at priority 0 (not
     yet aged one level) waits behind one due a minute ago at priority 5 (the collector's

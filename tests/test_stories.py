@@ -28,7 +28,7 @@ from pipeline.storage import bulk, schema
 from pipeline.storage.status import collect_status, status_as_text
 from tests import test_duplicates
 from tests.claim_workers import process
-from tests.conftest import BACKENDS_WITH_MARIADB
+from tests.conftest import conformance
 from tests.helpers import add_source
 from tests.http_server import LocalServer
 from tests.test_notifier import add_user, notifier, posts
@@ -38,11 +38,6 @@ site = test_duplicates.site  # a fixture: a webhook receiver
 
 TEXT = ("PostgreSQL 18 brings asynchronous I/O to sequential scans, bitmap heap scans and vacuum;"
         " the release also adds virtual generated columns and OAuth authentication.")
-
-
-@pytest.fixture(params=BACKENDS_WITH_MARIADB)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 @pytest.mark.parametrize(("url", "story"), [
@@ -141,6 +136,7 @@ def _sources_and_alice(conn: sa.Connection, site: LocalServer, query: str, sourc
     return ids
 
 
+@conformance
 def test_one_story_from_two_sources_reaches_a_user_once(engine, site):
     with engine.begin() as conn:
         a, b = _sources_and_alice(conn, site, "postgresql")
@@ -161,6 +157,7 @@ def test_one_story_from_two_sources_reaches_a_user_once(engine, site):
     assert (first["cluster_id"], copy["cluster_id"]) == (None, first["id"])
 
 
+@conformance
 def test_near_identical_text_from_two_sources_is_one_story_and_a_later_copy_is_recorded(engine, site):
     with engine.begin() as conn:
         a, b, c = _sources_and_alice(conn, site, "postgresql", sources="abc")
@@ -196,6 +193,7 @@ def test_a_source_keeps_its_own_items_and_a_home_page_names_no_story(engine, sit
     assert all(r["cluster_id"] is None for r in _listings(engine).values())
 
 
+@conformance
 def test_concurrent_processors_never_split_a_story(backend, engine, db_url):
     """Each story comes from three sources, its copies next to each other in the raw
     queue: three processors claiming one row at a time store them at the same moment.
@@ -226,6 +224,7 @@ def test_concurrent_processors_never_split_a_story(backend, engine, db_url):
         assert {m["cluster_id"] for m in members if m is not founders[0]} == {founders[0]["id"]}
 
 
+@conformance
 def test_a_copy_is_looked_for_among_the_most_recent_listings_of_each_key(engine):
     """A key many listings share (here a link one source gives RECENT_PER_KEY + 10
     items) costs a bounded lookup: a copy from another source sees the most recent
@@ -243,6 +242,7 @@ def test_a_copy_is_looked_for_among_the_most_recent_listings_of_each_key(engine)
     assert rows[(b, "b-1")]["cluster_id"] == rows[(a, "a-10")]["id"]  # the oldest of the 20 most recent
 
 
+@conformance
 def test_the_lookup_reads_each_key_by_its_index_planned_for_its_own_keys(backend, engine):
     """Candidates are found by the story key indexes, never a scan of ``listings``, and on
     PostgreSQL the lookup is planned for the keys it is given: a prepared statement's

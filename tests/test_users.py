@@ -8,13 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 from pipeline.storage import schema
-from tests.conftest import BACKENDS_WITH_MARIADB
 from tests.test_cli import assert_one_line_error, run
-
-
-@pytest.fixture(params=BACKENDS_WITH_MARIADB)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 def test_users_and_filters_from_the_command_line(engine, db_url):
