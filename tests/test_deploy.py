@@ -1,7 +1,11 @@
 """The production layout on one machine: Dagster's instance from deploy/dagster.yaml
 (storage on PostgreSQL, the run queue, run monitoring and retries), a `dagster-daemon`
 whose sensor launches collector runs, and two `pipeline collect` processes beside it, all
-on one pipeline database on PostgreSQL. Every source is fetched exactly once."""
+on one pipeline database on PostgreSQL. Every source is fetched exactly once.
+
+Marked ``deploy``: it starts a Dagster daemon and collector processes (half a minute),
+so the default run leaves it out and CI runs it beside the quickstart
+(`python3 dev.py test -m "quickstart or deploy"`)."""
 
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from pipeline.storage import db, schema
 from tests.helpers import add_source, wait_until
 from tests.http_server import Handler, LocalServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.deploy]
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = 60

@@ -7,6 +7,10 @@ every process; a restart carries on with the same state. Nothing leaves 127.0.0.
 
 The sensors look every 10 s here (PIPELINE_SENSOR_INTERVAL_SECONDS) instead of 30, to
 keep the suite short; docs/runbook.md gives what the defaults take.
+
+Marked ``quickstart``: each test starts `dev.py up` (minutes in all), so the default
+run leaves them out and CI runs them as a step of their own
+(`python3 dev.py test -m "quickstart or deploy"`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import sqlalchemy as sa
 from pipeline.storage import db, schema
 from tests.helpers import add_source, free_port, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.quickstart]
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ("listings_raw", "listings", "notifications")
