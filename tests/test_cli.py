@@ -61,6 +61,7 @@ def assert_one_line_error(result: Result, *fragments: str) -> None:
 
 
 def test_embedded_default_creates_a_sqlite_file_in_the_state_folder(tmp_path: Path):
+    """A process: the console script with nothing configured creates the embedded SQLite file."""
     state = tmp_path / "state"
     result = console("db", "upgrade", env={"PIPELINE_STATE_DIR": str(state)})
     assert result.returncode == 0, result.stderr
@@ -114,6 +115,7 @@ def test_a_malformed_database_url_is_one_clear_line():
 
 
 def test_an_unreachable_database_is_one_clear_line():
+    """A process: nothing but the one line reaches its standard error."""
     result = console("status", env={"DATABASE_URL": "postgresql://nobody@127.0.0.1:9/nowhere"})
     assert_one_line_error(result, "cannot connect to postgresql+psycopg://nobody@127.0.0.1:9/nowhere")
 

@@ -389,6 +389,7 @@ def test_a_wrong_declared_encoding_is_tolerated():
 
 @pytest.mark.slow
 def test_concurrent_collector_processes_fetch_each_source_once(engine, db_url, server):
+    """Processes: each collector is one, as workers on several machines would be."""
     import subprocess
     import sys
 
@@ -589,6 +590,7 @@ def test_item_strings_lose_nul_and_lone_surrogates():
 
 
 def test_every_failure_code_through_the_collector(engine, server):
+    """Waits for the fetcher's own 1 s timeout: the slow route answers only after it."""
     import socket
     import time
 

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_dagster_definitions_validate_passes():
+    """A process: Dagster's own command loads the code location as the UI would."""
     dagster = Path(sys.executable).parent / "dagster"
     result = subprocess.run(
         [str(dagster), "definitions", "validate", "-w", "workspace.yaml"],

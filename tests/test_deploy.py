@@ -43,6 +43,7 @@ def feed(h: Handler) -> None:
 
 
 def test_a_dagster_daemon_and_two_collectors_never_fetch_a_source_twice(pg_databases, tmp_path):
+    """Processes and databases of its own: a Dagster daemon (its storage in a database of its own) and two collectors."""
     server = LocalServer().start()
     server.routes["/feed"] = feed
     pipeline_db = pg_databases.url(pg_databases.migrated())

@@ -134,6 +134,7 @@ def live_holders(engine: sa.Engine, *where: sa.ColumnElement[bool]) -> dict[str,
 
 def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_container(
         docker, image, pg_databases, tmp_path, monkeypatch):
+    """The Compose stack and its run containers, with databases of its own (minutes)."""
     site = GatedSite()
     server_db = pg_databases.url("postgres")
     upstream = postgres_upstream(server_db)

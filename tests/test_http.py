@@ -202,12 +202,14 @@ def test_body_over_the_cap_is_too_large_declared_or_streamed(server, fetcher):
 
 
 def test_a_server_slower_than_the_timeout(server, fetcher):
+    """Waits for the fetcher's own timeout: the server answers only after it."""
     # The server does answer, after 2 s: a timeout (not a 200) proves the fetcher gave up first.
     server.routes["/slow"] = lambda h: (time.sleep(2), h.reply(200, FEED))
     assert failure(fetcher, server.url("/slow")).reason is FailureReason.TIMEOUT
 
 
 def test_a_server_that_drips_bytes_hits_the_overall_deadline(server, fetcher):
+    """Waits for the exchange's own deadline, which only the drip can reach."""
     def drip(h: Handler) -> None:
         h.send_response(200)
         h.send_header("Content-Length", "1000")

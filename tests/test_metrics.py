@@ -61,6 +61,7 @@ def test_metrics_prints_each_queue_the_lateness_and_the_sources_once(engine, db_
 
 
 def test_metrics_serve_answers_scrapes_and_stops_on_ctrl_c(engine, db_url):
+    """A process: the server is stopped as a user stops it, with SIGINT."""
     seed(engine)
     port = free_port()
     server = subprocess.Popen(

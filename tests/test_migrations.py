@@ -252,6 +252,7 @@ def test_the_suites_databases_are_all_dropped_at_the_end(pg_server_url):
 
 
 def test_a_mariadb_database_that_compares_text_without_case_is_refused_by_name(mariadb_databases):
+    """A database of its own, created with the collation that must be refused."""
     from tests.test_cli import assert_one_line_error, run
 
     name = mariadb_databases.create()

@@ -279,6 +279,7 @@ def test_a_retry_due_in_quiet_hours_waits_for_their_end(engine, receiver, source
 
 @pytest.mark.slow
 def test_three_notifier_processes_put_each_item_in_exactly_one_digest(engine, db_url, receiver, source_id):
+    """Processes: three notifiers at once, as on several machines."""
     lock, items, keys = threading.Lock(), [], []
 
     def hook(h: Handler) -> None:
@@ -495,6 +496,7 @@ def test_apprise_is_held_to_the_address_guard(engine, receiver, refused_host, so
 
 @pytest.mark.slow
 def test_three_notifier_processes_never_deliver_twice(engine, db_url, receiver, source_id):
+    """Processes: three notifiers at once, as on several machines."""
     lock, keys = threading.Lock(), []
 
     def slow_hook(h: Handler) -> None:

@@ -220,6 +220,8 @@ def test_a_requeue_fences_out_the_send_in_flight(engine, receiver):
 
 
 def test_a_fetch_that_outlives_its_lease_keeps_it_while_it_runs(engine, receiver):
+    """Waits for the heartbeat to extend a 3 s lease twice while the fetch runs: the
+    extension is the product's timer, and what is tested is that it keeps the lease."""
     release = threading.Event()
 
     def slow(h: Handler) -> None:

@@ -153,6 +153,7 @@ def test_pipeline_process_command(engine, db_url, source_id):
 
 @pytest.mark.slow
 def test_four_processor_processes_process_each_raw_row_once(engine, db_url, source_id, tmp_path):
+    """Processes: four processors at once, as on several machines."""
     import os
 
     with engine.begin() as conn:

@@ -151,6 +151,7 @@ def quickstart(tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_the_run_command_serves_the_ui_and_listings_arrive(quickstart: Quickstart) -> None:
+    """Processes: `dev.py up` as a new user runs it, waited on until deliveries arrive."""
     try:
         wait_until("the UI and its code location", quickstart.location_loaded, timeout=180, every=2)
         ui_after = time.monotonic() - quickstart.started
@@ -199,6 +200,7 @@ def _browser() -> Any:
 
 
 def test_a_real_browser_sees_the_lineage_and_the_running_sensors(quickstart: Quickstart) -> None:
+    """Processes: `dev.py up` and a headless Chromium."""
     from selenium.webdriver.common.by import By
 
     wait_until("the UI", quickstart.location_loaded, timeout=180)
@@ -307,6 +309,7 @@ def _dismiss_welcome(browser: Any) -> None:
 
 
 def test_ctrl_c_stops_everything_and_a_restart_carries_on(quickstart: Quickstart) -> None:
+    """Processes: `dev.py up`, stopped with Ctrl-C and started again."""
     wait_until("the UI", quickstart.location_loaded, timeout=180)
     listings = quickstart.count(schema.listings)
     delivered = quickstart.deliveries()["total"]

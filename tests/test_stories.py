@@ -110,6 +110,7 @@ def test_near_identical_texts_are_one_story_when_their_titles_agree(a, b, same):
 
 
 def test_the_fingerprint_is_the_same_in_every_process():
+    """Processes: one per hash seed, since Python's str hashes differ by process."""
     code = "from pipeline.listings.stories import fingerprint; print(fingerprint('a b c d e f g h i j', 'k'))"
     seen = {
         subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed},
