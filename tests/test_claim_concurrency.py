@@ -55,6 +55,7 @@ def assert_claimed_exactly_once(engine: sa.Engine, ids: list[int], logs) -> None
 
 
 def test_eight_processes_drain_20000_rows_each_claimed_once(engine, db_url):
+    """Processes: eight workers, each with its own connection, as on several machines."""
     with engine.begin() as conn:
         ids = add_raw_rows(conn, add_source(conn), 20_000)
     logs = run_workers(db_url, processes=8, max_batch=50)
@@ -62,7 +63,8 @@ def test_eight_processes_drain_20000_rows_each_claimed_once(engine, db_url):
 
 
 def test_portable_strategy_under_contention(pg_engine):
-    """The 1+N fallback for other dialects, checked on PostgreSQL's row locking."""
+    """The 1+N fallback for other dialects, checked on PostgreSQL's row locking, by eight
+    worker processes."""
     url = pg_engine.url.render_as_string(hide_password=False)
     with pg_engine.begin() as conn:
         ids = add_raw_rows(conn, add_source(conn), 3_000)

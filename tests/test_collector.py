@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa

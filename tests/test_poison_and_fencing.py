@@ -20,7 +20,7 @@ from pipeline.notify.notifier import NotifyStats
 from pipeline.queue.claim import WorkQueue
 from pipeline.storage import schema
 from tests.conftest import conformance
-from tests.helpers import add_source, now, wait_until
+from tests.helpers import add_source, expire_leases, now, wait_until
 from tests.http_server import Handler
 from tests.test_collector import collector, rows, rss, serve
 from tests.test_notifier import add_listing, add_user, notifier, posts
@@ -29,27 +29,20 @@ from tests.test_processor import add_raw, listings, processor
 pytestmark = conformance
 
 
-def leased(engine: sa.Engine, table: sa.Table) -> int:
-    """Rows of ``table`` whose lease has not run out (the database runs on this host)."""
-    with engine.connect() as conn:
-        stamps = conn.execute(sa.select(table.c.locked_until).where(table.c.locked_until.is_not(None)))
-        return sum(1 for stamp in stamps.scalars() if stamp > now())
-
-
 def run_until_a_pass_survives(engine: sa.Engine, db_url: str, stage: str, table: sa.Table) -> list[int]:
-    """Run ``stage`` passes whose handling of POISON kills the process, each after the
-    last one's leases ran out, until one pass finishes; the exit codes seen."""
+    """Run ``stage`` passes whose handling of POISON kills the process, each once the
+    last one's leases have run out (moved into the past), until one pass finishes; the
+    exit codes seen."""
     env = {
         **os.environ, "DATABASE_URL": db_url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32",
-        "PIPELINE_LEASE_SECONDS": "1", "PIPELINE_HTTP_TIMEOUT_SECONDS": "5",
+        "PIPELINE_HTTP_TIMEOUT_SECONDS": "5",
         "PIPELINE_RAW_MAX_ATTEMPTS": "2", "PIPELINE_DELIVERY_MAX_ATTEMPTS": "2",
         "PIPELINE_SOURCE_MAX_ATTEMPTS": "2",
     }
     codes: list[int] = []
     while not codes or codes[-1] != 0:
         assert len(codes) < 8, f"the poison still kills every pass: exit codes {codes}"
-        wait_until("the dead pass's leases to run out", lambda: leased(engine, table) == 0,
-                   timeout=60, every=0.2)
+        expire_leases(engine, table)  # the dead pass's
         done = subprocess.run([sys.executable, "-m", "tests.poison_worker", stage, "POISON"],
                               env=env, capture_output=True, text=True, timeout=120, check=False)
         assert done.returncode in (0, 3), done.stderr
@@ -59,6 +52,7 @@ def run_until_a_pass_survives(engine: sa.Engine, db_url: str, stage: str, table:
 
 @pytest.mark.slow
 def test_a_raw_row_that_kills_its_processor_is_given_up_and_spares_the_others(engine, db_url):
+    """Processes: each pass is one, and the poison ends it as a crash would."""
     with engine.begin() as conn:
         source_id = add_source(conn)
         for item in ("good-0", "POISON", "good-1", "good-2", "good-3"):
@@ -77,6 +71,7 @@ def test_a_raw_row_that_kills_its_processor_is_given_up_and_spares_the_others(en
 
 @pytest.mark.slow
 def test_a_notification_whose_send_kills_its_worker_ends_dead(engine, db_url, receiver):
+    """Processes: each pass is one, and the poison ends it as a crash would."""
     with engine.begin() as conn:
         source_id = add_source(conn)
         add_user(conn, "alice", receiver.url("/hook"))
@@ -100,6 +95,7 @@ def test_a_notification_whose_send_kills_its_worker_ends_dead(engine, db_url, re
 
 @pytest.mark.slow
 def test_a_source_whose_fetch_kills_its_collector_fails_and_backs_off(engine, db_url, receiver):
+    """Processes: each pass is one, and the poison ends it as a crash would."""
     for path in ("/ok-0", "/POISON", "/ok-1"):
         serve(receiver, path, rss([(path.strip("/"), "Item")]))
     with engine.begin() as conn:

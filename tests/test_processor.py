@@ -6,7 +6,6 @@ import json
 import multiprocessing
 import subprocess
 import sys
-import time
 from concurrent.futures import ProcessPoolExecutor
 from datetime import timedelta
 

@@ -37,5 +37,5 @@ def test_a_test_that_starts_a_process_creates_a_database_or_waits_says_why() -> 
 
 def test_which_databases_a_test_runs_on_is_decided_in_one_place() -> None:
     overriding = [path.name for path in sorted(TESTS.glob("test_*.py"))
-                  if re.search(r"^def backend\(", path.read_text(), re.M)]
+                  if re.search(r"^def backend\(", path.read_text(), re.MULTILINE)]
     assert not overriding, f"use the conformance marker (tests/conftest.py) instead: {overriding}"
