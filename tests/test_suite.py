@@ -1,10 +1,11 @@
-"""The suite keeps its own rules, read from its source (no test here starts anything).
+"""The suite keeps its own rules, read from its source, and its databases come back clean.
 
 * A test that starts a process, creates a database or waits says why in its docstring:
   those are what make a suite slow, and a reader deciding whether one is needed should
   not have to guess.
 * Which databases a test runs on has one home, tests/conftest.py (``backend`` and the
   ``conformance`` marker): a module never redefines the ``backend`` fixture.
+* A database lent to test after test is reset to what the migrations left.
 """
 
 from __future__ import annotations
@@ -12,6 +13,15 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from pipeline.fetching import politeness
+from pipeline.storage import db, schema
+from tests.conftest import conformance
+from tests.databases import TEST_MAX_IN_FLIGHT
+from tests.helpers import add_source
 
 TESTS = Path(__file__).resolve().parent
 # What starts a process, creates a database or waits, written in a test's own body.
@@ -39,3 +49,30 @@ def test_which_databases_a_test_runs_on_is_decided_in_one_place() -> None:
     overriding = [path.name for path in sorted(TESTS.glob("test_*.py"))
                   if re.search(r"^def backend\(", path.read_text(), re.MULTILINE)]
     assert not overriding, f"use the conformance marker (tests/conftest.py) instead: {overriding}"
+
+
+@conformance("postgresql", "mariadb")
+def test_a_reused_database_comes_back_as_the_migrations_left_it(backend: str, request: pytest.FixtureRequest) -> None:
+    """The worker's database on each server (tests/databases.py), written to and reset:
+    no row left, identities restarted, the migrations' seed rows back; a changed schema
+    gets a new database instead. May replace the worker's database once."""
+    databases = request.getfixturevalue("mariadb_databases" if backend == "mariadb" else "pg_databases")
+    url = databases.shared()
+    engine = db.create_engine(url, poolclass=sa.pool.NullPool)  # a reset ends every other session
+    try:
+        with engine.begin() as conn:
+            first = add_source(conn)
+            add_source(conn, "http://127.0.0.1/other")
+            politeness.set_limits(conn, politeness.DEFAULT, max_in_flight=1, min_interval_seconds=5)
+            conn.execute(sa.delete(schema.story_lock))
+        assert databases.shared() == url, "reset, not replaced"
+        with engine.begin() as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(schema.sources)).scalar_one() == 0
+            groups = conn.execute(sa.select(schema.politeness_groups)).mappings().all()
+            assert [(g["name"], g["max_in_flight"]) for g in groups] == [(politeness.DEFAULT, TEST_MAX_IN_FLIGHT)]
+            assert add_source(conn) == first, "the identity starts again"
+            assert conn.execute(sa.select(schema.story_lock.c.id)).scalars().all() == [1]
+            conn.exec_driver_sql("CREATE TABLE scratch (x INTEGER)")
+    finally:
+        engine.dispose()
+    assert databases.shared() != url, "a changed schema is a new database"
