@@ -27,7 +27,8 @@ from tests.helpers import now
 
 ROWS = 100_000
 
-pytestmark = [pytest.mark.slow, conformance]
+# One worker builds the populated databases once (dev.py runs xdist with --dist loadgroup).
+pytestmark = [pytest.mark.slow, conformance, pytest.mark.xdist_group("claim_plans")]
 
 
 # The rows are made by the database, from a series of integers ``i`` (INSERT ... SELECT):

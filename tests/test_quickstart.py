@@ -33,7 +33,8 @@ import sqlalchemy as sa
 from pipeline.storage import db, schema
 from tests.helpers import add_source, free_port, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.quickstart]
+# One worker starts `dev.py up` once for the module (dev.py runs xdist with --dist loadgroup).
+pytestmark = [pytest.mark.slow, pytest.mark.quickstart, pytest.mark.xdist_group("quickstart")]
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ("listings_raw", "listings", "notifications")
