@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -33,7 +32,6 @@ SOURCES = 60
 
 
 def feed(h: Handler) -> None:
-    time.sleep(1.0)  # slow enough that the daemon's run and the two collectors overlap
     item = h.path.split("?", 1)[1]
     h.reply(200, (
         '<?xml version="1.0"?><rss version="2.0"><channel><title>t</title>'
@@ -44,11 +42,26 @@ def feed(h: Handler) -> None:
 
 def test_a_dagster_daemon_and_two_collectors_never_fetch_a_source_twice(pg_databases, tmp_path):
     """Processes and databases of its own: a Dagster daemon (its storage in a database of its own) and two collectors."""
-    server = LocalServer().start()
-    server.routes["/feed"] = feed
     pipeline_db = pg_databases.url(pg_databases.migrated())
     dagster_db = pg_databases.create()
     engine = db.create_engine(pipeline_db)
+    events = schema.ingestion_events
+
+    def claimed(by_dagster: bool) -> int:
+        run = events.c.run_id.is_not(None) if by_dagster else events.c.run_id.is_(None)
+        with engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(events).where(
+                events.c.event == "ingestion.started", run)).scalar_one())
+
+    def overlapping_feed(h: Handler) -> None:
+        # Every fetch waits until a collector process has claimed too, so the daemon's run
+        # and the collectors overlap however slowly the processes start (a state, not a
+        # moment: the fetch once slept 1 s, and on a busy machine the run did all 60).
+        wait_until("a collector process's claim", lambda: claimed(by_dagster=False), 120, 0.2, fail=False)
+        feed(h)
+
+    server = LocalServer().start()
+    server.routes["/feed"] = overlapping_feed
     with engine.begin() as conn:
         for i in range(SOURCES):
             add_source(conn, server.url(f"/feed?{i}"))
@@ -66,6 +79,7 @@ def test_a_dagster_daemon_and_two_collectors_never_fetch_a_source_twice(pg_datab
         "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32",
         "PIPELINE_SENSOR_INTERVAL_SECONDS": "5",
         "PIPELINE_CONCURRENCY": "4",
+        "PIPELINE_HTTP_TIMEOUT_SECONDS": "180",  # the run's fetches wait for the collectors
     }
     daemon_log = tmp_path / "daemon.log"
     with daemon_log.open("wb") as log:
@@ -73,15 +87,9 @@ def test_a_dagster_daemon_and_two_collectors_never_fetch_a_source_twice(pg_datab
             [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", "workspace.yaml"],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
-    events = schema.ingestion_events
     try:
-        def claimed_by_a_dagster_run() -> int:
-            with engine.connect() as conn:
-                return int(conn.execute(sa.select(sa.func.count()).select_from(events).where(
-                    events.c.event == "ingestion.started", events.c.run_id.is_not(None))).scalar_one())
-
         try:
-            wait_until("a collector run launched by the daemon's sensor", claimed_by_a_dagster_run, 150)
+            wait_until("a collector run launched by the daemon's sensor", lambda: claimed(by_dagster=True), 150)
         except AssertionError:
             print(daemon_log.read_text(errors="replace")[-5000:])
             raise
