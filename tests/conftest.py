@@ -51,6 +51,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("backend", backends, indirect=True)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker under ``--dist loadgroup`` (dev.py's), every test marked
+    ``xdist_group`` must carry its group in its node id, which is how xdist 3.8 groups;
+    pytest 9.2 made that a silent no-op once (pyproject.toml pins below it)."""
+    if not config.getvalue("loadgroup"):
+        return
+    lost = [item.nodeid for item in items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if lost:
+        raise pytest.UsageError(f"xdist_group does not group with this pytest and pytest-xdist: {lost[:3]}")
+
+
 @pytest.fixture(scope="session")
 def pg_server_url() -> Iterator[str]:
     configured = os.environ.get("TEST_DATABASE_URL", "").strip()

@@ -27,7 +27,7 @@ from tests.helpers import now
 
 ROWS = 100_000
 
-# One worker builds the populated databases once (dev.py runs xdist with --dist loadgroup).
+# One worker builds the populated databases, once (dev.py runs xdist with --dist loadgroup).
 pytestmark = [pytest.mark.slow, conformance, pytest.mark.xdist_group("claim_plans")]
 
 
@@ -125,9 +125,11 @@ def populate(conn: sa.Connection) -> None:
     }, listed)
 
 
-@pytest.fixture(scope="module", params=ALL_BACKENDS)
+@pytest.fixture(scope="session", params=ALL_BACKENDS)
 def big_engine(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[sa.Engine]:
-    """One populated database per backend, shared by this module's read-only plan tests."""
+    """One populated database per backend, shared by this module's read-only plan tests
+    (session-scoped: an xdist worker may run other modules' tests between them, and a
+    module-scoped fixture was then built again)."""
     if request.param == "sqlite":
         path = tmp_path_factory.mktemp("plans") / "big.db"
         shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
