@@ -56,7 +56,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """On an xdist worker under ``--dist loadgroup`` (dev.py's), every test marked
     ``xdist_group`` must carry its group in its node id, which is how xdist 3.8 groups;
     pytest 9.2 made that a silent no-op once (pyproject.toml pins below it)."""
-    if not config.getvalue("loadgroup"):
+    if not getattr(config.option, "loadgroup", False):  # set on xdist's workers only
         return
     lost = [item.nodeid for item in items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
     if lost:
