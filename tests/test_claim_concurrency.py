@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
@@ -12,14 +11,14 @@ import sqlalchemy as sa
 from pipeline.storage import schema
 from tests.claim_workers import drain
 from tests.conftest import conformance
-from tests.helpers import add_raw_rows, add_source
+from tests.helpers import add_raw_rows, add_source, worker_processes
 
 pytestmark = [pytest.mark.slow, conformance]
 
 
 def run_workers(url: str, processes: int, max_batch: int, strategy: str | None = None):
-    spawn = multiprocessing.get_context("spawn")
-    with spawn.Manager() as manager, ProcessPoolExecutor(max_workers=processes, mp_context=spawn) as pool:
+    context = worker_processes()
+    with context.Manager() as manager, ProcessPoolExecutor(max_workers=processes, mp_context=context) as pool:
         gate = manager.Barrier(processes)  # every process imported and connected before any claims
         held = manager.Barrier(processes)  # every first claim made while the others hold theirs
         futures = [
@@ -90,8 +89,8 @@ def test_notifications_claimed_a_few_at_a_time_never_fail_on_mariadb(engine, db_
         ids = conn.execute(sa.insert(schema.notifications).returning(schema.notifications.c.id), [
             {"user_id": user, "listing_id": listing, "cluster_id": listing, "channel": "webhook",
              "status": "failed" if listing % 3 == 0 else "pending"} for listing in listing_ids]).scalars().all()
-    spawn = multiprocessing.get_context("spawn")
-    with spawn.Manager() as manager, ProcessPoolExecutor(max_workers=8, mp_context=spawn) as pool:
+    context = worker_processes()
+    with context.Manager() as manager, ProcessPoolExecutor(max_workers=8, mp_context=context) as pool:
         gate = manager.Barrier(8)
         futures = [pool.submit(drain, db_url, None, f"worker-{i}", 4, gate, seed=i, notifications=True)
                    for i in range(8)]

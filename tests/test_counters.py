@@ -4,7 +4,6 @@ telemetry, and in `pipeline metrics` after a real pass of the pipeline."""
 
 from __future__ import annotations
 
-import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from datetime import timedelta
 
@@ -16,7 +15,7 @@ from pipeline.listings.processor import Processor
 from pipeline.storage import counters, schema, upkeep
 from tests.claim_workers import count
 from tests.conftest import conformance
-from tests.helpers import add_source, now
+from tests.helpers import add_source, now, worker_processes
 from tests.test_cli import run
 from tests.test_collector import collector, rss, serve
 from tests.test_metrics import samples
@@ -26,7 +25,7 @@ from tests.test_notifier import SECRET, notifier
 @conformance
 def test_processes_adding_at_once_count_exactly_and_a_rollback_counts_nothing(engine, db_url):
     processes, each = 4, 150
-    with ProcessPoolExecutor(max_workers=processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=processes, mp_context=worker_processes()) as pool:
         committed = sum(pool.map(count, [db_url] * processes, [each] * processes))
     assert committed == processes * (each - each // 5)
     with engine.connect() as conn:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
 import subprocess
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -18,7 +17,7 @@ from pipeline.queue.claim import WorkQueue
 from pipeline.storage import schema
 from tests.claim_workers import process_one_batch
 from tests.conftest import conformance
-from tests.helpers import add_source, expire_leases, now, wait_until
+from tests.helpers import add_source, expire_leases, now, wait_until, worker_processes
 
 _item_hashes = iter(range(10**9))
 
@@ -230,10 +229,10 @@ def test_two_processors_upserting_the_same_items_in_opposite_orders_do_not_deadl
         for version, items in (("v2", ("1", "2")), ("v3", ("2", "1"))):
             for item in items:
                 add_raw(conn, source, item, title=f"{version} of {item}")
-    spawn = multiprocessing.get_context("spawn")
+    context = worker_processes()
     t = schema.listings
     with (engine.connect() as hold_1, engine.connect() as hold_2,
-          ProcessPoolExecutor(max_workers=2, mp_context=spawn) as pool):
+          ProcessPoolExecutor(max_workers=2, mp_context=context) as pool):
         ids = {item: id_ for item, id_ in hold_1.execute(sa.select(t.c.source_item_id, t.c.id))}
         hold_1.rollback()
         holders = {}

@@ -5,7 +5,6 @@ forms one cluster; a user hears of it once; concurrent processors never split on
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import random
 import re
@@ -29,7 +28,7 @@ from pipeline.storage.status import collect_status, status_as_text
 from tests import test_duplicates
 from tests.claim_workers import process
 from tests.conftest import conformance
-from tests.helpers import add_source
+from tests.helpers import add_source, worker_processes
 from tests.http_server import LocalServer
 from tests.test_notifier import add_user, notifier, posts
 from tests.test_processor import add_raw, processor
@@ -209,8 +208,8 @@ def test_concurrent_processors_never_split_a_story(backend, engine, db_url):
                 by_url = s % 2 == 0  # half by link, half by text (links of their own)
                 add_raw(conn, source, f"{i}-{s}", title=" ".join(words[:6]), summary=" ".join(words[6:]),
                         url=f"https://news.example/{s}?utm_source={i}" if by_url else f"https://s{i}.example/{s}")
-    spawn = multiprocessing.get_context("spawn")
-    with spawn.Manager() as manager, ProcessPoolExecutor(max_workers=3, mp_context=spawn) as pool:
+    context = worker_processes()
+    with context.Manager() as manager, ProcessPoolExecutor(max_workers=3, mp_context=context) as pool:
         gate = manager.Barrier(3)  # all three connected before any claims: they contend
         results = [f.result(timeout=600) for f in
                    [pool.submit(process, db_url, f"p{i}", 1, gate) for i in range(3)]]
