@@ -478,11 +478,15 @@ class PoliteQueue(WorkQueue):
             if not picked:
                 return Claim(self.spec.name, worker, token, [])
             taken = self._take(conn, [row["id"] for row in picked], worker, token, params)
+            if not taken:  # every picked source was leased by another worker meanwhile
+                return Claim(self.spec.name, worker, token, [])
             if self.record_started:
                 insert_rows(conn, schema.ingestion_events, [started_event(row, self.run_id) for row in taken])
             spacing = {grp["name"]: grp["interval_ms"] for grp in groups}
             now = params["claim_now"]  # this host's clock, or MariaDB's
-            for name, n in Counter(row["politeness_group"] for row in picked).items():
+            # What was handed out, not what was picked: a source leased by another worker
+            # between the pick and the lease spends none of its group's room or spacing.
+            for name, n in Counter(row["politeness_group"] for row in taken).items():
                 conn.execute(
                     sa.update(g).where(g.c.name == name).values(
                         claims=g.c.claims + n, deferred_reason=None,
