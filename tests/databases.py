@@ -68,9 +68,10 @@ class Reusable:
             if any(c.identity is not None or c.autoincrement is True for c in self.tables[name].c):
                 raise RuntimeError(f"the migrations seed {name}, whose identity a reset would restart "
                                    "under its rows: tests/databases.py cannot put it back")
-        # A table is written when it holds a row, or when its identity has been taken from.
+        # A table is written when it holds a row, or when its identity has been taken from;
+        # a seeded table, when its rows differ from the seeds (reset compares them).
         holding = " UNION ALL ".join(f"SELECT '{name}' FROM (SELECT 1 FROM {name} LIMIT 1) AS r"
-                                     for name in self.tables)
+                                     for name in self.tables if name not in self.seeds)
         self.written_sql = f"{holding} UNION {self.IDENTITY_TAKEN}"
         # Who refers to whom: truncating a table truncates the tables that refer to it.
         self.referrers: dict[str, set[str]] = {name: set() for name in self.tables}
