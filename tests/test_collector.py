@@ -389,17 +389,30 @@ def test_a_wrong_declared_encoding_is_tolerated():
 
 @pytest.mark.slow
 def test_concurrent_collector_processes_fetch_each_source_once(engine, db_url, server):
-    """Processes: each collector is one, as workers on several machines would be."""
+    """Processes: each collector is one, as workers on several machines would be. The
+    feed holds its answers until more requests are in flight than one collector's four
+    threads can make: a second process has claimed sources, however busy the machine
+    (a first process that started seconds earlier would otherwise take them all)."""
     import subprocess
     import sys
+    import threading
 
-    def slow_feed(h: Handler) -> None:
-        import time
+    in_flight, shared = [0], threading.Event()
+    lock = threading.Lock()
 
-        time.sleep(0.05)  # long enough for the processes to overlap
-        h.reply(200, rss([("a", "A")]), {"Content-Type": "application/rss+xml"})
+    def held_feed(h: Handler) -> None:
+        with lock:
+            in_flight[0] += 1
+            if in_flight[0] > 4:
+                shared.set()
+        try:
+            shared.wait(timeout=60)  # past it the answers go out, and the test fails below
+            h.reply(200, rss([("a", "A")]), {"Content-Type": "application/rss+xml"})
+        finally:
+            with lock:
+                in_flight[0] -= 1
 
-    server.routes["/feed"] = slow_feed
+    server.routes["/feed"] = held_feed
     with engine.begin() as conn:
         for i in range(60):
             add_source(conn, server.url(f"/feed?{i}"))
