@@ -96,12 +96,15 @@ def test_the_checks_fail_when_something_is_wrong(engine, db_url):
         conn.execute(sa.insert(schema.notifications).values(user_id=user, listing_id=listing, cluster_id=listing,
                                                             channel="webhook",
                                                             status="dead", attempts=8, last_error="HTTP 500"))
+        conn.execute(sa.insert(schema.filters).values(user_id=user, keywords=["python"], query="python",
+                                                      error="its query does not compile", failed_at=now()))
     result = dg.materialize(ASSET_CHECKS, resources=resources(db_url), selection=dg.AssetSelection.all_asset_checks())
     checks = checks_of(result)
     assert checks == {
         "listings_raw:expired_leases_reclaimed": False, "listings:expired_leases_reclaimed": True,
         "notifications:expired_leases_reclaimed": True, "listings:freshness": False,
         "listings_raw:failing_sources": False, "notifications:dead_notifications": False,
+        "notifications:failing_filters": False,
         "listings_raw:freshness": True, "notifications:freshness": True, "listings:given_up_raw_rows": True,
         "listings_raw:schedule_adherence": True,
     }
@@ -409,14 +412,28 @@ def ingest_lingering(db_url: str, seconds: int, tags: dict[str, str] | None = No
 
 def test_a_lingering_ingest_run_takes_sources_as_they_come_due(engine, db_url, server, monkeypatch):
     """An ingest run the sensor starts lingers: it delivers what its first pass fetched,
-    waits for the next source to come due (here 2 s later), fetches, processes and
+    waits for the next source to come due (here when that delivery arrives), fetches, processes and
     notifies it too, and ends when no source comes due within its linger: one run
     instead of one per fetch, each item delivered by the pass that fetched it."""
     monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
-    one_due_now_and_one_in_2_s(engine, server, "Python developer", "Python engineer")
+    serve(server, "/a", rss([("a", "Python developer")]))
+    serve(server, "/b", rss([("b", "Python engineer")]))
     with engine.begin() as conn:
+        add_source(conn, server.url("/a"))
+        # Due within the linger, but not before the first pass is delivered: its
+        # delivery makes /b due (a state, not a moment, however slow the machine).
+        second = add_source(conn, server.url("/b"), next_fetch_at=now() + timedelta(seconds=400))
         users.add_user(conn, "alice", webhook=server.url("/hook"), secret=SECRET)
         users.add_filter(conn, "alice", "python")
+
+    def delivered_then_b_due(h) -> None:
+        if h.body and b"Python developer" in h.body:  # the first pass's delivery
+            with engine.begin() as conn:
+                conn.execute(sa.update(schema.sources).where(schema.sources.c.id == second)
+                             .values(next_fetch_at=now()))
+        h.reply(204)
+
+    server.routes["/hook"] = delivered_then_b_due
     result = ingest_lingering(db_url, 600)
     assert result.success
     materialized = [e.asset_key.to_user_string() for e in result.get_asset_materialization_events()]
