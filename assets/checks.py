@@ -139,6 +139,10 @@ ASSET_CHECKS = [
                   "(`pipeline status` counts them; docs/runbook.md, Processing, says what to do)."),
     _failing_sources(),
     _schedule_adherence(),
+    _none_counted("notifications", "failing_filters", "filters failing", health.failing_filters,
+                  "No enabled filter was left out of matching within the last day because its query"
+                  " did not compile or matching it raised; the other filters were matched all along"
+                  " (`pipeline filters list` shows each one's error)."),
     _none_counted("notifications", "dead_notifications", "dead notifications", health.dead_notifications,
                   "No notification gave up after PIPELINE_DELIVERY_MAX_ATTEMPTS "
                   "(`pipeline notifications requeue --dead` retries them once fixed)."),

@@ -313,6 +313,58 @@ def test_three_notifier_processes_put_each_item_in_exactly_one_digest(engine, db
     assert {n["status"] for n in notifications(engine)} == {"sent"}
 
 
+def test_a_filter_that_fails_is_left_out_and_shown_and_every_other_user_is_notified(engine, db_url, receiver, source_id):
+    """The reproduction: a query nested 196 deep (stored before filters were bounded:
+    written here straight into the table) made every pass end in a RecursionError, and
+    no user heard of anything."""
+    from pipeline.storage.metrics import registry
+
+    with engine.begin() as conn:
+        add_user(conn, "alice", receiver.url("/hook"))
+        add_user(conn, "bob", receiver.url("/hook"))
+        users.add_filter(conn, "alice", "python")
+        bobs = users.add_filter(conn, "bob", "python")
+        deep = "python " + "-(" * 196 + "x" + ")" * 196
+        conn.execute(sa.update(schema.filters).where(schema.filters.c.id == bobs).values(query=deep))
+        add_listing(conn, source_id, "a", "Python developer")
+    stats = notifier(engine).run()
+    assert (stats.notifications_created, stats.sent, stats.filters_failed) == (1, 1, 1)
+    assert [json.loads(r["body"])["user"]["name"] for r in posts(receiver)] == ["alice"]
+    with engine.connect() as conn:
+        error, failed_at = conn.execute(sa.select(schema.filters.c.error, schema.filters.c.failed_at)
+                                        .where(schema.filters.c.id == bobs)).one()
+    assert "parentheses nest at most" in error and failed_at is not None
+    status = collect_status(engine)
+    assert status.failing_filters == 1
+    listed = run("filters", "list", env={"DATABASE_URL": db_url})
+    assert "left out of matching at" in listed.stdout and "parentheses nest at most" in listed.stdout
+    scraped = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for m in registry(engine).collect() for s in m.samples}
+    assert scraped[("pipeline_filters_failing", ())] == 1
+    assert scraped[("pipeline_filter_failures_total", (("stage", "load"),))] == 1
+
+
+def test_a_filter_whose_matching_raises_is_skipped_and_the_others_match():
+    """A failure while matching (here a window no clock reaches back to, which no query
+    that parses today writes) is the filter's own: it is skipped and reported, and the
+    other filters of the batch match."""
+    from pipeline.notify.matching import Filter, FilterIndex, ListingText
+    from pipeline.notify.query import Window, compile_query
+
+    broken = compile_query("python published:7d")
+    clause = broken.clauses[0]
+    [check] = clause.checks
+    unreachable = type(check)(type(check.term)(check.term.field, check.term.position,
+                                               window=Window(back=timedelta.max)), False)
+    broken = type(broken)(broken.text, (type(clause)(clause.words, clause.absent, (unreachable,), clause.filings),))
+    index = FilterIndex([Filter(1, 1, query=broken), Filter(2, 2, query=compile_query("python"))])
+    item = ListingText(7, 1, "Python developer", "", (), now(), None, now())
+    assert [(m.user_id, m.filter_id) for m in index.matches([item])] == [(2, 2)]
+    [(filter_id, why)] = index.take_failures().items()
+    assert filter_id == 1 and why.startswith("OverflowError")
+    assert index.take_failures() == {}
+
+
 def test_a_new_filter_does_not_flood_its_user_with_history(engine, receiver, source_id):
     with engine.begin() as conn:
         add_user(conn, "alice", receiver.url("/hook"))

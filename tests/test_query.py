@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from pipeline.core.words import phrase_tokens, words
 from pipeline.notify.matching import Filter, FilterIndex, ListingText
-from pipeline.notify.query import MAX_CLAUSES, QueryError, compile_query
+from pipeline.notify.query import MAX_CHARS, MAX_CLAUSES, MAX_DEPTH, QueryError, compile_query, parse
 
 NOW = datetime(2026, 11, 25, 12, tzinfo=UTC)
 SOURCES = {"hn": frozenset({1}), "jobs board": frozenset({2})}
@@ -109,6 +109,100 @@ def test_a_malformed_filter_is_refused_naming_the_position(query, message):
     with pytest.raises(QueryError) as error:
         compile_query(query, SOURCES)
     assert message in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("developer and remote", [1, 3]),  # operators in any case
+        ("rust or go", [2, 3]),
+        ("rust Or go", [2, 3]),
+        ("developer AND NOT senior", [3]),
+        ("developer not senior", [3]),
+        ("developer NOT (senior OR bob)", [3]),
+        ("NOT senior developer", [3]),
+        ('developer "not"', []),  # quoted: the word itself
+    ],
+)
+def test_and_or_and_not_are_operators_in_any_case(query, expected):
+    assert hits(query, DEV, RUST, UNDATED) == expected
+
+
+def test_the_words_and_or_and_not_are_found_when_quoted():
+    item = listing("To be or not to be", "and that is the question")
+    assert hits('"or" "not" "and" question', item) == [1]
+    assert hits("question or nothing", item) == [1]  # "or" an operator: question, or nothing
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("python NOT", "at position 8: NOT needs a word, phrase or ( after it"),
+        ("python NOT OR go", "at position 8: NOT needs"),
+        ("python AND", "at position 11: AND needs a condition after it"),
+        ("python and or go", "at position 12: AND needs a condition after it"),
+    ],
+)
+def test_a_dangling_operator_is_refused_naming_its_position(query, message):
+    with pytest.raises(QueryError) as error:
+        compile_query(query, SOURCES)
+    assert message in str(error.value)
+
+
+def test_a_filter_nested_past_the_limit_is_refused_at_parse_not_by_a_recursion_error():
+    """The reproduction: 196 groups of -( around a word, as `filters add` once accepted."""
+    deep = "python " + "-(" * 196 + "x" + ")" * 196
+    with pytest.raises(QueryError, match=f"at position 25: parentheses nest at most {MAX_DEPTH} deep"):  # the ninth (
+        compile_query(deep)
+    for depth in range(1, MAX_DEPTH + 1):  # up to the limit, it compiles
+        compile_query("python " + "(x OR " * depth + "y" + ")" * depth)
+    with pytest.raises(QueryError, match=f"nest at most {MAX_DEPTH} deep"):
+        parse("(" * (MAX_DEPTH + 1) + "x" + ")" * (MAX_DEPTH + 1))
+    with pytest.raises(QueryError, match=f"at most {MAX_CHARS:,} characters; this one has"):
+        compile_query("python " + "a" * MAX_CHARS)
+    with pytest.raises(QueryError, match="at most 40 conditions"):
+        compile_query(" OR ".join(f"w{i}" for i in range(41)))
+
+
+@pytest.mark.parametrize(
+    ("written", "item", "expected"),
+    [
+        ("python published:9999-12-31", listing("python", published_at=datetime(9999, 12, 31, 5, tzinfo=UTC)), [1]),
+        ("python published:2026-01-01..9999-12-31", listing("python", published_at=NOW), [1]),
+        ("python published:..9999-12-31", listing("python", published_at=NOW), [1]),
+        ("python published:0001-01-01", listing("python", published_at=NOW), []),
+        ("python published:99999w", listing("python", published_at=NOW), [1]),
+    ],
+)
+def test_dates_at_the_ends_of_the_calendar_compile_and_match(written, item, expected):
+    """`published:9999-12-31` once ended in an OverflowError traceback (its end, the next
+    day, is past what a datetime holds): the window is then open-ended."""
+    assert hits(written, item) == expected
+
+
+@pytest.mark.parametrize(
+    "hidden",
+    ["sc\u00adam", "sc\u200bam", "sc\u2060am", "\uff53\uff43\uff41\uff4d", "SC\u00adAM", "s\ufeffcam"],
+)
+def test_format_characters_and_compatibility_forms_do_not_slip_past_an_exclusion(hidden):
+    item = listing(f"Crypto {hidden} giveaway")
+    assert hits("crypto -scam", item) == []
+    assert hits("crypto scam", item) == [1]
+
+
+@pytest.mark.parametrize("written", ["\uff30\uff59\uff54\uff48\uff4f\uff4e", "Py\u200bthon", "Py\u00adthon",
+                                     "PY\u2060THON"])
+def test_a_word_written_with_hidden_or_wide_characters_is_the_word(written):
+    title = written + " developer"
+    assert hits("python developer", listing(title)) == [1]
+    assert hits('"python developer"', listing(title)) == [1]
+
+
+def test_a_filter_is_normalised_by_the_same_rule_as_the_text():
+    full_width = "\uff50\uff59\uff54\uff48\uff4f\uff4e"
+    assert hits(f"{full_width} -sc\u00adam", listing("Python jobs")) == [1]
+    assert hits(f"{full_width} -sc\u00adam", listing("Python scam")) == []
+    assert hits("category:Ｒｅｍｏｔｅ", DEV) == [1]
 
 
 def test_parentheses_that_multiply_out_too_far_are_refused():

@@ -283,3 +283,11 @@ def test_the_lookup_reads_each_key_by_its_index_planned_for_its_own_keys(backend
             assert all(a["type"] != "ALL" for a in accesses if a["table"] == "listings"), plan
             used = {a["key"] for a in accesses if a["table"] == "listings"}
     assert used == {f"ix_listings_{column}_id" for column in schema.STORY_KEYS}, plan
+
+
+def test_a_title_written_with_hidden_or_wide_characters_is_the_same_story():
+    """The processor takes words by the filters' rule (pipeline/core/words.py): a copy
+    whose title hides a soft hyphen or is written in full-width letters is the story."""
+    from pipeline.listings.stories import text_words
+
+    assert text_words("Ｐｙｔｈｏｎ 3.14 re\u00adleased") == text_words("Python 3.14 released")

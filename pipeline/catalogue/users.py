@@ -101,7 +101,9 @@ def add_filter(
                 raise QueryError(f"no source named (or with id) {term.value!r}", term.position)
         compiled = compile_query(query, names)
     except QueryError as exc:
-        raise UserError(f"filter {query.strip()!r}: {exc}") from None
+        written = query.strip()
+        shown = written if len(written) <= 80 else f"{written[:77]}..."
+        raise UserError(f"filter {shown!r}: {exc}") from None
     if source_id is not None and not _source_exists(conn, source_id):
         raise UserError(f"no source with id {source_id}")
     category = (category or "").strip() or None
@@ -178,7 +180,7 @@ def list_filters(conn: sa.Connection) -> list[dict[str, Any]]:
     f, u = schema.filters, schema.users
     rows = conn.execute(
         sa.select(f.c.id, u.c.name, f.c.keywords, f.c.query, f.c.source_id, f.c.category, f.c.changes,
-                  f.c.enabled, f.c.created_at)
+                  f.c.enabled, f.c.created_at, f.c.error, f.c.failed_at)
         .join(u, u.c.id == f.c.user_id).order_by(f.c.id)
     )
     # A filter from before the language shows its keywords as the query they mean.

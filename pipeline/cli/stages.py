@@ -72,7 +72,8 @@ def _say_notify(totals: dict[str, Any]) -> str:
     return (
         f"{totals['listings_matched']} listings matched, {totals['notifications_created']} notifications"
         f" created; {totals['sent']} sent, {totals['retrying']} to retry, {totals['dead']} dead"
-    )
+    ) + (f"; {totals['filters_failed']} filters left out: they failed (`pipeline filters list` says why)"
+         if totals["filters_failed"] else "")
 
 
 

@@ -123,6 +123,8 @@ def filters_list(as_json: bool) -> None:
              "" if row["enabled"] else " (disabled)"]
         )
         click.echo(f"{row['id']:>6}  {row['name']:<20} {row['query']}{limits}")
+        if row["failed_at"] is not None:
+            click.echo(f"{'':>6}  left out of matching at {row['failed_at']:%Y-%m-%d %H:%M} UTC: {row['error']}")
 
 
 @filters_group.command("enable")

@@ -48,6 +48,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from pipeline.core.urls import story_url
+from pipeline.core.words import normalised
 from pipeline.listings.normalize import Listing
 from pipeline.queue.recordset import integer_list, integers
 from pipeline.storage import schema
@@ -197,9 +198,9 @@ def titles_agree(x: frozenset[str], y: frozenset[str]) -> bool:
 
 
 def text_words(text: str) -> list[str]:
-    """The words of ``text`` as fingerprints and titles count them: case-folded, split
-    at white space and punctuation."""
-    return text.translate(_SEPARATORS).casefold().split()
+    """The words of ``text`` as fingerprints and titles count them: normalised as the
+    filters' words are (pipeline/core/words.py), split at white space and punctuation."""
+    return normalised(text).translate(_SEPARATORS).split()
 
 
 def assign(conn: sa.Connection, new: Sequence[NewListing]) -> int:

@@ -129,6 +129,9 @@ class FilterIndex:
         self._by_key: dict[str, list[_Entry]] = {}
         self._ids: set[int] = set()
         self._prefixes: set[str] = set()  # the kinds of keys other than words filed
+        # Filters whose matching raised, by id, with what it raised: each is skipped
+        # for that listing, every other filter is matched (``take_failures``).
+        self.failures: dict[int, str] = {}
         self.add(filters)
 
     @property
@@ -230,10 +233,19 @@ class FilterIndex:
                 if checks:
                     if fields is None:
                         fields = _Fields(listing, text_words, now)
-                    if not all(fields.holds(c) for c in checks):
+                    try:
+                        if not all(fields.holds(c) for c in checks):
+                            continue
+                    except Exception as exc:  # one filter's failure is its own: the others match on
+                        self.failures.setdefault(f.id, f"{type(exc).__name__}: {exc}")
                         continue
                 found.append(f)
         return found
+
+    def take_failures(self) -> dict[int, str]:
+        """The filters whose matching raised since the last call, with what it raised."""
+        failures, self.failures = self.failures, {}
+        return failures
 
 
 def _now() -> datetime:

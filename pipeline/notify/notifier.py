@@ -85,6 +85,7 @@ class NotifyStats:
     digests_made: int = 0
     digests_sent: int = 0  # (their notifications count in ``sent``)
     deferred: int = 0  # due in their user's quiet hours: held until they end
+    filters_failed: int = 0  # left out of matching: their query or its matching failed
     errors: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
@@ -147,9 +148,12 @@ class Notifier:
             # before these listings were claimed takes part.
             index, recipients = self._catalogue.current()
             matches = index.matches(_texts(claim.rows))
+            failures = self._catalogue.take_failures()
+            stats.filters_failed += sum(map(len, failures.values()))
             fenced, created = in_transaction(
                 self.engine, partial(_write_matches, queue=queue, claim=claim, matches=matches,
-                                     recipients=recipients, watching=self._catalogue.watching))
+                                     recipients=recipients, watching=self._catalogue.watching,
+                                     failures=failures))
             stats.fenced_out += len(fenced.lost)
             stats.listings_matched += len(fenced.done)
             stats.notifications_created += created
@@ -180,7 +184,9 @@ class Notifier:
             matches = index.matches(_texts(rows), any_age=any_age)
             with self.engine.begin() as conn:
                 made = _insert_notifications(conn, matches, recipients, _stories(rows))
-                counters.add(conn, {(counters.NOTIFICATIONS_CREATED.name, ""): made})
+                counts = _record_failures(conn, self._catalogue.take_failures())
+                counters.NOTIFICATIONS_CREATED.count(counts, made)
+                counters.add(conn, counts)
             created += made
             if progress is not None:
                 progress(len(rows))
@@ -354,11 +360,12 @@ _OUTCOME = {NotificationStatus.SENT: "sent", NotificationStatus.FAILED: "retryin
 def _write_matches(
     conn: sa.Connection, *, queue: WorkQueue, claim: Claim, matches: Sequence[Match],
     recipients: Mapping[int, Recipient], watching: Collection[int],
+    failures: Mapping[str, Mapping[int, str]],
 ) -> tuple[Fenced, int]:
     """Mark the claimed listings matched (fenced), notify the matches of those still
     held, and, where filters watch for changes, their change alerts and new watches
-    (pipeline/storage/watches.py); returns the fence's outcome and how many
-    notifications were created."""
+    (pipeline/storage/watches.py); record the filters that failed (``_record_failures``).
+    Returns the fence's outcome and how many notifications were created."""
     fenced = queue.complete(claim, {"matched_at": datetime.now(UTC)}, conn=conn)
     done = set(fenced.done)
     rows = [row for row in claim.rows if row["id"] in done]
@@ -372,11 +379,26 @@ def _write_matches(
                           watches.version(by_id[m.listing_id]))
             for m in kept if m.filter_id in watching
         ])
-    counts = counters.tally()
+    counts = _record_failures(conn, failures)
     counters.LISTINGS_MATCHED.count(counts, len(done))
     counters.NOTIFICATIONS_CREATED.count(counts, created)
     counters.add(conn, counts)  # last: see pipeline/storage/counters.py
     return fenced, created
+
+
+def _record_failures(conn: sa.Connection, failures: Mapping[str, Mapping[int, str]]) -> counters.Counts:
+    """Keep on each filter left out why and when (``filters.error``, ``failed_at``: what
+    `pipeline status`, `filters list`, the metrics and the asset check show); returns
+    the counts of them, by stage."""
+    counts = counters.tally()
+    f, now = schema.filters, datetime.now(UTC)
+    for stage, found in failures.items():
+        if not found:
+            continue
+        for filter_id, why in sorted(found.items()):
+            conn.execute(sa.update(f).where(f.c.id == filter_id).values(error=why[:500], failed_at=now))
+        counters.FILTER_FAILURES.count(counts, len(found), stage)
+    return counts
 
 
 def _settle_digests(
@@ -444,6 +466,8 @@ class FilterCatalogue:
     _index: FilterIndex = field(default_factory=FilterIndex)
     # The filters whose users hear of changes (`filters add --changes`).
     watching: set[int] = field(default_factory=set)
+    # Filters left out since the last ``take_failures``: their query did not compile.
+    failed: dict[int, str] = field(default_factory=dict)
 
     def current(self) -> tuple[FilterIndex, dict[int, Recipient]]:
         """The filters as an index, and how each user is notified."""
@@ -452,14 +476,20 @@ class FilterCatalogue:
             self._recipients, self._newest, self.watching = {}, None, set()
             self._index = FilterIndex(rarity=self._index.rarity)
             kept, self._compiled = self._compiled, {}  # those of deleted filters go
-            self._add(load_filters(self.engine, compiled=kept, keep=self._compiled))
+            self._add(load_filters(self.engine, compiled=kept, keep=self._compiled, failed=self.failed))
             self._loaded_at = now
         elif self._newest is not None:
             self._add(load_filters(self.engine, created_since=self._newest - _RECENT_MARGIN,
-                                   compiled=self._compiled, keep=self._compiled))
+                                   compiled=self._compiled, keep=self._compiled, failed=self.failed))
         else:  # there were no filters at all: any is new
-            self._add(load_filters(self.engine, compiled=self._compiled, keep=self._compiled))
+            self._add(load_filters(self.engine, compiled=self._compiled, keep=self._compiled, failed=self.failed))
         return self._index, self._recipients
+
+    def take_failures(self) -> dict[str, dict[int, str]]:
+        """The filters left out since the last call, by stage (``load``: the query did not
+        compile; ``match``: matching it raised), each with why."""
+        loaded, self.failed = self.failed, {}
+        return {"load": loaded, "match": self._index.take_failures()}
 
     def _add(self, loaded: list[tuple[Filter, Recipient]]) -> None:
         for f, recipient in loaded:
@@ -473,13 +503,14 @@ class FilterCatalogue:
 
 def load_filters(
     engine: Engine, *, created_since: datetime | None = None, compiled: Mapping[str, Query] | None = None,
-    keep: dict[str, Query] | None = None,
+    keep: dict[str, Query] | None = None, failed: dict[int, str] | None = None,
 ) -> list[tuple[Filter, Recipient]]:
     """The enabled filters of enabled users (created at or after ``created_since``), each
     with how its user is notified. A query found in ``compiled`` is not compiled again;
     each compiled query without ``source:`` (which depends on the sources' names) goes
-    into ``keep``. A stored query that no longer compiles (written by a newer version) is
-    left out and logged: one filter never stops the others."""
+    into ``keep``. A stored query that does not compile (written by a newer version, or
+    before today's bounds) is left out, logged and put in ``failed`` with why: one
+    filter never stops the others, whatever its compiling raises."""
     f, u = schema.filters, schema.users
     query = (
         sa.select(f.c.id, f.c.user_id, f.c.keywords, f.c.query, f.c.source_id, f.c.category, f.c.created_at,
@@ -496,8 +527,11 @@ def load_filters(
     for r in rows:
         try:
             expression = _compiled(r.query, names, compiled or {}, keep) if r.query else None
-        except QueryError as exc:
-            log.error("filter %s is left out: its query %r does not compile: %s", r.id, r.query, exc)
+        except Exception as exc:  # RecursionError, a bug: this filter's, not the pass's
+            why = str(exc) if isinstance(exc, QueryError) else f"{type(exc).__name__}: {exc}"
+            log.error("filter %s is left out: its query %.200r does not compile: %s", r.id, r.query, why)
+            if failed is not None:
+                failed[r.id] = f"its query does not compile: {why}"
             continue
         loaded.append((
             Filter(id=r.id, user_id=r.user_id, keywords=tuple(r.keywords), source_id=r.source_id,

@@ -5,6 +5,7 @@ by one of their words (pipeline/notify/matching.py).
     python remote                  every word, whole word, case-insensitive (the default)
     "machine learning"             an exact phrase: its words in a row
     -senior  -"full time"          a word or phrase that must not appear
+    NOT senior  NOT (php OR perl)  the same as -
     rust OR go   (rust OR go) remote   alternatives; AND binds tighter than OR
     title:python  summary:"data engineer"  author:smith  title:(rust OR go)
     category:remote  source:12  source:"Hacker News"
@@ -14,11 +15,13 @@ Words and phrases without a field look in the title and the summary (a phrase in
 them, not across the two). ``category:`` is one of the listing's categories, whole and
 case-insensitive; ``source:`` a source's id or name; ``published:`` a window of the
 listing's publication time (UTC days, both ends included; ``7d``/``24h``/``2w`` reach back
-from the moment of matching), which a listing without a date is never in. ``OR`` and
-``AND`` are operators only in capitals (juxtaposition already means AND); commas
+from the moment of matching), which a listing without a date is never in. ``AND``,
+``OR`` and ``NOT`` are operators in any case ("python or rust"; juxtaposition already
+means AND): to look for one of those words, quote it (``"or"``); commas
 separate like spaces. Every alternative needs something that must appear (a word, a
 phrase, an author, a category or a source): that is what it is filed under, and a filter
-of exclusions alone would match nearly everything.
+of exclusions alone would match nearly everything. A filter is at most ``MAX_CHARS``
+characters, ``MAX_TERMS`` conditions and ``MAX_DEPTH`` nested parentheses.
 
 Compiling turns the expression into alternatives of plain conditions (negations pushed
 inward, parentheses multiplied out, at most ``MAX_CLAUSES``); a listing matches when
@@ -35,11 +38,13 @@ from enum import StrEnum
 from itertools import product
 
 from pipeline.core.errors import QueryError
-from pipeline.core.words import WORD, folded, phrase_tokens
+from pipeline.core.words import WORD, folded, normalised, phrase_tokens
 
 __all__ = ["Clause", "Condition", "Query", "QueryError", "compile_query", "parse", "plain", "source_terms"]
 
+MAX_CHARS = 1000  # a filter as written
 MAX_TERMS = 40  # conditions written in one filter
+MAX_DEPTH = 8  # parentheses inside parentheses
 MAX_CLAUSES = 32  # alternatives after multiplying out parentheses
 MAX_TERM_CHARS = 200
 MAX_KEYWORD_CHARS = 100
@@ -115,6 +120,7 @@ _TOKEN = re.compile(
     r'(?P<space>[\s,]+)|(?P<open>\()|(?P<close>\))|(?P<quote>"[^"]*"?)'
     r'|(?P<bare>[^\s,()"]+)'
 )
+OPERATORS = ("AND", "OR", "NOT")  # in any case: quote one to look for the word
 _FIELD = re.compile(r"([A-Za-z]+):(.*)", re.DOTALL)
 _BACK = re.compile(r"(\d{1,5})([hdw])")
 _UNITS = {"h": timedelta(hours=1), "d": timedelta(days=1), "w": timedelta(weeks=1)}
@@ -135,7 +141,7 @@ def _tokens(text: str) -> list[_Tok]:
             continue
         if kind == "quote" and (len(value) < 2 or not value.endswith('"')):
             raise QueryError('this " is never closed', pos)
-        if kind == "bare" and value in ("OR", "AND"):
+        if kind == "bare" and value.upper() in OPERATORS:
             kind = value.lower()
         elif kind == "bare" and value.startswith("-"):
             found.append(_Tok("minus", "-", pos))
@@ -154,6 +160,7 @@ class _Parser:
     toks: list[_Tok]
     at: int = 0
     terms: int = 0
+    depth: int = 0  # parentheses open around the token read
     sources: list[Term] = field(default_factory=list)
 
     def peek(self) -> _Tok | None:
@@ -182,6 +189,9 @@ class _Parser:
         while (tok := self.peek()) is not None and tok.kind not in ("or", "close"):
             if tok.kind == "and":
                 self.take()
+                nxt = self.peek()
+                if nxt is None or nxt.kind in ("or", "and", "close"):
+                    raise QueryError("AND needs a condition after it", nxt.position if nxt else self.end_position())
                 continue
             parts.append(self.unary(scope))
         if not parts:
@@ -193,11 +203,12 @@ class _Parser:
 
     def unary(self, scope: Field | None) -> Node:
         tok = self.peek()
-        if tok is not None and tok.kind == "minus":
+        if tok is not None and tok.kind in ("minus", "not"):
             self.take()
             nxt = self.peek()
-            if nxt is None or nxt.kind in ("or", "and", "close", "minus"):
-                raise QueryError("- must stand right before the word, phrase or ( it excludes", tok.position)
+            if nxt is None or nxt.kind in ("or", "and", "close", "minus", "not"):
+                raise QueryError("NOT needs a word, phrase or ( after it" if tok.kind == "not"
+                                 else "- must stand right before the word, phrase or ( it excludes", tok.position)
             return Not(self.atom(scope))
         return self.atom(scope)
 
@@ -232,7 +243,11 @@ class _Parser:
     def group(self, opening: _Tok, scope: Field | None) -> Node:
         if (tok := self.peek()) is None or tok.kind == "close":
             raise QueryError("empty parentheses" if tok else "this ( is never closed", opening.position)
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise QueryError(f"parentheses nest at most {MAX_DEPTH} deep", opening.position)
         node = self.expression(scope)
+        self.depth -= 1
         tok = self.peek()
         if tok is None or tok.kind != "close":
             raise QueryError("this ( is never closed", opening.position)
@@ -262,7 +277,7 @@ class _Parser:
             if not tokens:
                 raise QueryError("a phrase needs at least one word", position)
             return Term(fld, at, words=tokens, phrase=True)
-        keyword = value.casefold()
+        keyword = normalised(value)
         if len(keyword) > MAX_KEYWORD_CHARS or not WORD.fullmatch(keyword):
             raise QueryError(
                 f"{value!r} is not a word (letters and digits, optionally joined by . + # ' -"
@@ -285,16 +300,25 @@ def _window(value: str, position: int) -> Window:
         if not first and not last:
             raise QueryError("published:.. needs a date on at least one side", position)
         start = _day(first, position) if first else None
-        end = _day(last, position + len(first) + 2) + timedelta(days=1) if last else None
+        end = _day_after(_day(last, position + len(first) + 2)) if last else None
         if start and end and end <= start:
             raise QueryError(f"published:{value} ends before it starts", position)
         return Window(start=start, end=end)
     start = _day(value, position)
-    return Window(start=start, end=start + timedelta(days=1))
+    return Window(start=start, end=_day_after(start))
+
+
+def _day_after(day: datetime) -> datetime | None:
+    """The start of the next day; None (no end) after the last day a datetime holds."""
+    return None if day.date() == date.max else day + timedelta(days=1)
 
 
 def parse(text: str) -> Node:
-    """The expression ``text`` writes; QueryError naming the position of what is wrong."""
+    """The expression ``text`` writes; QueryError naming the position of what is wrong.
+    Bounded (``MAX_CHARS``, ``MAX_TERMS``, ``MAX_DEPTH``): compiling and matching what
+    parses never recurse deeper than the parentheses allowed."""
+    if len(text) > MAX_CHARS:
+        raise QueryError(f"a filter is at most {MAX_CHARS:,} characters; this one has {len(text):,}")
     parser = _Parser(text, _tokens(text))
     if not parser.toks:
         raise QueryError("a filter needs at least one word")

@@ -120,6 +120,12 @@ RAW_ROWS_PROCESSED = Counter(
 # The notifier (pipeline/notify/notifier.py)
 LISTINGS_MATCHED = Counter("pipeline_listings_matched_total", "Listings matched against the filters.")
 NOTIFICATIONS_CREATED = Counter("pipeline_notifications_created_total", "Notifications created by matches.")
+FILTER_FAILURES = Counter(
+    "pipeline_filter_failures_total",
+    "Filters left out of a matching pass because they failed: their query did not compile"
+    " (at load) or matching them raised (at match); the other filters were matched.",
+    label="stage", known=("load", "match"),
+)
 DELIVERY_OUTCOMES = ("sent", "retrying", "dead")
 DELIVERIES = Counter(
     "pipeline_notification_deliveries_total",
@@ -133,7 +139,7 @@ DELIVERY_LATENCY = Histogram(
 )
 
 COUNTERS = (SOURCES_CLAIMED, SOURCES_FETCHED, SOURCES_FETCH_ERRORS, ITEMS_STORED, RAW_ROWS_PROCESSED,
-            LISTINGS_MATCHED, NOTIFICATIONS_CREATED, DELIVERIES)
+            LISTINGS_MATCHED, NOTIFICATIONS_CREATED, FILTER_FAILURES, DELIVERIES)
 HISTOGRAMS = (FETCH_DURATION, DELIVERY_LATENCY)
 
 

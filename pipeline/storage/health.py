@@ -151,3 +151,17 @@ def _percentile(values: list[float], q: float) -> float:
     if len(values) == 1:
         return values[0]
     return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+FILTER_FAILURE_SPAN = timedelta(days=1)
+
+
+def failing_filters(conn: sa.Connection, span: timedelta = FILTER_FAILURE_SPAN) -> int:
+    """Enabled filters the notifier left out within ``span`` because they failed (their
+    query no longer compiles, or matching them raised: ``filters.error``); every other
+    filter was matched. `pipeline filters list` shows why."""
+    f = schema.filters
+    since = schema.now_sql(conn.dialect.name, minus=span)
+    return int(conn.execute(
+        sa.select(sa.func.count()).select_from(f).where(f.c.enabled, f.c.failed_at >= since)
+    ).scalar_one())

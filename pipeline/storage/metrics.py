@@ -71,6 +71,7 @@ class DatabaseCollector(Collector):
                 gauges["expired"].add_metric([queue], found.expired_leases)
             late = health.lateness(conn, LATENESS_SPAN)
             failing = health.failing_sources(conn)
+            failing_filters = health.failing_filters(conn)
             by_state = {bool(state): int(count) for state, count in conn.execute(
                 sa.select(s.c.enabled, sa.func.count()).group_by(s.c.enabled))}
             unsent = {str(status): int(count) for status, count in conn.execute(
@@ -95,6 +96,10 @@ class DatabaseCollector(Collector):
         for reason, count in sorted(failing.failing.items()):
             failing_family.add_metric([reason], count)
         yield failing_family
+        yield GaugeMetricFamily("pipeline_filters_failing",
+                                "Enabled filters left out of matching within the last day: their query did"
+                                " not compile or matching them raised (`pipeline filters list` shows why).",
+                                value=failing_filters)
         notifications = GaugeMetricFamily("pipeline_notifications", "Notifications not sent, by status.",
                                           labels=["status"])
         for status in UNSENT:

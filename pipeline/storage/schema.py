@@ -361,6 +361,10 @@ filters = sa.Table(
     # Its user also hears when a listing it notified them of changes or goes
     # (`filters add --changes`, pipeline/storage/watches.py). Revision 0014.
     sa.Column("changes", sa.Boolean(), nullable=False, server_default=sa.false()),
+    # Why the notifier last left it out, and when (its query no longer compiles, or
+    # matching it raised: pipeline/notify/notifier.py). Revision 0017.
+    sa.Column("error", sa.Text()),
+    sa.Column("failed_at", UTCDateTime()),
     sa.Index(None, "user_id"),
 )
 

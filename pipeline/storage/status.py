@@ -59,6 +59,7 @@ class PipelineStatus:
     disabled_by_failures: int
     last_hour: dict[str, int]  # fetches, failed, items_new (ingestion.completed events)
     raw_given_up: int
+    failing_filters: int  # enabled filters left out of matching within a day (their error kept)
     stories: dict[str, int]  # stories: carried by more than one source; copies: their later listings
     notifications: dict[str, int]  # pending, failed (retrying), dead, held (for a digest); sent where exact
     totals: dict[str, int]  # rows per table (estimates on PostgreSQL for the big ones)
@@ -192,6 +193,7 @@ def collect_status(engine: Engine) -> PipelineStatus:
             disabled_by_failures=failing.disabled_by_failures,
             last_hour={"fetches": int(hour[0]), "failed": int(hour[1]), "items_new": int(hour[2])},
             raw_given_up=health.raw_given_up(conn),
+            failing_filters=health.failing_filters(conn),
             stories=_stories(conn),
             notifications=notifications,
             totals=totals,
@@ -271,6 +273,9 @@ def status_as_text(status: PipelineStatus) -> str:
          f" {status.stories['copies']:,} later copies (a user hears of a story once)"),
         (f"notifications  {sent}{notes['pending']:,} pending, {notes['failed']:,} retrying,"
          f" {notes['dead']:,} dead, {notes['held']:,} held for digests"),
+        *([f"filters        {status.failing_filters:,} left out of matching in the last day: they failed"
+           " (`pipeline filters list` shows why); every other filter was matched"]
+          if status.failing_filters else []),
         "",
     ]
     lines += _table(
