@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
+from sqlalchemy import Connection
 
 from pipeline.core.settings import Settings
 from pipeline.storage import db, schema
@@ -12,20 +13,28 @@ target_metadata = schema.metadata
 
 
 def run_migrations_online() -> None:
+    held = config.attributes.get("connection")  # the one holding the migration lock
+    if held is not None:
+        _migrate(held)
+        return
     engine = config.attributes.get("engine")
     if engine is None:  # run by the alembic command line
         engine = db.create_engine(Settings.from_env().database_url)
     with engine.connect() as connection:
-        context.configure(
-            connection=connection,
-            target_metadata=target_metadata,
-            # SQLite cannot ALTER most things in place: batch mode copies the table.
-            render_as_batch=connection.dialect.name == "sqlite",
-            # One transaction per revision, so a failed step leaves the previous one.
-            transaction_per_migration=True,
-        )
-        with context.begin_transaction():
-            context.run_migrations()
+        _migrate(connection)
+
+
+def _migrate(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        # SQLite cannot ALTER most things in place: batch mode copies the table.
+        render_as_batch=connection.dialect.name == "sqlite",
+        # One transaction per revision, so a failed step leaves the previous one.
+        transaction_per_migration=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
 
 
 if context.is_offline_mode():

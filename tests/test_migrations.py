@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from datetime import UTC, datetime
 
 import pytest
@@ -14,6 +17,7 @@ from pipeline.core.errors import SchemaMismatch
 from pipeline.queue.claim import MARIADB
 from pipeline.storage import db, migrate, schema
 from tests.conftest import conformance
+from tests.helpers import wait_until
 
 pytestmark = conformance
 
@@ -276,3 +280,54 @@ def test_the_mariadb_tables_compile_alike_with_dagster_loaded():
         ddl = str(CreateTable(table).compile(dialect=mysql.dialect()))
         assert "FLOAT(32)" not in ddl, ddl
     assert "retry_in_minutes DOUBLE" in str(CreateTable(schema.ingestion_events).compile(dialect=mysql.dialect()))
+
+
+def upgrade_process(db_url: str) -> subprocess.Popen[str]:
+    """`pipeline db upgrade` in its own interpreter, as a container starting runs it."""
+    env = {**{k: v for k, v in os.environ.items() if k != "DATABASE_URL"}, "DATABASE_URL": db_url}
+    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "db", "upgrade"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_three_upgrades_at_once_on_an_empty_database_all_succeed(empty_db_url):
+    """Processes: run containers starting together each run `pipeline db upgrade`; on
+    PostgreSQL two of three once exited 1 (a column "already exists")."""
+    processes = [upgrade_process(empty_db_url) for _ in range(3)]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in processes]
+    assert [code for code, _ in results] == [0, 0, 0], results
+    engine = db.create_engine(empty_db_url)
+    try:
+        assert migrate.current_revision(engine) == migrate.head_revision()
+        assert table_names(engine) == TABLES
+    finally:
+        engine.dispose()
+
+
+def _waiting_for_the_lock(conn: sa.Connection) -> bool:
+    """Does another session of this database wait for the migration lock?"""
+    if conn.dialect.name == "postgresql":
+        query = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                 " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())")
+    else:
+        query = ("SELECT count(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE()"
+                 " AND INFO LIKE 'SELECT GET_LOCK%%'")
+    found = conn.exec_driver_sql(query).scalar()
+    conn.rollback()  # a fresh snapshot each look
+    return bool(found)
+
+
+@pytest.mark.conformance("postgresql", "mariadb")
+def test_an_upgrade_waits_while_another_holds_the_migration_lock(empty_db_url):
+    """A process, and a wait for the state where it waits on the lock (however long it
+    takes to start): it has migrated nothing then, and migrates once the lock is free."""
+    engine = db.create_engine(empty_db_url)
+    try:
+        with migrate.migration_lock(engine) as held, engine.connect() as look:
+            assert held is not None
+            process = upgrade_process(empty_db_url)
+            wait_until("the upgrade waits for the lock", lambda: _waiting_for_the_lock(look), timeout=120, every=0.1)
+            assert table_names(engine) == set()
+        assert process.wait(timeout=300) == 0, process.stderr.read()
+        assert migrate.current_revision(engine) == migrate.head_revision()
+    finally:
+        engine.dispose()

@@ -4,26 +4,76 @@
 from __future__ import annotations
 
 import re
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
+from filelock import FileLock
 from sqlalchemy.engine import Engine
 
 from pipeline.core.errors import SchemaMismatch
 from pipeline.storage import db
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+LOCK_NAME = "pipeline.migrate"
+# How long a migrator waits for another to finish (a big table's index can take minutes).
+LOCK_WAIT_SECONDS = 3600
 
 
-def alembic_config(engine: Engine) -> Config:
+def alembic_config(engine: Engine, connection: sa.Connection | None = None) -> Config:
+    """Alembic's configuration: migrations/env.py migrates ``connection`` when given
+    (the one holding the migration lock), else a connection of ``engine``."""
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.attributes["engine"] = engine
+    cfg.attributes["connection"] = connection
     return cfg
+
+
+@contextmanager
+def migration_lock(engine: Engine) -> Iterator[sa.Connection | None]:
+    """Hold the database's migration lock: one migrator at a time, however many
+    containers start together. Another waits, then finds the schema at the revision it
+    wants and does nothing. PostgreSQL: a session advisory lock, and MariaDB: a named
+    lock (``GET_LOCK``), both on the connection returned, which the migrations then run
+    on; either is released if the process dies. SQLite: a lock file beside the database
+    file (None: the migrations take a connection of their own)."""
+    dialect = engine.dialect.name
+    if dialect == "sqlite":
+        path = engine.url.database
+        if not path or path == ":memory:" or path.startswith("file:"):
+            yield None  # a database of this process alone
+            return
+        with FileLock(f"{path}.migrate-lock", timeout=LOCK_WAIT_SECONDS):
+            yield None
+        return
+    with engine.connect() as conn:
+        if dialect == "postgresql":
+            key = zlib.crc32(LOCK_NAME.encode())  # one key per database (advisory locks are)
+            conn.execute(sa.text(f"SET lock_timeout = '{LOCK_WAIT_SECONDS}s'"))
+            conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": key})
+            conn.execute(sa.text("RESET lock_timeout"))
+            release = sa.text("SELECT pg_advisory_unlock(:key)").bindparams(key=key)
+        else:  # MariaDB: a named lock is the server's, so it names the database
+            name = f"{LOCK_NAME}.{conn.exec_driver_sql('SELECT DATABASE()').scalar()}"[:64]
+            got = conn.execute(sa.text("SELECT GET_LOCK(:name, :wait)"), {"name": name, "wait": LOCK_WAIT_SECONDS})
+            if got.scalar() != 1:
+                raise SchemaMismatch(f"another migration held the database for {LOCK_WAIT_SECONDS} s; try again")
+            release = sa.text("SELECT RELEASE_LOCK(:name)").bindparams(name=name)
+        conn.commit()  # the lock is the session's: it outlives this transaction
+        try:
+            yield conn
+        finally:
+            conn.rollback()
+            conn.execute(release)
+            conn.commit()
 
 
 def head_revision() -> str:
@@ -41,13 +91,15 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     db.check_connection(engine)
     _refuse_newer_schema(engine)
     _check_target(revision)
-    command.upgrade(alembic_config(engine), revision)
+    with migration_lock(engine) as conn:
+        command.upgrade(alembic_config(engine, conn), revision)
 
 
 def downgrade(engine: Engine, revision: str) -> None:
     db.check_connection(engine)
     _check_target(revision)
-    command.downgrade(alembic_config(engine), revision)
+    with migration_lock(engine) as conn:
+        command.downgrade(alembic_config(engine, conn), revision)
 
 
 def _check_target(revision: str) -> None:
