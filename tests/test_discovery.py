@@ -112,3 +112,32 @@ def test_import_check_adds_advertised_feeds_and_refuses_a_file_with_a_failing_en
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "nothing imported" in result.stderr and "entry 2" in result.stderr and "entry 3" in result.stderr
     assert len(stored(engine)) == 2, "nothing more was stored"
+
+
+@pytest.mark.parametrize("path", ["/jobs", "/feed.xml", "/typo", "/none"])
+def test_a_password_in_a_source_url_is_never_shown(engine, db_url, site, path):
+    """`sources add --check`, its errors, `sources list` and `--json` showed the password
+    of `http://bob:PW@host/feed`, and the default name was the whole URL."""
+    url = site.url(path).replace("http://", "http://bob:PW-s3cret@")
+    added = run("sources", "add", url, "--check", env=env(db_url))
+    listed = run("sources", "list", env=env(db_url))
+    as_json = run("sources", "list", "--json", env=env(db_url))
+    for result in (added, listed, as_json):
+        assert "PW-s3cret" not in result.stdout + result.stderr and "bob" not in result.stdout + result.stderr
+    with engine.connect() as conn:
+        names = conn.execute(sa.select(schema.sources.c.name)).scalars().all()
+    assert not any("PW-s3cret" in name for name in names)
+    if added.returncode == 0:
+        assert "http://***@127.0.0.1" in listed.stdout and "checked: 2 items at http://***@" in added.stderr
+        assert [row["url"].startswith("http://***@") for row in json.loads(as_json.stdout)] == [True]
+    else:
+        assert "http://***@127.0.0.1" in added.stderr, added.stderr
+
+
+def test_a_source_named_by_its_url_before_names_were_masked_is_listed_masked(engine, db_url):
+    with engine.begin() as conn:
+        url = "http://bob:PW-s3cret@127.0.0.1:9/feed"
+        conn.execute(sa.insert(schema.sources).values(name=url, url=url, source_type="rss"))
+    listed = run("sources", "list", "--json", env=env(db_url))
+    [row] = json.loads(listed.stdout)
+    assert (row["name"], row["url"]) == ("http://***@127.0.0.1:9/feed",) * 2

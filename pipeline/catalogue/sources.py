@@ -22,6 +22,7 @@ import sqlalchemy as sa
 import yaml
 from sqlalchemy.engine import Engine
 
+from pipeline.core import redact
 from pipeline.core.errors import SourceError
 from pipeline.core.inputs import NAME_CHARS, TEXT_CHARS, URL_CHARS, text_problem
 from pipeline.core.kinds import SourceType
@@ -140,7 +141,7 @@ def make_spec(
     spec = SourceSpec(
         url=value,
         source_type=kind,
-        name=_text(name, "name", where) or value,
+        name=_text(name, "name", where) or redact.userinfo(value),  # never a password
         interval_minutes=minutes,
         category=_text(category, "category", where) or None,
         config=_config(config, where),
@@ -463,6 +464,8 @@ def list_sources(conn: sa.Connection) -> list[dict[str, Any]]:
     rows = [dict(r) for r in conn.execute(sa.select(*columns).order_by(t.c.id)).mappings()]
     for row in rows:
         row["config"] = public_config(row["config"])
+        # Shown, never with a password (a name was the URL by default before it was masked).
+        row["url"], row["name"] = redact.userinfo(row["url"]), redact.userinfo(row["name"])
     return rows
 
 

@@ -12,6 +12,7 @@ import click
 import sqlalchemy as sa
 
 from pipeline.cli import common, database, demo, metrics, sources, stages, users
+from pipeline.core import redact
 from pipeline.core.errors import PipelineError
 from pipeline.storage.status import collect_status, status_as_json, status_as_text
 
@@ -48,14 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cli.main(args=argv, prog_name="pipeline", standalone_mode=False)
     except PipelineError as exc:
-        click.echo(f"pipeline: {exc}", err=True)
+        click.echo(f"pipeline: {redact.userinfo(str(exc))}", err=True)  # a URL's password never shows
         return 1
     except sa.exc.DBAPIError as exc:
         # The server's own message, its first line only: later lines (PostgreSQL's
         # CONTEXT) can quote a bound value, and the statement's parameters never show.
         diag = getattr(exc.orig, "diag", None)
         reason = getattr(diag, "message_primary", None) or str(exc.orig or exc).strip().splitlines()[0]
-        click.echo(f"pipeline: database error: {reason}", err=True)
+        click.echo(f"pipeline: database error: {redact.userinfo(reason)}", err=True)
         return 1
     except click.ClickException as exc:
         exc.show()

@@ -9,6 +9,7 @@ import click
 
 from pipeline.catalogue import sources
 from pipeline.cli import common
+from pipeline.core import redact
 from pipeline.core.kinds import SourceType
 from pipeline.core.settings import Settings
 from pipeline.fetching import politeness
@@ -75,8 +76,9 @@ def sources_add(
             checked = discovery.check(spec, fetcher, settings.politeness_group_by)
         spec = checked.spec
         if checked.found_from:
-            click.echo(f"{checked.found_from} is a page; adding the feed it advertises: {spec.url}", err=True)
-        click.echo(f"checked: {checked.items} items at {spec.url}", err=True)
+            click.echo(f"{redact.userinfo(checked.found_from)} is a page; adding the feed it advertises:"
+                       f" {redact.userinfo(spec.url)}", err=True)
+        click.echo(f"checked: {checked.items} items at {redact.userinfo(spec.url)}", err=True)
     with common.engine().begin() as conn:
         click.echo(sources.add_source(conn, spec))
 
@@ -102,7 +104,8 @@ def sources_import(file: Path, check: bool) -> None:
             checked = discovery.check_all(specs, fetcher, settings.politeness_group_by, str(file))
         for c in checked:
             if c.found_from:
-                click.echo(f"{c.found_from} is a page; importing the feed it advertises: {c.spec.url}", err=True)
+                click.echo(f"{redact.userinfo(c.found_from)} is a page; importing the feed it advertises:"
+                           f" {redact.userinfo(c.spec.url)}", err=True)
         specs = [c.spec for c in checked]
         click.echo(f"checked: {sum(c.items for c in checked)} items in {len(checked)} sources", err=True)
     with common.engine().begin() as conn, common.progress(len(specs), f"importing {len(specs):,} sources") as bar:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from pipeline.core import redact
 from pipeline.core.failures import PERMANENT, FailureReason
 
 
@@ -70,6 +71,7 @@ class FetchError(WorkFailure):
         retry_after: datetime | None = None,
         body: bytes | None = None,
     ) -> None:
+        message = redact.userinfo(message)  # kept and shown: a URL in it never with its password
         super().__init__(f"{reason}: {message}")
         self.reason = reason
         self.message = message

@@ -6,7 +6,10 @@ Redaction goes by a URL's structure, not by looking for known secrets in it:
   when the scheme puts a credential where a host would be (``prowl://APIKEY``,
   ``pbul://TOKEN``, ``slack://TokenA/...``: Apprise marks that token private);
 * a database URL hides its password and every query value (``?password=`` is a password
-  to libpq too), keeping the keys so the shape of the setting stays readable.
+  to libpq too), keeping the keys so the shape of the setting stays readable;
+* any other URL (a source's) hides its user info, name and password alike (a token is
+  often the user name): ``http://bob:PW@host/feed`` shows as ``http://***@host/feed``,
+  wherever it is printed, inside a sentence too (``userinfo``).
 
 Known secrets (an API key, say) are scrubbed from text an outside party wrote, such as
 an API's error message, whole or truncated: a service that echoes a key cut short
@@ -57,6 +60,15 @@ def channel_url(url: str) -> str:
     if not scheme:
         return "…"
     return f"{scheme}://{host}/…" if host and _host_is_a_host(scheme) else f"{scheme}://…"
+
+
+# scheme://USERINFO@ at the start of a URL, in a URL alone or inside a sentence.
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s]*@")
+
+
+def userinfo(text: str) -> str:
+    """``text`` with the user info of every URL in it masked (``http://***@host/``)."""
+    return _USERINFO.sub(rf"\1{MASK}@", text) if "@" in text else text
 
 
 def database_url(url: sa.URL | str) -> str:
