@@ -247,3 +247,66 @@ def test_a_feed_item_reaches_the_user_whose_filter_matches_through_the_command_l
     assert json.loads(delivery["body"])["listing"]["title"] == "Python developer"
     again = one_pass()
     assert (again["collect"]["items_new"], again["notify"]["sent"]) == (0, 0), again
+
+
+# -- operator input: one line, never a traceback --------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_TRICKY_URLS = ["http://[::1", "http://[::1]:99999/", "http://h:0/", "http://%zz/", "http://\x00/", "http://a b/",
+                "http:///x", "ftp://h/", "http://" + "a" * 300 + ".com/", "http://h/\ud800", "//h/x", "http://-/",
+                "http://[v1.x]/", "http://1.2.3.4.5/", "http://0x7f.1/", "http://h:+1/", "http://u:p@/", ""]
+_ids = st.one_of(st.integers(-2**70, 2**70).map(str), st.sampled_from([str(2**63), str(2**63 - 1), "0", "-1", "1e3"]),
+                 st.text(max_size=20))
+_urls = st.one_of(st.sampled_from(_TRICKY_URLS), st.text(max_size=40),
+                  st.text(max_size=30).map(lambda host: f"http://{host}/feed"))
+_names = st.one_of(st.text(max_size=40), st.sampled_from(["", " ", "a" * 5000, "x\x00y", "\ud800"]),
+                   st.integers(-2**70, 2**70).map(str))
+
+
+def _commands(ids, urls, names):
+    """Every command that takes an id, a URL or a name from its operator, with one drawn."""
+    return st.one_of(
+        st.tuples(st.just("sources"), st.just("add"), urls),
+        st.tuples(st.just("sources"), st.just("add"), urls, st.just("--name"), names),
+        st.tuples(st.sampled_from(["sources"]), st.sampled_from(["enable", "disable", "refresh"]), ids),
+        st.tuples(st.just("sources"), st.just("set"), ids, st.just("--priority"), ids),
+        st.tuples(st.just("sources"), st.just("set"), ids, st.just("--interval"), ids),
+        st.tuples(st.just("backfill"), st.just("refetch"), ids),
+        st.tuples(st.just("politeness"), st.just("set"), names, st.just("--max-in-flight"), ids),
+        st.tuples(st.just("users"), st.just("add"), names, st.just("--webhook"), urls),
+        st.tuples(st.just("users"), st.just("add"), names, st.just("--apprise"), urls),
+        st.tuples(st.just("users"), st.just("set"), st.one_of(st.just("alice"), names), st.just("--tz"), names),
+        st.tuples(st.just("users"), st.just("set"), st.one_of(st.just("alice"), names), st.just("--quiet"), names),
+        st.tuples(st.just("users"), st.just("set"), st.one_of(st.just("alice"), names), st.just("--digest"), names),
+        st.tuples(st.just("filters"), st.just("add"), st.one_of(ids, names), st.just("--query"), names),
+        st.tuples(st.just("filters"), st.just("add"), st.just("alice"), st.just("--query"), st.just("python"),
+                  st.just("--source"), ids),
+        st.tuples(st.just("filters"), st.sampled_from(["enable", "disable"]), ids),
+        st.tuples(st.just("notifications"), st.just("requeue"), st.just("--id"), ids),
+        st.tuples(st.just("db"), st.just("downgrade"), names),
+    )
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=_commands(_ids, _urls, _names))
+def test_any_id_url_or_name_an_operator_types_is_answered_in_one_line(engine, db_url, args):
+    """A property test over every command's id, URL and name arguments: each ends with
+    exit code 0, or 1 and one line on stderr, or 2 (click's usage error, ending in
+    "Error: ..."); never a traceback (the reproductions: `filters add` for a user id over
+    2**63, `users add --webhook 'http://[::1'`)."""
+    with engine.begin() as conn:
+        if conn.execute(sa.select(schema.users.c.id).where(schema.users.c.name == "alice")).first() is None:
+            from pipeline.catalogue import users
+            users.add_user(conn, "alice", webhook="http://127.0.0.1:9/hook", secret="s" * 24)
+    if args[:2] == ("db", "downgrade"):
+        args = (*args[:2], "--help") if args[2] in ("base",) or args[2].startswith(("-", "+")) else args
+    result = run(*args, env={"DATABASE_URL": db_url})
+    assert "Traceback" not in result.stderr
+    assert result.returncode in (0, 1, 2), result
+    lines = result.stderr.strip().splitlines()
+    if result.returncode == 1:
+        assert len(lines) == 1, result
+    elif result.returncode == 2:
+        assert lines[-1].startswith("Error: "), result

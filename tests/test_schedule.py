@@ -88,6 +88,63 @@ def test_daylight_saving_changes():
     assert plan.release_at(datetime(2026, 10, 24, 23, 0, tzinfo=UTC)) == datetime(2026, 10, 25, 0, 30, tzinfo=UTC)
 
 
+# (zone, the local day the clock falls back, a wall time it reads twice, one in the hour
+# it springs forward over) for zones that shift by an hour at 03:00, at 02:00, by half an
+# hour (Lord Howe), and at midnight (Havana springs from 00:00 to 01:00).
+FALL_BACK = [
+    ("Europe/Berlin", "2026-10-25", "02:30"),
+    ("America/New_York", "2026-11-01", "01:30"),
+    ("Australia/Lord_Howe", "2026-04-05", "01:45"),
+    ("America/Havana", "2026-11-01", "00:30"),
+]
+SPRING_FORWARD = [
+    ("Europe/Berlin", "2026-03-29", "02:30"),
+    ("America/New_York", "2026-03-08", "02:30"),
+    ("Australia/Lord_Howe", "2026-10-04", "02:15"),
+    ("America/Havana", "2026-03-08", "00:30"),
+]
+
+
+def _local(zone: str, day: str, clock: str, fold: int = 0) -> datetime:
+    return datetime.fromisoformat(f"{day}T{clock}").replace(tzinfo=ZoneInfo(zone), fold=fold).astimezone(UTC)
+
+
+@pytest.mark.parametrize(("zone", "day", "end"), FALL_BACK)
+def test_quiet_hours_on_a_fall_back_night_end_at_their_wall_clock_end(zone, day, end):
+    """The reproduction: 22:00-02:30 in Berlin; at 02:10 after the clocks went back (the
+    first 02:30 already past) a message was released at once, inside the quiet hours."""
+    plan = DeliveryPlan.parse(None, f"21:00-{end}", zone)
+    ending = datetime.fromisoformat(f"{day}T{end}")
+    second_time = _local(zone, day, (ending - timedelta(minutes=10)).strftime("%H:%M"), fold=1)
+    assert plan.release_at(second_time) == _local(zone, day, end, fold=1) > second_time
+    first_time = _local(zone, day, (ending - timedelta(minutes=10)).strftime("%H:%M"), fold=0)
+    assert plan.release_at(first_time) == _local(zone, day, end, fold=0) > first_time
+    assert plan.release_at(_local(zone, day, end, fold=0)) is None, "the first time it reads the end, they end"
+
+
+@pytest.mark.parametrize(("zone", "day", "end"), SPRING_FORWARD)
+def test_quiet_hours_ending_in_the_skipped_hour_end_when_the_clock_jumps(zone, day, end):
+    plan = DeliveryPlan.parse(None, f"21:00-{end}", zone)
+    tz = ZoneInfo(zone)
+    night = datetime.fromisoformat(f"{day}T00:00").replace(tzinfo=tz).astimezone(UTC) - timedelta(hours=2)
+    released = plan.release_at(night)
+    wall = datetime.fromisoformat(f"{day}T{end}")
+    assert released.astimezone(tz).replace(tzinfo=None) >= wall, "never before the wall clock passes the end"
+    just_before = (released - timedelta(microseconds=1)).astimezone(tz).replace(tzinfo=None)
+    assert just_before < wall, "the first moment it does: the jump"
+    assert released.astimezone(tz).replace(tzinfo=None) - wall < timedelta(hours=1)
+
+
+@pytest.mark.parametrize("zone", ["localtime", "Factory", "posixrules", "../../etc/passwd", "/etc/localtime",
+                                  "a" * 5000, "Europe/", "europe/berlin", "", "UTC\x00"])
+def test_only_iana_zone_names_are_time_zones(zone):
+    if not zone:
+        assert DeliveryPlan.parse(None, None, zone).tz is UTC
+        return
+    with pytest.raises(UserError, match="is not an IANA time zone name"):
+        DeliveryPlan.parse(None, None, zone)
+
+
 @pytest.mark.parametrize(
     ("digest", "quiet", "tz", "message"),
     [

@@ -307,7 +307,7 @@ def test_a_key_echoed_truncated_is_scrubbed_too():
 
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
 def test_planted_secrets_never_reach_command_output(engine, db_url):
-    env = {"DATABASE_URL": db_url}
+    env = {"DATABASE_URL": db_url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32"}
     prowl = "prowl://PROWLKEY0123456789abcdef0123456789abcdef"  # 40 characters, as Prowl's are
     assert run("users", "add", "p", "--apprise", prowl, env=env).returncode == 0
     assert run("users", "add", "w", "--webhook", f"https://127.0.0.1/hook/{WEBHOOK_TOKEN}", env=env).returncode == 0

@@ -39,10 +39,28 @@ def test_users_and_filters_from_the_command_line(engine, db_url):
         (["users", "add", "x", "--apprise", "nonsense://"], "is not a URL Apprise can send to"),
         (["filters", "add", "nobody", "--keywords", "python"], "no user named (or with id) 'nobody'"),
         (["notifications", "requeue"], "name notifications with --id"),
+        (["users", "add", "x", "--webhook", "http://[::1"], "webhook … is not a usable URL: Invalid IPv6 URL"),
+        (["users", "add", "x", "--webhook", "http://h:99999/"], "is not a usable URL: Port out of range"),
+        (["users", "add", "x", "--apprise", "json://[::1"], "Apprise URL … is not a usable URL: Invalid IPv6 URL"),
+        (["filters", "add", str(2**63), "--keywords", "python"], f"no user named (or with id) '{2**63}'"),
+        # Channels the address guard would refuse at every send are refused when added.
+        (["users", "add", "x", "--webhook", "http://10.0.0.1/hook"],
+         "webhook http://10.0.0.1/… sends to 10.0.0.1, which the address guard refuses"),
+        (["users", "add", "x", "--webhook", "http://localhost:8080/hook"], "which the address guard refuses"),
+        (["users", "add", "x", "--webhook", "http://[::ffff:169.254.169.254]/"], "which the address guard refuses"),
+        (["users", "add", "x", "--apprise", "json://192.168.1.1/hook"], "sends to 192.168.1.1, which the address"),
     ],
 )
 def test_bad_input_is_one_clear_line(engine, db_url, args, fragment):
     assert_one_line_error(run(*args, env={"DATABASE_URL": db_url}), fragment)
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_the_allow_list_lets_an_operator_permit_a_network_for_channels(engine, db_url):
+    env = {"DATABASE_URL": db_url, "PIPELINE_ALLOW_NETWORKS": "10.0.0.0/8,127.0.0.1/32"}
+    assert run("users", "add", "x", "--webhook", "http://10.0.0.1/hook", env=env).returncode == 0
+    assert run("users", "add", "y", "--apprise", "json://127.0.0.1:9/hook", env=env).returncode == 0
+    assert run("users", "add", "z", "--webhook", "https://hooks.example/z", env={"DATABASE_URL": db_url}).returncode == 0
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
@@ -57,6 +75,8 @@ def test_bad_filters_name_what_is_wrong(engine, db_url):
                           "at position 8: no source named (or with id) 'nowhere jobs'")
     assert_one_line_error(run("filters", "add", "alice", "--query", "python source:42", env=env),
                           "no source named (or with id) '42'")
+    assert_one_line_error(run("filters", "add", "alice", "--query", f"python source:{2**63}", env=env),
+                          f"no source named (or with id) '{2**63}'")
     assert_one_line_error(run("filters", "add", "alice", "--keywords", "x", "--source", "99", env=env),
                           "no source with id 99")
     with engine.connect() as conn:

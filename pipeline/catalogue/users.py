@@ -15,9 +15,10 @@ from urllib.parse import urlsplit
 import sqlalchemy as sa
 
 from pipeline.core.errors import UserError
-from pipeline.core.inputs import TEXT_CHARS, URL_CHARS, text_problem
+from pipeline.core.inputs import TEXT_CHARS, URL_CHARS, as_id, text_problem
 from pipeline.core.kinds import ChannelKind, NotificationStatus
-from pipeline.core.redact import channel_url
+from pipeline.core.redact import channel_url, names_a_host
+from pipeline.net.http import AddressGuard
 from pipeline.notify.notifier import source_ids_by_name
 from pipeline.notify.query import QueryError, compile_query, parse, source_terms
 from pipeline.notify.schedule import DeliveryPlan
@@ -30,10 +31,33 @@ class NewUser:
     secret: str | None  # the webhook secret, when it was generated (shown once)
 
 
+def _channel_host(url: str, what: str) -> str | None:
+    """The host ``url`` sends to, where its scheme names one (None for a service's own
+    URL, such as ``tgram://TOKEN``); UserError for a URL that does not parse."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (parses the port: a malformed one raises here)
+    except ValueError as exc:
+        raise UserError(f"{what} {channel_url(url)} is not a usable URL: {exc}") from None
+    scheme = parts.scheme.lower()
+    return parts.hostname if parts.hostname and scheme and names_a_host(scheme) else None
+
+
+def _check_guard(url: str, what: str, guard: AddressGuard | None) -> None:
+    """Refuse a channel whose host the SSRF guard refuses (every send would be)."""
+    host = _channel_host(url, what)
+    if guard is not None and host and (refused := guard.refused_host(host)):
+        raise UserError(
+            f"{what} {channel_url(url)} sends to {', '.join(refused)}, which the address guard refuses"
+            " (loopback, private or reserved); PIPELINE_ALLOW_NETWORKS permits a network")
+
+
 def add_user(
     conn: sa.Connection, name: str, *, webhook: str | None = None, secret: str | None = None,
-    apprise_url: str | None = None,
+    apprise_url: str | None = None, guard: AddressGuard | None = None,
 ) -> NewUser:
+    """Add a user with one channel. ``guard``: refuse a channel it would refuse at every
+    send (the command line passes the settings' guard)."""
     name = name.strip()
     if not name:
         raise UserError("a user needs a name")
@@ -45,9 +69,11 @@ def add_user(
         raise UserError("give exactly one channel: --webhook URL or --apprise URL")
     generated = None
     if webhook is not None:
+        _channel_host(webhook, "webhook")
         parts = urlsplit(webhook)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise UserError(f"webhook {channel_url(webhook)} is not an http(s) URL")
+        _check_guard(webhook, "webhook", guard)
         if secret is not None and len(secret) < 16:
             raise UserError("a webhook secret must be at least 16 characters")
         if secret is None:
@@ -59,8 +85,10 @@ def add_user(
             raise UserError("a webhook secret signs webhooks; an Apprise URL carries its own credentials")
         import apprise  # 0.2 s of imports: only where an Apprise URL is checked
 
+        _channel_host(apprise_url, "Apprise URL")
         if not apprise.Apprise().add(apprise_url):
             raise UserError(f"{channel_url(apprise_url)} is not a URL Apprise can send to")
+        _check_guard(apprise_url, "Apprise URL", guard)
         channel, url = ChannelKind.APPRISE, apprise_url
     t = schema.users
     if conn.execute(sa.select(t.c.id).where(t.c.name == name)).first() is not None:
@@ -75,8 +103,8 @@ def find_user(conn: sa.Connection, user: str) -> int:
     """A user's id, by name or by id."""
     t = schema.users
     found = conn.execute(sa.select(t.c.id).where(t.c.name == user)).scalar()
-    if found is None and user.isdigit():
-        found = conn.execute(sa.select(t.c.id).where(t.c.id == int(user))).scalar()
+    if found is None and (user_id := as_id(user)) is not None:
+        found = conn.execute(sa.select(t.c.id).where(t.c.id == user_id)).scalar()
     if found is None:
         raise UserError(f"no user named (or with id) {user!r}")
     return int(found)
@@ -97,7 +125,8 @@ def add_filter(
     names = source_ids_by_name(conn)
     try:
         for term in source_terms(parse(query)):
-            if term.value not in names and not (term.value.isdigit() and _source_exists(conn, int(term.value))):
+            source_id = as_id(term.value)
+            if term.value not in names and not (source_id is not None and _source_exists(conn, source_id)):
                 raise QueryError(f"no source named (or with id) {term.value!r}", term.position)
         compiled = compile_query(query, names)
     except QueryError as exc:

@@ -7,6 +7,7 @@ one line on stderr and exit status 1, never a traceback.
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 import sqlalchemy as sa
@@ -46,6 +47,12 @@ def status(as_json: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    for n, arg in enumerate(sys.argv[1:] if argv is None else argv, 1):
+        try:
+            arg.encode()
+        except UnicodeEncodeError:  # bytes the locale could not decode (surrogate escapes)
+            click.echo(f"pipeline: argument {n} is not valid UTF-8 text", err=True)
+            return 1
     try:
         cli.main(args=argv, prog_name="pipeline", standalone_mode=False)
     except PipelineError as exc:

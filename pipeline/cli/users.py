@@ -29,11 +29,14 @@ def users_add(name: str, webhook: str | None, secret_file: Any, apprise_url: str
     import os
 
     from pipeline.catalogue import users
+    from pipeline.core.settings import Settings
+    from pipeline.net.http import AddressGuard
 
     secret = secret_file.read().strip() if secret_file is not None else None
     secret = secret or os.environ.get("PIPELINE_WEBHOOK_SECRET", "").strip() or None
+    guard = AddressGuard(Settings.from_env().allow_networks)  # the one every send is held to
     with common.engine().begin() as conn:
-        user = users.add_user(conn, name, webhook=webhook, secret=secret, apprise_url=apprise_url)
+        user = users.add_user(conn, name, webhook=webhook, secret=secret, apprise_url=apprise_url, guard=guard)
     click.echo(user.id)
     if user.secret:
         click.echo(f"webhook secret (shown once; the receiver verifies X-Pipeline-Signature with it): {user.secret}",

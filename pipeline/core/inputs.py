@@ -22,6 +22,16 @@ MAX_ITEM_ID_CHARS = 760
 # C0 control characters except tab, line feed and carriage return, and DEL.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 MAX_ID = 2**63 - 1  # ids are 64-bit
+_ID = re.compile(r"[0-9]{1,19}")
+
+
+def as_id(text: str) -> int | None:
+    """``text`` as a row id when it writes one (ASCII digits, 1 to ``MAX_ID``), else None:
+    a name that is a number too large for an id is a name, never an overflow."""
+    if not _ID.fullmatch(text):
+        return None
+    value = int(text)
+    return value if 1 <= value <= MAX_ID else None
 
 
 def text_problem(text: str, field: str, limit: int = TEXT_CHARS) -> str | None:

@@ -34,7 +34,7 @@ _HOST_SCHEMES = ("http", "https")
 
 
 @functools.cache
-def _host_is_a_host(scheme: str) -> bool:
+def names_a_host(scheme: str) -> bool:
     """Whether ``scheme``'s URLs hold a plain host where a host would be."""
     if scheme in _HOST_SCHEMES:
         return True
@@ -59,16 +59,23 @@ def channel_url(url: str) -> str:
     scheme = parts.scheme.lower()
     if not scheme:
         return "…"
-    return f"{scheme}://{host}/…" if host and _host_is_a_host(scheme) else f"{scheme}://…"
+    return f"{scheme}://{host}/…" if host and names_a_host(scheme) else f"{scheme}://…"
 
 
 # scheme://USERINFO@ at the start of a URL, in a URL alone or inside a sentence.
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s]*@")
 
 
+_DATABASE_SCHEME = re.compile(r"(?i)(postgres(ql)?|mysql|mariadb|sqlite)(\+\w+)?://")
+
+
 def userinfo(text: str) -> str:
-    """``text`` with the user info of every URL in it masked (``http://***@host/``)."""
-    return _USERINFO.sub(rf"\1{MASK}@", text) if "@" in text else text
+    """``text`` with the user info of every URL in it masked (``http://***@host/``); a
+    database URL's is left as ``database_url`` shows it (the user, never a password)."""
+    if "@" not in text:
+        return text
+    return _USERINFO.sub(lambda m: m.group(0) if _DATABASE_SCHEME.fullmatch(m.group(1)) else f"{m.group(1)}{MASK}@",
+                         text)
 
 
 def database_url(url: sa.URL | str) -> str:

@@ -80,6 +80,22 @@ class AddressGuard:
             return False
         return not address.is_global or address.is_multicast or address.is_reserved
 
+    def refused_host(self, host: str) -> list[str]:
+        """The addresses ``host`` (a name or an IP literal) stands for, when this guard
+        refuses every one: a channel that could never be sent to, told when it is added.
+        Empty when one is allowed, or when a name does not resolve now (it is checked
+        again, hop by hop, at each send)."""
+        try:
+            addresses = [ipaddress.ip_address(host.strip("[]").split("%", 1)[0])]
+        except ValueError:
+            try:
+                infos = _real_getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+            except (OSError, UnicodeError):
+                return []
+            addresses = [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
+        refused = [str(a) for a in dict.fromkeys(addresses) if self.refuses(a)]
+        return refused if len(refused) == len(dict.fromkeys(addresses)) else []
+
 
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 

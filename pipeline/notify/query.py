@@ -38,6 +38,7 @@ from enum import StrEnum
 from itertools import product
 
 from pipeline.core.errors import QueryError
+from pipeline.core.inputs import as_id
 from pipeline.core.words import WORD, folded, normalised, phrase_tokens
 
 __all__ = ["Clause", "Condition", "Query", "QueryError", "compile_query", "parse", "plain", "source_terms"]
@@ -444,8 +445,8 @@ def _clause(alternative: list[tuple[Term, bool]], sources: Mapping[str, frozense
         ids: frozenset[int] = frozenset()
         if term.field is Field.SOURCE:
             ids = sources.get(term.value, frozenset())
-            if term.value.isdigit():
-                ids |= {int(term.value)}
+            if (source_id := as_id(term.value)) is not None:
+                ids |= {source_id}
         checks.append(Condition(term, neg, ids))
         if neg:
             continue

@@ -17,10 +17,11 @@ one; else the moment the digest it waits for goes out.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, available_timezones
 
 from pipeline.core.errors import UserError
 
@@ -40,13 +41,20 @@ def _clock(text: str, what: str) -> time:
         raise UserError(f"{what} {text!r} is not a time of day (HH:MM, 00:00 to 23:59)") from None
 
 
+@functools.cache
+def zone_names() -> frozenset[str]:
+    """The IANA time zone names: those of the zone database, less the files in it that
+    are not zones (``Factory``; ``localtime`` and ``posixrules``, the host's own)."""
+    return frozenset(available_timezones()) - {"Factory", "localtime", "posixrules"}
+
+
 def parse_timezone(name: str | None) -> tzinfo:
     if not name:
         return UTC
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise UserError(f"time zone {name!r} is not an IANA time zone name (such as Europe/Berlin or UTC)") from None
+    if name not in zone_names():  # never a path: ZoneInfo would open whatever it names
+        shown = name if len(name) <= 60 else f"{name[:57]}..."
+        raise UserError(f"time zone {shown!r} is not an IANA time zone name (such as Europe/Berlin or UTC)")
+    return ZoneInfo(name)
 
 
 @dataclass(frozen=True)
@@ -104,7 +112,7 @@ class DeliveryPlan:
         else:  # spans midnight: the evening part ends tomorrow, the morning part today
             inside = clock >= start or clock < end
             end_day = local.date() + timedelta(days=1) if clock >= start else local.date()
-        return self._at(end_day, end) if inside else None
+        return self._wall_clock_end(end_day, end, moment) if inside else None
 
     def _next_digest(self, now: datetime) -> datetime:
         local = now.astimezone(self.tz)
@@ -125,6 +133,26 @@ class DeliveryPlan:
                     return at
                 k += 1
         raise AssertionError("unreachable: a digest falls within two days")  # pragma: no cover
+
+    def _wall_clock_end(self, day: date, clock: time, moment: datetime) -> datetime:
+        """The first moment after ``moment`` at which the wall clock on local ``day``
+        reads ``clock`` or later: when the clock falls back and reads it twice, the
+        second time if the first is past (at 02:10 after the fall-back, quiet hours to
+        02:30 end at the 02:30 still to come); when it springs forward over it, the
+        moment of the jump (quiet hours to 02:30 end when 02:00 becomes 03:00)."""
+        wall = datetime.combine(day, clock)
+        first = wall.replace(tzinfo=self.tz).astimezone(UTC)
+        second = wall.replace(tzinfo=self.tz, fold=1).astimezone(UTC)
+        if second < first:  # a gap: the wall clock skips ``clock``; find the jump
+            before, after = second, first
+            while after - before > timedelta(microseconds=1):
+                middle = before + (after - before) / 2
+                if middle.astimezone(self.tz).replace(tzinfo=None) >= wall:
+                    after = middle
+                else:
+                    before = middle
+            return after
+        return first if first > moment else second
 
     def _at(self, day: date, clock: time) -> datetime:
         """``clock`` on local ``day`` as a UTC moment: a time a DST gap skips counts as

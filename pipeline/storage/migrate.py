@@ -14,7 +14,6 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from alembic.util import CommandError
 from filelock import FileLock
 from sqlalchemy.engine import Engine
 
@@ -124,10 +123,9 @@ def _refuse_newer_schema(engine: Engine) -> None:
 
 
 def _known_revision(revision: str) -> bool:
-    try:
-        return ScriptDirectory(str(MIGRATIONS_DIR)).get_revision(revision) is not None
-    except CommandError:  # "Can't locate revision identified by ..."
-        return False
+    """Whether a migration has exactly this id (alembic's own lookup asserts on some
+    input, such as an empty one, and guesses at prefixes)."""
+    return revision in {script.revision for script in ScriptDirectory(str(MIGRATIONS_DIR)).walk_revisions()}
 
 
 def check_schema(engine: Engine) -> None:
