@@ -27,7 +27,7 @@ from pipeline.core.urls import (
     web_url,
     web_urls,
 )
-from pipeline.core.words import _PART, WORD
+from pipeline.core.words import _PART, WORD, normalised
 from pipeline.fetching.rss import _absolute, _absolute_parsed
 from pipeline.listings.normalize import (
     CATEGORY_CHARS,
@@ -281,9 +281,10 @@ def test_an_items_link_kept_without_a_parse_is_what_urljoin_gives(feed_url, pref
 
 
 def _words_reference(text: str) -> set[str]:
-    """The word rule as first written, one match at a time (pipeline/notify/matching.py)."""
+    """The word rule as first written, one match at a time (pipeline/notify/matching.py),
+    over the text normalised as every text is before words are taken."""
     found: set[str] = set()
-    for match in WORD.finditer(text):
+    for match in WORD.finditer(normalised(text)):
         word = match.group().casefold()
         found.add(word)
         if not word.isalnum():
