@@ -92,3 +92,43 @@ def test_metrics_serve_answers_scrapes_and_stops_on_ctrl_c(engine, db_url):
 def test_metrics_against_an_unreachable_database_is_one_line(tmp_path):
     result = run("metrics", env={"DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"})
     assert_one_line_error(result)
+
+
+def test_idle_connections_cannot_pile_up_threads_and_are_closed_after_the_read_timeout():
+    """150 half-sent requests once held 152 threads open with no timeout. Waits for
+    states: the server closing them (after its read timeout, 1 s here), then a scrape
+    answered."""
+    import socket
+    import threading
+
+    from pipeline.cli.metrics import serve
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"up 1\n"]
+
+    server = serve("127.0.0.1", 0, app, read_timeout=1.0, max_connections=4)
+    runner = threading.Thread(target=server.serve_forever, daemon=True)
+    runner.start()
+    port = server.server_address[1]
+
+    def serving() -> int:
+        return sum(1 for t in threading.enumerate() if "process_request_thread" in t.name)
+
+    idle = []
+    try:
+        for _ in range(150):
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            s.sendall(b"GET /metrics HTTP/1.1\r\n")  # and never the rest
+            idle.append(s)
+            assert serving() <= 4
+        for s in idle:  # each is closed by the server: refused at once, or once its read timed out
+            assert s.recv(1024) == b""
+        wait_until("the server's threads to end", lambda: serving() == 0, timeout=60, every=0.1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+            assert response.read() == b"up 1\n"
+    finally:
+        for s in idle:
+            s.close()
+        server.shutdown()
+        server.server_close()

@@ -328,3 +328,32 @@ def test_planted_secrets_never_reach_command_output(engine, db_url):
 @pytest.mark.parametrize("command", [("db", "upgrade", "9999"), ("db", "downgrade", "nonsense")])
 def test_an_unknown_schema_revision_is_one_line(db_url, command):
     assert_one_line_error(run(*command, env={"DATABASE_URL": db_url}), "no schema revision")
+
+
+def test_a_receiver_echoing_the_webhooks_secret_path_never_gets_it_stored_or_printed(engine, db_url):
+    """A receiver answering `404 no route for /hook/TOKEN` once put the token into
+    `notify`'s output and `notifications.last_error` (its reason phrase, copied)."""
+    from tests.test_notifier import add_listing
+
+    receiver = LocalServer().start()
+
+    def echo(h: Any) -> None:
+        h.send_response(404, f"no route for {h.path}")
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+    receiver.routes[f"/hook/{WEBHOOK_TOKEN}"] = echo
+    try:
+        with engine.begin() as conn:
+            users.add_user(conn, "alice", webhook=receiver.url(f"/hook/{WEBHOOK_TOKEN}"), secret=WEBHOOK_SECRET)
+            users.add_filter(conn, "alice", "python")
+            add_listing(conn, add_source(conn, "http://127.0.0.1:9/feed"), "a", "Python developer")
+        result = run("notify", env={"DATABASE_URL": db_url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32"})
+    finally:
+        receiver.stop()
+    assert receiver.requests, "the receiver was asked"
+    with engine.connect() as conn:
+        [error] = conn.execute(sa.select(schema.notifications.c.last_error)).scalars().all()
+    assert "404" in error and "no route for /hook/***" in error, error
+    for text in (error, result.stdout, result.stderr):
+        assert WEBHOOK_TOKEN not in text and WEBHOOK_TOKEN[:redact.SECRET_PREFIX_CHARS] not in text

@@ -218,6 +218,13 @@ def test_import_yaml_and_csv(engine, db_url, tmp_path):
     assert rows["http://127.0.0.1:8000/b.xml"]["config"] == {"category": "tech"}
 
 
+ALIAS_BOMB = "\n".join(
+    [f"a: &a [{', '.join(['lol'] * 9)}]"]
+    + [f"{n}: &{n} [{', '.join(['*' + p] * 9)}]" for p, n in zip("abcdefgh", "bcdefghi")]
+    + ["sources: [{url: 'http://127.0.0.1/x', config: {x: *i}}]"]
+)
+
+
 @pytest.mark.parametrize(
     ("name", "text", "fragment"),
     [
@@ -233,12 +240,30 @@ def test_import_yaml_and_csv(engine, db_url, tmp_path):
         ("bomb.opml", '<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol">]><opml/>',
          "DOCTYPE or ENTITY declaration is not accepted"),
         ("feeds.txt", "http://127.0.0.1/a\n", "unknown file type '.txt'"),
+        # Once 10**9 nodes of nested aliases kept the import on a CPU past 30 s.
+        ("laughs.yaml", ALIAS_BOMB, "aliases (*a) are not accepted in an import"),
+        ("deep.yaml", "[" * 20_000 + "]" * 20_000, "not valid YAML: nested more than"),
+        ("wide.csv", "url,name\nhttp://127.0.0.1/x," + "a" * 200_000 + "\n",
+         "wide.csv, line 2: not valid CSV: field larger than field limit"),
     ],
 )
 def test_a_bad_file_names_the_entry_and_writes_nothing(engine, db_url, tmp_path, name, text, fragment):
     path = write(tmp_path, name, text)
     assert_one_line_error(run("sources", "import", str(path), env={"DATABASE_URL": db_url}), fragment)
     assert sources_rows(engine) == [], "nothing of a rejected file is written"
+
+
+def test_folders_nested_thousands_deep_are_read_without_recursion(engine, db_url, tmp_path):
+    """3,000 nested outlines once ended the import in a RecursionError."""
+    depth = 3000
+    opml = ("<opml><body>" + "".join(f"<outline text='f{i}'>" for i in range(depth))
+            + "<outline text='deep' xmlUrl='http://127.0.0.1/deep.xml'/>" + "</outline>" * depth + "</body></opml>")
+    path = write(tmp_path, "deep.opml", opml)
+    result = run("sources", "import", str(path), env={"DATABASE_URL": db_url})
+    assert result.returncode == 0, result.stderr
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(schema.sources.c.url, schema.sources.c.config)).all() == [
+            ("http://127.0.0.1/deep.xml", {"category": f"f{depth - 1}"})]
 
 
 def test_a_missing_file_is_one_line(db_url, tmp_path):

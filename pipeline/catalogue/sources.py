@@ -350,42 +350,72 @@ def _from_opml(text: str, file: str, group_by: str, adaptive_default: bool) -> l
     if root.tag != "opml" or body is None:
         raise SourceError(f"{file}: not OPML (no <opml><body>)")
     entries: list[tuple[str, dict[str, Any]]] = []
-
-    def walk(outline: ET.Element, category: str | None) -> None:
-        for child in outline.findall("outline"):
-            label = child.get("title") or child.get("text")
-            url = child.get("xmlUrl") or child.get("xmlurl")
-            if url is None and child.get("url"):
-                url = child.get("url")
-            if url is None:
-                walk(child, label or category)  # a folder: its title is the category
-                continue
-            kind = (child.get("type") or "").lower()
-            entries.append(
-                (
-                    f"{file}, outline {label or url!r}",
-                    {
-                        "url": url,
-                        "type": kind if kind in list(SourceType) else None,
-                        "name": label,
-                        "category": child.get("category") or category,
-                        "priority": child.get("priority"),
-                        "adaptive": child.get("adaptive"),
-                        "min_interval": child.get("min_interval"),
-                        "max_interval": child.get("max_interval"),
-                    },
-                )
+    # Outlines in document order, without recursion (folders may nest thousands deep):
+    # a folder's outlines take its title as their category.
+    stack: list[tuple[ET.Element, str | None]] = [(child, None) for child in reversed(body.findall("outline"))]
+    while stack:
+        child, category = stack.pop()
+        label = child.get("title") or child.get("text")
+        url = child.get("xmlUrl") or child.get("xmlurl")
+        if url is None and child.get("url"):
+            url = child.get("url")
+        if url is None:
+            stack.extend((inner, label or category) for inner in reversed(child.findall("outline")))
+            continue
+        kind = (child.get("type") or "").lower()
+        entries.append(
+            (
+                f"{file}, outline {label or url!r}",
+                {
+                    "url": url,
+                    "type": kind if kind in list(SourceType) else None,
+                    "name": label,
+                    "category": child.get("category") or category,
+                    "priority": child.get("priority"),
+                    "adaptive": child.get("adaptive"),
+                    "min_interval": child.get("min_interval"),
+                    "max_interval": child.get("max_interval"),
+                },
             )
-
-    walk(body, None)
+        )
     return _collect(entries, file, group_by, adaptive_default)
+
+
+# How deep a YAML import may nest (a source's config is at most CONFIG_DEPTH levels, under
+# an entry of a list under ``sources:``): bounded while the document is composed, before
+# PyYAML's recursive composer could overflow the stack.
+YAML_DEPTH = CONFIG_DEPTH + 4
+
+
+class _ImportLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without aliases (a 546-byte document of nested aliases is a
+    billion nodes: the "billion laughs") and with a bound on nesting. A list of sources
+    needs neither."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"aliases (*{event.anchor}) are not accepted in an import", event.start_mark)
+        self._depth += 1
+        try:
+            if self._depth > YAML_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested more than {YAML_DEPTH} levels deep", self.peek_event().start_mark)
+            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        finally:
+            self._depth -= 1
 
 
 def _from_yaml(text: str, file: str, group_by: str, adaptive_default: bool) -> list[SourceSpec]:
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_ImportLoader)  # noqa: S506 (a safe loader, without aliases)
     except yaml.YAMLError as exc:
-        raise SourceError(f"{file}: not valid YAML: {exc}".splitlines()[0]) from None
+        raise SourceError(f"{file}: not valid YAML: {' '.join(str(exc).split())}") from None
     if isinstance(data, dict) and "sources" in data:
         data = data["sources"]
     if not isinstance(data, list):
@@ -411,10 +441,13 @@ def _from_csv(text: str, file: str, group_by: str, adaptive_default: bool) -> li
             " min_interval, max_interval)"
         )
     reader.fieldnames = fields
-    entries = [
-        (f"{file}, line {reader.line_num}", {k: (v or "").strip() for k, v in row.items() if k})
-        for row in reader
-    ]
+    try:
+        entries = [
+            (f"{file}, line {reader.line_num}", {k: (v or "").strip() for k, v in row.items() if k})
+            for row in reader
+        ]
+    except csv.Error as exc:  # a field past the csv module's limit, a NUL in a field
+        raise SourceError(f"{file}, line {reader.line_num + 1}: not valid CSV: {exc}") from None
     return _collect(entries, file, group_by, adaptive_default)
 
 

@@ -62,6 +62,22 @@ def channel_url(url: str) -> str:
     return f"{scheme}://{host}/…" if host and names_a_host(scheme) else f"{scheme}://…"
 
 
+def channel_secrets(url: str) -> list[str]:
+    """The parts of a channel URL that ``channel_url`` hides and may be credentials: its
+    user info, and its path segments and query values of ``SECRET_PREFIX_CHARS`` or more
+    characters (a chat service's token is one), to ``scrub`` from text a receiver sent
+    back ("404 no route for /hook/TOKEN")."""
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        return [url]
+    found = [parts.username, parts.password]
+    found += [segment for segment in parts.path.split("/") if len(segment) >= SECRET_PREFIX_CHARS]
+    found += [value for pair in parts.query.split("&") for value in pair.split("=")[1:]
+              if len(value) >= SECRET_PREFIX_CHARS]
+    return sorted({secret for secret in found if secret and len(secret) > 1}, key=len, reverse=True)
+
+
 # scheme://USERINFO@ at the start of a URL, in a URL alone or inside a sentence.
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s]*@")
 

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from pipeline.core.backoff import exponential_delay, not_before
 from pipeline.core.errors import DeliveryError, FetchError
 from pipeline.core.failures import CHANNEL_ERROR, FailureReason
-from pipeline.core.redact import channel_url
+from pipeline.core.redact import channel_secrets, channel_url, scrub
 from pipeline.net.http import USER_AGENT, AddressGuard, Fetcher, guarded_sockets
 from pipeline.notify.schedule import DeliveryPlan
 
@@ -153,8 +153,10 @@ class WebhookChannel:
             self.fetcher.post(message.channel_url, body, headers)
         except FetchError as exc:
             # A webhook URL can be a credential (chat services put a token in its path):
-            # errors show its scheme and host only.
-            text = exc.message.replace(message.channel_url, channel_url(message.channel_url))
+            # errors show its scheme and host only, and never a part of its path or query
+            # that the receiver echoed back ("404 no route for /hook/TOKEN").
+            text = scrub(exc.message.replace(message.channel_url, channel_url(message.channel_url)),
+                         channel_secrets(message.channel_url))
             raise DeliveryError(f"{exc.reason}: {text}", code=exc.reason, retry_after=exc.retry_after) from None
 
 
