@@ -98,25 +98,28 @@ def test_every_demo_source_feeds_the_pipeline_and_the_receiver_gets_signed_deliv
 
 
 def test_the_receiver_refuses_a_bad_signature_and_drops_a_repeat(site):
+    from datetime import UTC, datetime, timedelta
+
+    from pipeline.notify.delivery import signed_headers
+
     body = json.dumps({"notification_id": 7, "user": {"name": "demo"}, "filter": {"keywords": ["python"]},
                        "listing": {"title": "t", "url": "http://127.0.0.1/x"}}).encode()
 
-    def post(signature: str) -> int:
-        request = urllib.request.Request(
-            f"{site.url}/hook", data=body, method="POST",
-            headers={"X-Pipeline-Signature": signature, "Idempotency-Key": "notification-7"},
-        )
+    def post(headers: dict[str, str]) -> int:
+        request = urllib.request.Request(f"{site.url}/hook", data=body, method="POST",
+                                         headers={**headers, "Idempotency-Key": "notification-7"})
         try:
             with urllib.request.urlopen(request, timeout=5) as response:
                 return response.status
         except urllib.error.HTTPError as exc:
             return exc.code
 
-    from pipeline.notify.delivery import sign
-
-    assert post("sha256=" + "0" * 64) == 401
-    assert post(sign(content.DEMO_SECRET, body)) == 204
-    assert post(sign(content.DEMO_SECRET, body)) == 204
+    now = datetime.now(UTC)
+    assert post(signed_headers(["another-secret-entirely"], "notification-7", body, now)) == 401
+    # A delivery captured and replayed later: its timestamp is past the tolerance.
+    assert post(signed_headers([content.DEMO_SECRET], "notification-7", body, now - timedelta(minutes=6))) == 401
+    assert post(signed_headers([content.DEMO_SECRET], "notification-7", body, now)) == 204
+    assert post(signed_headers([content.DEMO_SECRET], "notification-7", body, now)) == 204
     got = received(site)
     assert (got["total"], got["repeats_dropped"]) == (1, 1)
 

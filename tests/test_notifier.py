@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from pipeline.catalogue import users
 from pipeline.catalogue.notifications import requeue_notifications
 from pipeline.core.settings import Settings
-from pipeline.notify.delivery import SIGNATURE_HEADER, verify
+from pipeline.notify.delivery import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, signed_headers, verify
 from pipeline.notify.notifier import Notifier, NotifyStats
 from pipeline.notify.schedule import DeliveryPlan
 from pipeline.storage import schema
@@ -85,8 +85,9 @@ def test_a_match_is_delivered_once_signed_and_keyed(engine, receiver, source_id)
     assert (stats.listings_matched, stats.notifications_created, stats.sent) == (2, 1, 1)
     [sent] = posts(receiver)
     headers, body = sent["headers"], sent["body"]
-    assert verify(SECRET, body, headers[SIGNATURE_HEADER]), "the signature verifies with the secret"
-    assert not verify("another-secret-entirely", body, headers[SIGNATURE_HEADER])
+    assert verify(SECRET, body, headers), "the signature verifies with the secret"
+    assert not verify("another-secret-entirely", body, headers)
+    assert headers[ID_HEADER] == headers["Idempotency-Key"] and headers[SIGNATURE_HEADER].startswith("v1,")
     [row] = notifications(engine)
     assert headers["Idempotency-Key"] == f"notification-{row['id']}"
     payload = json.loads(body)
@@ -100,6 +101,48 @@ def test_a_match_is_delivered_once_signed_and_keyed(engine, receiver, source_id)
 
 
 @conformance
+def test_a_signature_covers_its_timestamp_and_a_rotated_secret_signs_beside_the_new_one(
+    engine, db_url, receiver, source_id
+):
+    """Standard Webhooks: once a signature covered the body alone, so a captured delivery
+    verified forever, and a secret could not be changed."""
+    new_secret = "rotated-secret-0123456789"
+    with engine.begin() as conn:
+        add_user(conn, "alice", receiver.url("/hook"))
+        users.add_filter(conn, "alice", "python")
+    rotated = run("users", "set", "alice", "--secret-file", "-", stdin=new_secret + "\n", env={"DATABASE_URL": db_url})
+    assert rotated.returncode == 0 and "the old one signs beside it for 24 h" in rotated.stderr, rotated
+    with engine.begin() as conn:
+        add_listing(conn, source_id, "a", "Python developer")
+    notifier(engine).run()
+    [first] = posts(receiver)
+    headers, body = first["headers"], first["body"]
+    assert len(headers[SIGNATURE_HEADER].split(" ")) == 2, "both secrets sign during the overlap"
+    assert verify(new_secret, body, headers) and verify(SECRET, body, headers)
+    later = str(int(headers[TIMESTAMP_HEADER]) + 1)
+    assert not verify(new_secret, body, {**headers, TIMESTAMP_HEADER: later}), "the timestamp is signed"
+    stale = signed_headers([new_secret], headers[ID_HEADER], body, now() - timedelta(minutes=6))
+    assert not verify(new_secret, body, stale), "a delivery replayed past the tolerance fails"
+    with engine.begin() as conn:  # the overlap is over
+        conn.execute(sa.update(schema.users).values(previous_secret_until=now() - timedelta(seconds=1)))
+        add_listing(conn, source_id, "b", "Python engineer")
+    notifier(engine).run()
+    second = posts(receiver)[1]
+    assert verify(new_secret, second["body"], second["headers"])
+    assert not verify(SECRET, second["body"], second["headers"]), "the old secret no longer signs"
+
+
+@pytest.mark.parametrize(("secret", "fragment"), [
+    ("short", "at least 16 characters"), (SECRET, "the new secret is the one in use")])
+def test_a_rotation_to_a_weak_or_unchanged_secret_is_refused(engine, db_url, receiver, secret, fragment):
+    from tests.test_cli import assert_one_line_error
+
+    with engine.begin() as conn:
+        add_user(conn, "alice", receiver.url("/hook"))
+    assert_one_line_error(run("users", "set", "alice", "--secret-file", "-", stdin=secret,
+                              env={"DATABASE_URL": db_url}), fragment)
+
+
 def test_filters_in_the_language_match_on_the_database_and_say_so_in_the_payload(engine, receiver, source_id):
     """Phrases, exclusions, alternatives and fields, with a source named and an author and
     a date read from the listing rows the notifier claims."""
@@ -153,7 +196,7 @@ def test_a_digest_holds_the_matches_then_sends_them_in_one_signed_message(engine
     late.deliver(stats)
     assert (stats.sent, stats.digests_sent) == (3, 1)
     digest = posts(receiver)[-1]
-    assert verify(SECRET, digest["body"], digest["headers"][SIGNATURE_HEADER])
+    assert verify(SECRET, digest["body"], digest["headers"])
     payload = json.loads(digest["body"])
     head = min(n["id"] for n in held)
     assert digest["headers"]["Idempotency-Key"] == payload["idempotency_key"] == f"digest-{head}"

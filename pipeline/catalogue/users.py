@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,6 +24,8 @@ from pipeline.notify.query import QueryError, compile_query, parse, source_terms
 from pipeline.notify.schedule import DeliveryPlan
 from pipeline.storage import schema
 
+
+MIN_SECRET_CHARS = 16  # a webhook secret's shortest
 
 @dataclass(frozen=True)
 class NewUser:
@@ -74,8 +76,8 @@ def add_user(
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise UserError(f"webhook {channel_url(webhook)} is not an http(s) URL")
         _check_guard(webhook, "webhook", guard)
-        if secret is not None and len(secret) < 16:
-            raise UserError("a webhook secret must be at least 16 characters")
+        if secret is not None and len(secret) < MIN_SECRET_CHARS:
+            raise UserError(f"a webhook secret must be at least {MIN_SECRET_CHARS} characters")
         if secret is None:
             secret = generated = secrets.token_urlsafe(32)
         channel, url = ChannelKind.WEBHOOK, webhook
@@ -97,6 +99,28 @@ def add_user(
         sa.insert(t).values(name=name, channel=channel, channel_url=url, secret=secret).returning(t.c.id)
     ).scalar_one()
     return NewUser(int(user_id), generated)
+
+
+def rotate_secret(conn: sa.Connection, user: str, secret: str, overlap: timedelta, *, now: datetime | None = None) -> None:
+    """Give a webhook user a new secret; the old one keeps signing beside it for
+    ``overlap`` (both signatures go with every delivery: Standard Webhooks allows
+    several), so the receiver can switch to the new one without refusing a delivery."""
+    user_id = find_user(conn, user)
+    if problem := text_problem(secret, "the secret", TEXT_CHARS):
+        raise UserError(problem)
+    if len(secret) < MIN_SECRET_CHARS:
+        raise UserError(f"a webhook secret must be at least {MIN_SECRET_CHARS} characters")
+    if not timedelta(0) <= overlap <= timedelta(days=30):
+        raise UserError("the overlap is 0 to 720 hours")
+    t = schema.users
+    channel, old = conn.execute(sa.select(t.c.channel, t.c.secret).where(t.c.id == user_id)).one()
+    if channel != ChannelKind.WEBHOOK:
+        raise UserError(f"user {user!r} is notified through Apprise, whose URL carries its own credentials")
+    if secret == old:
+        raise UserError("the new secret is the one in use")
+    until = (now or datetime.now(UTC)) + overlap
+    conn.execute(sa.update(t).where(t.c.id == user_id).values(
+        secret=secret, previous_secret=old if overlap else None, previous_secret_until=until if overlap else None))
 
 
 def find_user(conn: sa.Connection, user: str) -> int:

@@ -39,7 +39,7 @@ def users_add(name: str, webhook: str | None, secret_file: Any, apprise_url: str
         user = users.add_user(conn, name, webhook=webhook, secret=secret, apprise_url=apprise_url, guard=guard)
     click.echo(user.id)
     if user.secret:
-        click.echo(f"webhook secret (shown once; the receiver verifies X-Pipeline-Signature with it): {user.secret}",
+        click.echo(f"webhook secret (shown once; the receiver verifies webhook-signature with it): {user.secret}",
                    err=True)
 
 
@@ -52,15 +52,27 @@ def users_add(name: str, webhook: str | None, secret_file: Any, apprise_url: str
               help="Quiet hours, e.g. 22:00-07:00 (may span midnight), or off: what matches then"
                    " waits and goes out as one digest when they end.")
 @click.option("--tz", "timezone", metavar="ZONE", help="The user's time zone (IANA, e.g. Europe/Berlin; default UTC).")
-def users_set(user: str, digest: str | None, quiet: str | None, timezone: str | None) -> None:
-    """Change when USER (a name or id) is notified. Notifications already waiting are
-    re-timed by the new settings."""
+@click.option("--secret-file", type=click.File("r"), metavar="FILE",
+              help="Rotate the webhook's secret to the one in FILE ('-': standard input); the old"
+                   " one keeps signing beside it for --overlap-hours.")
+@click.option("--overlap-hours", type=click.FloatRange(0, 720), default=24.0, show_default=True,
+              help="How long the old secret signs beside the new one after --secret-file.")
+def users_set(user: str, digest: str | None, quiet: str | None, timezone: str | None, secret_file: Any,
+              overlap_hours: float) -> None:
+    """Change when USER (a name or id) is notified, or rotate the webhook's secret.
+    Notifications already waiting are re-timed by the new settings."""
+    from datetime import timedelta
+
     from pipeline.catalogue import users
 
-    if digest is None and quiet is None and timezone is None:
-        raise click.UsageError("give --digest, --quiet or --tz")
+    if digest is None and quiet is None and timezone is None and secret_file is None:
+        raise click.UsageError("give --digest, --quiet, --tz or --secret-file")
     with common.engine().begin() as conn:
-        users.set_delivery(conn, user, digest=digest, quiet=quiet, timezone=timezone)
+        if secret_file is not None:
+            users.rotate_secret(conn, user, secret_file.read().strip(), timedelta(hours=overlap_hours))
+            click.echo(f"new secret in use; the old one signs beside it for {overlap_hours:g} h", err=True)
+        if digest is not None or quiet is not None or timezone is not None:
+            users.set_delivery(conn, user, digest=digest, quiet=quiet, timezone=timezone)
         row = next(r for r in users.list_users(conn) if r["id"] == users.find_user(conn, user))
     click.echo(row["delivery"])
 

@@ -4,9 +4,13 @@ Every message carries its notification id as an idempotency key: delivery is
 at-least-once (a worker that dies after sending and before recording it lets another
 worker send again once the lease runs out), and a receiver drops a repeat by that id.
 
-* ``webhook``: ``POST`` of the JSON body below, with ``Idempotency-Key`` and
-  ``X-Pipeline-Signature: sha256=<hex HMAC-SHA256 of the body under the user's secret>``,
-  through the run's Fetcher (the SSRF guard, timeouts, no redirects).
+* ``webhook``: ``POST`` of the JSON body below, signed as the Standard Webhooks
+  specification says (``webhook-id``: the notification's idempotency key, the same on
+  every attempt; ``webhook-timestamp``: the attempt's Unix time; ``webhook-signature``:
+  ``v1,<base64 HMAC-SHA256 of "id.timestamp.body" under the user's secret>``, one per
+  secret during a rotation's overlap), with ``Idempotency-Key`` too, through the run's
+  Fetcher (the SSRF guard, timeouts, no redirects). A receiver rejects a timestamp more
+  than 5 minutes from its clock, so a captured delivery cannot be replayed later.
 * ``apprise``: any Apprise URL (e-mail, chat services, ...) through the apprise library,
   its connections held to the same SSRF guard (``pipeline.net.http.guarded_sockets``).
 
@@ -16,12 +20,13 @@ A failed send raises ``DeliveryError``; pipeline/notify/notifier.py backs it off
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
+
+from standardwebhooks.webhooks import EmptyWebhookSecretError, Webhook, WebhookVerificationError
 
 from pipeline.core.backoff import exponential_delay, not_before
 from pipeline.core.errors import DeliveryError, FetchError
@@ -30,7 +35,7 @@ from pipeline.core.redact import channel_secrets, channel_url, scrub
 from pipeline.net.http import USER_AGENT, AddressGuard, Fetcher, guarded_sockets
 from pipeline.notify.schedule import DeliveryPlan
 
-SIGNATURE_HEADER = "X-Pipeline-Signature"
+ID_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER = "webhook-id", "webhook-timestamp", "webhook-signature"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 RETRY_BASE = timedelta(minutes=1)
 RETRY_CAP = timedelta(hours=6)
@@ -82,6 +87,8 @@ class Message:
     channel_url: str = field(repr=False)  # Apprise URLs carry tokens and passwords
     secret: str | None = field(repr=False)
     items: tuple[Item, ...]
+    # The secret a rotation replaced, while its overlap lasts: both sign (users set --secret-file).
+    previous_secret: str | None = field(default=None, repr=False)
     is_digest: bool = False
     plan: DeliveryPlan = field(default_factory=DeliveryPlan, compare=False)
 
@@ -119,14 +126,22 @@ class Message:
                 "\n".join(lines) + f"\n\n({self.idempotency_key})")
 
 
-def sign(secret: str, body: bytes) -> str:
-    """The signature header's value: ``sha256=`` and the hex HMAC-SHA256 of ``body``."""
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+def signed_headers(secrets: Sequence[str], message_id: str, body: bytes, at: datetime) -> dict[str, str]:
+    """The Standard Webhooks headers of ``body`` sent at ``at``: one ``v1`` signature per
+    secret (the current one first; during a rotation's overlap the previous one too)."""
+    signatures = " ".join(Webhook(secret.encode()).sign(message_id, at, body.decode()) for secret in secrets)
+    return {ID_HEADER: message_id, TIMESTAMP_HEADER: str(int(at.timestamp())), SIGNATURE_HEADER: signatures}
 
 
-def verify(secret: str, body: bytes, signature: str) -> bool:
-    """What a receiver does: compare in constant time."""
-    return hmac.compare_digest(sign(secret, body), signature)
+def verify(secret: str, body: bytes, headers: Mapping[str, str]) -> bool:
+    """What a receiver does (the ``standardwebhooks`` package): one of the signatures is
+    the HMAC of ``id.timestamp.body`` under ``secret``, compared in constant time, and
+    the timestamp is within 5 minutes of its clock (a replay later fails)."""
+    try:
+        Webhook(secret.encode()).verify(body, dict(headers), json_parse=False)
+    except (WebhookVerificationError, EmptyWebhookSecretError, ValueError):
+        return False
+    return True
 
 
 class Channel(Protocol):
@@ -143,11 +158,12 @@ class WebhookChannel:
         if not message.secret:
             raise DeliveryError("the user's webhook has no secret to sign with", code=FailureReason.INVALID_CONFIG)
         body = message.body()
+        secrets = [message.secret] + ([message.previous_secret] if message.previous_secret else [])
         headers = {
             "Content-Type": "application/json",
             "User-Agent": USER_AGENT,
             IDEMPOTENCY_HEADER: message.idempotency_key,
-            SIGNATURE_HEADER: sign(message.secret, body),
+            **signed_headers(secrets, message.idempotency_key, body, datetime.now(UTC)),
         }
         try:
             self.fetcher.post(message.channel_url, body, headers)

@@ -633,7 +633,8 @@ def _load_messages(engine: Engine, ids: Sequence[int]) -> list[Message]:
     with engine.connect() as conn:
         rows = conn.execute(
             sa.select(n.c.id, n.c.digest_id, u.c.id.label("user_id"), u.c.name, u.c.channel, u.c.channel_url,
-                      u.c.secret, u.c.digest, u.c.quiet_hours, u.c.timezone, *item_columns)
+                      u.c.secret, u.c.previous_secret, u.c.previous_secret_until, u.c.digest, u.c.quiet_hours,
+                      u.c.timezone, *item_columns)
             .select_from(joined.join(u, u.c.id == n.c.user_id))
             .where(n.c.id.in_(list(ids)), u.c.enabled)
         ).all()
@@ -645,10 +646,12 @@ def _load_messages(engine: Engine, ids: Sequence[int]) -> list[Message]:
                 .where(n.c.digest_id.in_(heads), n.c.id != n.c.digest_id).order_by(n.c.id)
             ):
                 members.setdefault(r.digest_id, []).append(_item(r))
+    now = datetime.now(UTC)
     return [
         Message(
             notification_id=r.id, user_id=r.user_id, user_name=r.name, channel=r.channel,
             channel_url=r.channel_url, secret=r.secret, items=(_item(r), *members.get(r.id, ())),
+            previous_secret=r.previous_secret if r.previous_secret_until and r.previous_secret_until > now else None,
             is_digest=r.digest_id == r.id, plan=delivery_plan(r.user_id, r.digest, r.quiet_hours, r.timezone),
         )
         for r in rows

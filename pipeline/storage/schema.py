@@ -338,6 +338,10 @@ users = sa.Table(
     sa.Column("digest", sa.Text()),
     sa.Column("quiet_hours", sa.Text()),
     sa.Column("timezone", sa.Text()),
+    # A rotated webhook secret signs beside the new one until ``previous_secret_until``
+    # (`users set --secret-file`, pipeline/notify/delivery.py). Revision 0018.
+    sa.Column("previous_secret", sa.Text()),
+    sa.Column("previous_secret_until", UTCDateTime()),
     sa.UniqueConstraint("name"),
     sa.CheckConstraint(sql_in("channel", ChannelKind), name="channel"),
 )
