@@ -266,7 +266,7 @@ def test_the_lookup_reads_each_key_by_its_index_planned_for_its_own_keys(backend
         sa.event.listen(conn, "before_cursor_execute",
                         lambda conn, cursor, sql, params, context, many: captured.append((sql, params)))
         stories._candidates(conn, asking)
-        sql, params = captured[-1]
+        sql, params = next((sql, params) for sql, params in reversed(captured) if "story_key" in sql)
         if engine.dialect.name == "postgresql":
             assert conn.exec_driver_sql("SELECT current_setting('plan_cache_mode')").scalar() == "force_custom_plan"
             plan = "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + sql, params))
@@ -291,3 +291,46 @@ def test_a_title_written_with_hidden_or_wide_characters_is_the_same_story():
     from pipeline.listings.stories import text_words
 
     assert text_words("Ｐｙｔｈｏｎ 3.14 re\u00adleased") == text_words("Python 3.14 released")
+
+
+@pytest.mark.parametrize("one_batch", [False, True])
+def test_a_source_linking_another_sites_article_first_cannot_title_its_story(engine, site, one_batch):
+    """The reproduction: a hostile source published first, linking the real article's
+    URL plus ?utm_source=hostile under its own title; the real item joined its story and
+    the user's one delivery carried the hostile title. Now the link's own site's item is
+    a story of its own; an aggregator linking it afterwards still joins it."""
+    with engine.begin() as conn:
+        hostile = add_source(conn, "http://hostile.example/feed")
+        real = add_source(conn, "https://news.example/feed.xml")
+        aggregator = add_source(conn, "https://aggregator.example/rss")
+        add_user(conn, "alice", site.url("/hook"))
+        users.add_filter(conn, "alice", "postgresql")
+        add_raw(conn, hostile, "h-1", title="PostgreSQL 18: claim your free tokens",
+                url="https://news.example/pg18?utm_source=hostile")
+        if not one_batch:
+            processor(engine).run()
+        add_raw(conn, real, "r-1", title="PostgreSQL 18 released", url="https://news.example/pg18")
+    processor(engine).run()
+    with engine.begin() as conn:
+        add_raw(conn, aggregator, "g-1", title="PostgreSQL 18 released (news.example)",
+                url="https://news.example/pg18?utm_source=aggregator")
+    processor(engine).run()
+    notifier(engine).run()
+    titles = sorted(json.loads(p["body"])["listing"]["title"] for p in posts(site))
+    assert titles == ["PostgreSQL 18 released", "PostgreSQL 18: claim your free tokens"]
+    rows = _listings(engine)
+    assert rows[(real, "r-1")]["cluster_id"] is None, "the article's own item is no copy of the hostile one"
+    assert rows[(aggregator, "g-1")]["cluster_id"] in (rows[(real, "r-1")]["id"], rows[(hostile, "h-1")]["id"])
+
+
+def test_a_source_url_with_tracking_parameters_is_the_same_source(engine, db_url):
+    from tests.test_cli import assert_one_line_error, run
+
+    env = {"DATABASE_URL": db_url}
+    assert run("sources", "add", "http://127.0.0.1/jobs.rss", env=env).returncode == 0
+    assert_one_line_error(run("sources", "add", "http://127.0.0.1/jobs.rss?utm_campaign=x&fbclid=1", env=env),
+                          "a source with URL http://127.0.0.1/jobs.rss exists already (id 1)")
+    assert run("sources", "add", "http://127.0.0.1/jobs.rss?page=2&utm_source=y", env=env).returncode == 0
+    with engine.connect() as conn:
+        assert sorted(conn.execute(sa.select(schema.sources.c.url)).scalars()) == [
+            "http://127.0.0.1/jobs.rss", "http://127.0.0.1/jobs.rss?page=2"]

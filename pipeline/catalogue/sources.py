@@ -27,7 +27,7 @@ from pipeline.core.errors import SourceError
 from pipeline.core.inputs import NAME_CHARS, TEXT_CHARS, URL_CHARS, text_problem
 from pipeline.core.kinds import SourceType
 from pipeline.core.settings import Settings
-from pipeline.core.urls import canonical_host, canonical_url
+from pipeline.core.urls import canonical_host, source_url
 from pipeline.fetching import politeness, youtube
 from pipeline.fetching.collector import Collector, CollectStats
 from pipeline.fetching.registry import adapter_for
@@ -127,8 +127,9 @@ def make_spec(
         raise SourceError(f"{where}{value!r}: {parts.hostname!r} is not a host name or an IP address")
     if port == 0:
         raise SourceError(f"{where}{value!r}: port 0 is not a port")
-    # One feed, one source: HTTP://Host:80/feed#top is http://host/feed (pipeline/core/urls.py).
-    value = canonical_url(value)
+    # One feed, one source: HTTP://Host:80/feed?utm_source=x#top is http://host/feed
+    # (pipeline/core/urls.py: canonical, without tracking parameters).
+    value = source_url(value)
     parts = urlsplit(value)
     if kind is None:
         kind = SourceType.YOUTUBE if parts.hostname in youtube.YOUTUBE_HOSTS else SourceType.RSS

@@ -17,6 +17,8 @@ import re
 import socket
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
+import tldextract
+
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _ESCAPE = re.compile(r"%[0-9a-fA-F]{2}")
 _LABEL = re.compile(r"(?!-)[a-z0-9_-]{1,63}(?<!-)\Z")
@@ -160,15 +162,52 @@ def story_url(canonical: str) -> str | None:
 
 def _story_url_parsed(canonical: str) -> str | None:
     """``story_url`` by parsing the URL (any URL: with a query or without)."""
-    parts = urlsplit(canonical)
-    kept = [
-        pair for pair in parts.query.split("&")
-        if pair and not _is_tracking(unquote(pair.partition("=")[0]).lower())
-    ]
-    if parts.path == "/" and not kept:
+    parts = urlsplit(without_tracking(canonical))
+    if parts.path == "/" and not parts.query:
         return None
-    return urlunsplit((parts.scheme, parts.netloc, parts.path, "&".join(kept), ""))
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, parts.query, ""))
+
+
+def without_tracking(url: str) -> str:
+    """``url`` without its tracking parameters (``utm_*``, ``fbclid``, ...), the rest of
+    its query kept as written, in order: the one rule for a story's link and for a
+    source's URL (``source_url``)."""
+    if "?" not in url:
+        return url
+    parts = urlsplit(url)
+    kept = [pair for pair in parts.query.split("&") if pair and not _is_tracking(unquote(pair.partition("=")[0]).lower())]
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, "&".join(kept), parts.fragment))
+
+
+def source_url(url: str) -> str:
+    """A source's URL as it is stored and compared: canonical, without tracking
+    parameters (``.../jobs.rss?utm_campaign=x`` is ``.../jobs.rss``: one feed, one
+    source). Items' links keep theirs in ``canonical_url``: their keys never change."""
+    return without_tracking(canonical_url(url))
 
 
 def _is_tracking(name: str) -> bool:
     return name.startswith(TRACKING_PREFIXES) or name in TRACKING_PARAMETERS
+
+
+@functools.cache
+def _suffixes() -> tldextract.TLDExtract:
+    # The snapshot of the Public Suffix List that ships with tldextract: no download.
+    return tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
+
+
+@functools.lru_cache(maxsize=4096)
+def registrable_domain(host: str) -> str:
+    """``host``'s registrable domain (``a.blog.example.co.uk`` is ``example.co.uk``, by the
+    Public Suffix List); an IP address or a bare suffix is its own."""
+    parts = _suffixes()(host)
+    return parts.top_domain_under_public_suffix or host
+
+
+def same_site(url: str, other: str) -> bool:
+    """Whether two URLs are on one site: their hosts' registrable domains agree."""
+    try:
+        hosts = [canonical_host(urlsplit(u).hostname or "") or "" for u in (url, other)]
+    except ValueError:
+        return False
+    return all(hosts) and registrable_domain(hosts[0].strip("[]")) == registrable_domain(hosts[1].strip("[]"))

@@ -32,7 +32,6 @@ as a few statements in one transaction, the group rows locked before the count.
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import logging
 import uuid
@@ -43,12 +42,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import sqlalchemy as sa
-import tldextract
 from sqlalchemy.engine import Connection, RowMapping
 
 from pipeline.core.inputs import NAME_CHARS, text_problem
 from pipeline.core.kinds import SourceType
-from pipeline.core.urls import canonical_host
+from pipeline.core.urls import canonical_host, registrable_domain
 from pipeline.queue.claim import Claim, Strategy, WorkQueue
 from pipeline.storage import counters, schema
 from pipeline.storage.bulk import insert_ignoring_conflicts, insert_rows
@@ -84,20 +82,8 @@ def group_for(url: str, source_type: str, named: str | None = None, *, by: str =
     # an IPv6 literal's brackets.
     host = (canonical_host(urlsplit(url).hostname or "") or "").strip("[]")
     if by == "domain" and host:
-        return _registrable_domain(host)
+        return registrable_domain(host)
     return host or DEFAULT
-
-
-@functools.cache
-def _suffixes() -> tldextract.TLDExtract:
-    # The snapshot of the Public Suffix List that ships with tldextract: no download.
-    return tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
-
-
-def _registrable_domain(host: str) -> str:
-    """``host``'s registrable domain; an IP address or a bare suffix is its own."""
-    parts = _suffixes()(host)
-    return parts.top_domain_under_public_suffix or host
 
 
 # A loopback host is the operator's own machine, with nobody to be polite to: its group

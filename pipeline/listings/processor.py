@@ -192,12 +192,15 @@ class Processor:
         existing = {(r.source_id, r.source_item_id): r
                     for r in conn.execute(_existing_statement(dialect), _existing_params(dialect, keys))}
         new: dict[tuple[int, str], stories.Marks] = {}
+        fresh = {r["source_id"] for r in rows if (r["source_id"], r["source_item_id"]) not in existing}
+        s = schema.sources
+        source_urls = dict(conn.execute(sa.select(s.c.id, s.c.url).where(s.c.id.in_(sorted(fresh)))).all()) if fresh else {}
         for r, (_, listing) in zip(rows, pairs, strict=True):
             key = (r["source_id"], r["source_item_id"])
             old = existing.get(key)
             if old is None:
                 stats.inserted += 1
-                marks = new[key] = stories.Marks.of(listing)
+                marks = new[key] = stories.Marks.of(listing, source_urls.get(r["source_id"]))
                 r.update(marks.columns())
             elif old.content_hash != r["content_hash"] and (old.raw_id is None or old.raw_id <= r["raw_id"]):
                 stats.updated += 1

@@ -4,7 +4,9 @@ already brought, and the clusters they form (docs/runbook.md, "One alert per sto
 Two listings **from different sources** are the same story when
 
 * their links name the same story (``story_url``, pipeline/core/urls.py: the canonical
-  URL less tracking parameters such as ``utm_*``; never a site's home page), or
+  URL less tracking parameters such as ``utm_*``; never a site's home page), except
+  that an item on its link's own site never joins a story an off-site item began (a
+  source linking another site's article first, under its own title, would title it), or
 * their texts are near-identical: the 64-bit SimHash (Charikar 2002; the thresholds of
   Manku, Jain and Das Sarma 2007) of the distinct words of title and summary differ in
   at most ``MAX_DISTANCE`` bits. A text of fewer than ``MIN_WORDS`` distinct words has
@@ -47,7 +49,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from pipeline.core.urls import story_url
+from pipeline.core.urls import same_site, story_url
 from pipeline.core.words import normalised
 from pipeline.listings.normalize import Listing
 from pipeline.queue.recordset import integer_list, integers
@@ -133,18 +135,26 @@ class Marks:
     url_key: int | None
     fingerprint: int | None  # unsigned
     title_words: frozenset[str]  # of its own title (none when the title is its link)
+    # Its link is on another site than its source's (an aggregator's item, or a hostile
+    # source's linking a real article under its own title): the link's own site's item
+    # never joins its story by that link (``same_story``).
+    offsite: bool = False
 
     @classmethod
-    def of(cls, listing: Listing) -> Marks:
-        """A listing's marks, taken from its content."""
+    def of(cls, listing: Listing, source_url: str | None = None) -> Marks:
+        """A listing's marks, taken from its content; ``source_url``: its source's."""
         title = own_title(listing.title, listing.url)
-        return cls(url_key(listing.canonical_url), fingerprint(title, listing.summary), frozenset(text_words(title)))
+        offsite = source_url is not None and not same_site(listing.canonical_url, source_url)
+        return cls(url_key(listing.canonical_url), fingerprint(title, listing.summary), frozenset(text_words(title)),
+                   offsite)
 
     @classmethod
-    def stored(cls, story_key: int | None, simhash: int | None, title: str, url: str) -> Marks:
-        """A stored listing's marks, from its row."""
+    def stored(cls, story_key: int | None, simhash: int | None, title: str, url: str,
+               source_url: str | None = None) -> Marks:
+        """A stored listing's marks, from its row (and its source's URL)."""
         return cls(story_key, None if simhash is None else from_signed(simhash),
-                   frozenset(text_words(own_title(title, url))))
+                   frozenset(text_words(own_title(title, url))),
+                   source_url is not None and not same_site(url, source_url))
 
     @functools.cached_property
     def keys(self) -> dict[str, int]:
@@ -172,11 +182,14 @@ class NewListing:
 
 
 def same_story(a: NewListing, b: NewListing) -> bool:
-    """Whether two listings are one story (the module docstring's rules)."""
+    """Whether ``a`` is the story of ``b``, stored before it (the module docstring's
+    rules). By link, unless ``a`` is on its link's own site and ``b`` is not: a story an
+    off-site item began is never the one its link's own site's item joins, so a source
+    linking someone's article first, under a title of its own, cannot title it."""
     if a.source_id == b.source_id:
         return False
     x, y = a.marks, b.marks
-    if x.url_key is not None and x.url_key == y.url_key:
+    if x.url_key is not None and x.url_key == y.url_key and (x.offsite or not y.offsite):
         return True
     return (x.fingerprint is not None and y.fingerprint is not None
             and distance(x.fingerprint, y.fingerprint) <= MAX_DISTANCE and titles_agree(x.title_words, y.title_words))
@@ -256,9 +269,13 @@ def _candidates(conn: sa.Connection, keyed: Sequence[NewListing]) -> list[tuple[
             params[f"prints_{number}"] = integer_list(print_ for _, print_ in asking)
     found = {(row.key_number, row.key_value, row.id): row
              for row in conn.execute(_recent_statement(conn.dialect.name), params)}
+    s = schema.sources
+    sources = {row.source_id for row in found.values()}
+    source_urls = dict(conn.execute(sa.select(s.c.id, s.c.url).where(s.c.id.in_(sorted(sources)))).all()) if sources else {}
     return [
         ((schema.STORY_KEYS[number], value), NewListing(
-            row.id, row.source_id, Marks.stored(row.story_key, row.simhash, row.title, row.url), row.cluster_id))
+            row.id, row.source_id,
+            Marks.stored(row.story_key, row.simhash, row.title, row.url, source_urls.get(row.source_id)), row.cluster_id))
         for (number, value, _), row in sorted(found.items())
     ]
 
