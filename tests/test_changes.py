@@ -5,6 +5,7 @@ or goes from its source; a feed's window moving on is not a listing gone."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import sqlalchemy as sa
 
@@ -13,7 +14,7 @@ from pipeline.notify import delivery
 from pipeline.storage import schema
 from tests import test_duplicates
 from tests.conftest import conformance
-from tests.helpers import add_source
+from tests.helpers import add_source, now
 from tests.http_server import LocalServer
 from tests.test_collector import collector
 from tests.test_notifier import add_user, notifier, posts
@@ -23,9 +24,18 @@ site = test_duplicates.site  # a fixture: a webhook receiver
 
 
 def told(site: LocalServer) -> list[tuple[str, str, str]]:
-    """(user, event, title) of every webhook delivery, in order."""
-    return [(b["user"]["name"], b["event"], b["listing"]["title"])
-            for b in (json.loads(p["body"]) for p in posts(site))]
+    """(user, event, title) of every item of every webhook delivery, in order (a digest's
+    items each)."""
+    bodies = [json.loads(p["body"]) for p in posts(site)]
+    return [(b["user"]["name"], item["event"], item["listing"]["title"])
+            for b in bodies for item in (b["items"] if "items" in b else [b])]
+
+
+def release_held(engine: sa.Engine) -> None:
+    """The end of every held notification's wait (a window, quiet hours): now."""
+    with engine.begin() as conn:
+        conn.execute(sa.update(schema.notifications).where(schema.notifications.c.status == "held")
+                     .values(next_attempt_at=now() - timedelta(seconds=1)))
 
 
 def one_pass(engine: sa.Engine, *, fetched: int = 1) -> None:
@@ -59,7 +69,10 @@ def test_a_change_of_a_watched_listing_is_told_once(engine, site):
     stats = notifier(engine).run()
     assert (stats.notifications_created, stats.sent) == (1, 1)
     store(title="Python developer (filled)", summary="Salary 70k")  # changed again, no longer matching bob
-    assert notifier(engine).run().sent == 1
+    again = notifier(engine).run()
+    assert (again.notifications_created, again.batched, again.sent) == (1, 1, 0), "within the window: held"
+    release_held(engine)
+    assert notifier(engine).run().sent == 1, "at the window's end"
     store(title="Python developer", summary="Salary 70k")  # back to a version told before
     assert notifier(engine).run().notifications_created == 0
     assert sorted(told(site)) == [
@@ -198,3 +211,58 @@ def test_filters_add_changes_on_the_command_line(engine, db_url):
     added = run("filters", "add", "alice", "--query", "python", "--changes", env=env)
     assert added.returncode == 0, added.stderr
     assert "python (and its changes)" in run("filters", "list", env=env).stdout
+
+
+def test_past_a_users_alert_limit_the_rest_go_out_as_one_summary_and_nothing_is_dropped(engine, site):
+    """The reproduction: one fetch of 1,000 matching items sent 1,000 webhooks in 10.5 s.
+    Here 30 in one batch with a limit of 20 a window: 20 one by one, the other 10 in one
+    summary at the window's end; another user's alerts are their own."""
+    from pipeline.storage.status import collect_status, status_as_text
+
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1/jobs.rss")
+        add_user(conn, "alice", site.url("/hook"))
+        users.add_filter(conn, "alice", "python")
+        add_user(conn, "bob", site.url("/hook"))
+        users.add_filter(conn, "bob", "rust")
+        for i in range(30):
+            add_raw(conn, source, f"job-{i}", title=f"Python developer {i}")
+        add_raw(conn, source, "rust-1", title="Rust developer")
+    processor(engine).run()
+    first = notifier(engine).run()
+    assert (first.notifications_created, first.batched, first.sent) == (31, 10, 21)
+    assert sorted(told(site))[-1] == ("bob", "new", "Rust developer")
+    status = collect_status(engine)
+    assert status.notifications["held"] == 10 and status.batched == 10
+    assert "(10 held past users' alert limits so far)" in status_as_text(status)
+    release_held(engine)
+    summary = notifier(engine).run()
+    assert (summary.digests_sent, summary.sent) == (1, 10), "one summary delivery of the ten"
+    alice = [title for user, _, title in told(site) if user == "alice"]
+    assert sorted(alice) == sorted(f"Python developer {i}" for i in range(30)), "none dropped, none twice"
+    assert len(posts(site)) == 22
+
+
+def test_a_listing_changing_on_every_fetch_is_told_once_a_window_with_its_latest_value(engine, site):
+    """The reproduction: a 41-item page watched with --changes, its prices rising on each
+    of 6 fetches, sent 201 changed alerts. Here one listing changes five times within a
+    window: told once at once, then once at the window's end, with its last value."""
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1/shop")
+        add_user(conn, "alice", site.url("/hook"))
+        users.add_filter(conn, "alice", "lamp", changes=True)
+        add_raw(conn, source, "lamp", title="Desk lamp", summary="EUR 10")
+    processor(engine).run()
+    notifier(engine).run()
+    for price in (11, 12, 13, 14, 15):
+        with engine.begin() as conn:
+            add_raw(conn, source, "lamp", title="Desk lamp", summary=f"EUR {price}")
+        processor(engine).run()
+        notifier(engine).run()
+    assert [event for _, event, _ in told(site)] == ["new", "changed"]
+    release_held(engine)
+    notifier(engine).run()
+    bodies = [json.loads(p["body"]) for p in posts(site)]
+    assert len(bodies) == 3, "one more, at the window's end"
+    last = bodies[-1]["items"][0] if "items" in bodies[-1] else bodies[-1]
+    assert (last["event"], last["listing"]["summary"]) == ("changed", "EUR 15"), "carrying the latest value"

@@ -59,3 +59,19 @@ def test_a_declared_encoding_that_fails_is_replaced_by_what_the_bytes_are():
     body = document("koi8-r", " encoding='utf-8'")  # says UTF-8, is KOI8-R
     [item] = parse_feed(body, "http://127.0.0.1/feed", "application/rss+xml")
     assert item.raw["title"] == TITLE["koi8-r"]
+
+
+@pytest.mark.parametrize("codepage", ["cp500", "cp037", "cp1140", "cp875"])
+def test_an_ebcdic_feed_is_read_in_the_code_page_it_declares_and_its_entities_are_refused(codepage):
+    """A feed declaring cp500, in cp500, was read by the detector as cp037 ("Hiring
+    ¢remote! now|"), relabelled UTF-8, and its <!ENTITY declaration never seen."""
+    from pipeline.core.errors import FetchError
+    from pipeline.fetching.rss import parse_feed
+
+    doc = (f"<?xml version='1.0' encoding='{codepage}'?><rss version='2.0'><channel>"
+           "<item><guid>g</guid><title>Hiring [remote]! now</title></item></channel></rss>")
+    [item] = parse_feed(doc.encode(codepage), "http://127.0.0.1/feed")
+    assert item.raw["title"] == "Hiring [remote]! now"
+    bomb = doc.replace("<rss", "<!DOCTYPE rss [<!ENTITY a 'aaaaaaaaaa'>]><rss").replace("now", "&a;")
+    with pytest.raises(FetchError, match="declares XML entities"):
+        parse_feed(bomb.encode(codepage), "http://127.0.0.1/feed")

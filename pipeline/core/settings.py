@@ -42,6 +42,11 @@ DEFAULT_RUN_RETENTION_DAYS = 14  # Dagster runs (and their event logs) kept this
 # Adaptive cadence (pipeline/core/cadence.py): a source's bounds when it sets none.
 DEFAULT_ADAPTIVE_MIN_MINUTES = 15
 DEFAULT_ADAPTIVE_MAX_MINUTES = 1440
+# A user hears at most this many alerts one by one in a window; the rest of the window's
+# go out as one summary delivery at its end (and a listing's change alerts at most once
+# a window): pipeline/notify/notifier.py, docs/runbook.md "Limits".
+DEFAULT_ALERT_LIMIT = 20
+DEFAULT_ALERT_WINDOW_MINUTES = 10
 
 
 def project_root() -> Path:
@@ -150,6 +155,8 @@ class Settings:
     adaptive_cadence: bool = False
     adaptive_min_minutes: int = DEFAULT_ADAPTIVE_MIN_MINUTES  # bounds of a source that sets none
     adaptive_max_minutes: int = DEFAULT_ADAPTIVE_MAX_MINUTES
+    alert_limit: int = DEFAULT_ALERT_LIMIT  # alerts a user hears one by one per window
+    alert_window_minutes: int = DEFAULT_ALERT_WINDOW_MINUTES
 
     def max_runs(self, stage: str) -> int:
         """Runs of ``stage`` (one of STAGES) in flight at once: PIPELINE_<STAGE>_MAX_RUNS."""
@@ -206,4 +213,6 @@ class Settings:
             adaptive_cadence=_choice_env("PIPELINE_ADAPTIVE_CADENCE", ("off", "on")) == "on",
             adaptive_min_minutes=_int_env("PIPELINE_ADAPTIVE_MIN_MINUTES", DEFAULT_ADAPTIVE_MIN_MINUTES),
             adaptive_max_minutes=_int_env("PIPELINE_ADAPTIVE_MAX_MINUTES", DEFAULT_ADAPTIVE_MAX_MINUTES),
+            alert_limit=_int_env("PIPELINE_ALERT_LIMIT", DEFAULT_ALERT_LIMIT),
+            alert_window_minutes=_int_env("PIPELINE_ALERT_WINDOW_MINUTES", DEFAULT_ALERT_WINDOW_MINUTES),
         )

@@ -11,6 +11,9 @@ document labelled with a single-byte charset (``text/plain; charset=iso-8859-1``
 misconfigured server). Those bytes decode as Latin-1 too, but as mojibake; a real
 Latin-1 document with accented letters is almost never valid UTF-8.
 
+An EBCDIC document (its declaration ``<?xml`` in EBCDIC) is read in the code page its
+declaration names, never by the detector (which takes cp500 for cp037).
+
 A document re-read this way is handed on as UTF-8, its XML declaration and HTTP charset
 saying so.
 """
@@ -37,9 +40,35 @@ def _decodes(body: bytes, encoding: str) -> bool:
     return True
 
 
+# "<?xm" in EBCDIC (the XML specification's Appendix F): the declaration that follows is
+# in characters every EBCDIC code page writes alike, so it is read as cp037 to find the
+# code page it names.
+_EBCDIC_DECLARATION = b"\x4c\x6f\xa7\x94"
+
+
+def _from_ebcdic(body: bytes, content_type: str | None) -> tuple[bytes, str | None]:
+    """An EBCDIC document as UTF-8, by the code page its declaration names (cp037 when it
+    names none Python knows): a detector reads cp500 as cp037 (their brackets differ),
+    and what it reads must be what every later check (the entity guard) sees."""
+    head = body[:200].decode("cp037", errors="replace")
+    named = re.match(r"""<\?xml[^>]*?encoding\s*=\s*["']([A-Za-z0-9._:-]+)["']""", head)
+    encoding = "cp037"
+    if named:
+        try:
+            encoding = codecs.lookup(named.group(1)).name
+        except LookupError:
+            pass
+    text = body.decode(encoding, errors="replace")
+    text = re.sub(r"""(<\?xml[^>]*?encoding\s*=\s*["'])[A-Za-z0-9._:-]+(["'])""", r"\g<1>utf-8\g<2>", text, count=1)
+    mime, _ = parse_content_type(content_type or "")
+    return text.encode("utf-8"), f"{mime or 'application/xml'}; charset=utf-8"
+
+
 def as_read(body: bytes, content_type: str | None) -> tuple[bytes, str | None]:
     """``body`` and ``content_type``, re-encoded as UTF-8 when the declared encoding
     (if any) is not the document's; unchanged otherwise."""
+    if body.startswith(_EBCDIC_DECLARATION):
+        return _from_ebcdic(body, content_type)
     if body.startswith(_BOMS) or body[:2] in (b"\x00<", b"<\x00") or body.isascii():
         return body, content_type  # a byte-order mark or UTF-16/32 says; ASCII is ASCII
     mime, http_charset = parse_content_type(content_type or "")

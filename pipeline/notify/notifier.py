@@ -86,6 +86,7 @@ class NotifyStats:
     digests_sent: int = 0  # (their notifications count in ``sent``)
     deferred: int = 0  # due in their user's quiet hours: held until they end
     filters_failed: int = 0  # left out of matching: their query or its matching failed
+    batched: int = 0  # alerts past their user's limit, held for the window's summary
     errors: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
@@ -125,6 +126,7 @@ class Notifier:
 
     def __post_init__(self) -> None:
         self._catalogue = FilterCatalogue(self.engine)
+        self.limits = AlertLimits(self.settings.alert_limit, timedelta(minutes=self.settings.alert_window_minutes))
 
     def run(self, *, max_listings: int | None = None, max_notifications: int | None = None) -> NotifyStats:
         stats = NotifyStats()
@@ -153,10 +155,11 @@ class Notifier:
             fenced, created = in_transaction(
                 self.engine, partial(_write_matches, queue=queue, claim=claim, matches=matches,
                                      recipients=recipients, watching=self._catalogue.watching,
-                                     failures=failures))
+                                     failures=failures, limits=self.limits))
             stats.fenced_out += len(fenced.lost)
             stats.listings_matched += len(fenced.done)
-            stats.notifications_created += created
+            stats.notifications_created += created.count
+            stats.batched += created.batched
 
     def rematch(
         self, start: datetime, end: datetime, *, any_age: bool = False, chunk: int = 1000,
@@ -183,11 +186,13 @@ class Notifier:
             index, recipients = self._catalogue.current()
             matches = index.matches(_texts(rows), any_age=any_age)
             with self.engine.begin() as conn:
-                made = _insert_notifications(conn, matches, recipients, _stories(rows))
+                made = _insert_notifications(conn, matches, recipients, _stories(rows), limits=self.limits)
                 counts = _record_failures(conn, self._catalogue.take_failures())
-                counters.NOTIFICATIONS_CREATED.count(counts, made)
+                counters.NOTIFICATIONS_CREATED.count(counts, made.count)
+                if made.batched:
+                    counters.NOTIFICATIONS_BATCHED.count(counts, made.batched)
                 counters.add(conn, counts)
-            created += made
+            created += made.count
             if progress is not None:
                 progress(len(rows))
 
@@ -360,8 +365,8 @@ _OUTCOME = {NotificationStatus.SENT: "sent", NotificationStatus.FAILED: "retryin
 def _write_matches(
     conn: sa.Connection, *, queue: WorkQueue, claim: Claim, matches: Sequence[Match],
     recipients: Mapping[int, Recipient], watching: Collection[int],
-    failures: Mapping[str, Mapping[int, str]],
-) -> tuple[Fenced, int]:
+    failures: Mapping[str, Mapping[int, str]], limits: AlertLimits,
+) -> tuple[Fenced, Created]:
     """Mark the claimed listings matched (fenced), notify the matches of those still
     held, and, where filters watch for changes, their change alerts and new watches
     (pipeline/storage/watches.py); record the filters that failed (``_record_failures``).
@@ -371,7 +376,7 @@ def _write_matches(
     rows = [row for row in claim.rows if row["id"] in done]
     kept = [m for m in matches if m.listing_id in done]
     changes = [a for a in watches.alerts(conn, rows) if a.user_id in recipients] if watching else []
-    created = _insert_notifications(conn, kept, recipients, _stories(rows), changes)
+    created = _insert_notifications(conn, kept, recipients, _stories(rows), changes, limits=limits)
     if watching:
         by_id = {row["id"]: row for row in rows}
         watches.watch(conn, [
@@ -381,7 +386,9 @@ def _write_matches(
         ])
     counts = _record_failures(conn, failures)
     counters.LISTINGS_MATCHED.count(counts, len(done))
-    counters.NOTIFICATIONS_CREATED.count(counts, created)
+    counters.NOTIFICATIONS_CREATED.count(counts, created.count)
+    if created.batched:
+        counters.NOTIFICATIONS_BATCHED.count(counts, created.batched)
     counters.add(conn, counts)  # last: see pipeline/storage/counters.py
     return fenced, created
 
@@ -563,20 +570,85 @@ def source_ids_by_name(conn: sa.Connection) -> dict[str, frozenset[int]]:
     return {name: frozenset(ids) for name, ids in found.items()}
 
 
+@dataclass(frozen=True)
+class AlertLimits:
+    """How much one user hears one by one (PIPELINE_ALERT_LIMIT, PIPELINE_ALERT_WINDOW_MINUTES):
+    at most ``per_window`` alerts in any ``window``, the rest held to go out together as
+    one summary delivery (a digest) at the window's end, never dropped; and a listing's
+    change alerts at most once a window, the message read when it is sent (its latest
+    title, summary and price)."""
+
+    per_window: int
+    window: timedelta
+
+
+class Created(NamedTuple):
+    count: int  # notifications created
+    batched: int  # of them, held past the user's limit (``AlertLimits``)
+
+
+def _room(conn: sa.Connection, users: Collection[int], now: datetime, limits: AlertLimits) -> dict[int, int]:
+    """How many more alerts each of ``users`` may hear one by one in the window ending
+    now: the limit less those created in it that go (or went) out on their own."""
+    n = schema.notifications
+    heard = dict(conn.execute(
+        sa.select(n.c.user_id, sa.func.count())
+        .where(n.c.user_id.in_(sorted(users)), n.c.created_at >= now - limits.window, n.c.digest_id.is_(None),
+               n.c.status != NotificationStatus.HELD)
+        .group_by(n.c.user_id)
+    ).all()) if users else {}
+    return {user: max(0, limits.per_window - int(heard.get(user, 0))) for user in users}
+
+
+def _spaced_changes(
+    conn: sa.Connection, changes: Sequence[watches.Alert], now: datetime, limits: AlertLimits,
+) -> list[tuple[watches.Alert, datetime | None]]:
+    """The change alerts to create, each with when it may go out at the earliest (None:
+    at once): a ``changed`` alert for a (user, listing) that has one not yet sent is left
+    out (that one, read when it is sent, carries the latest content); one whose last was
+    created within the window waits for the window's end. ``gone`` alerts go as they are."""
+    changed = [a for a in changes if watches.event_kind(a.event) == watches.CHANGED]
+    if not changed:
+        return [(a, None) for a in changes]
+    n = schema.notifications
+    recent: dict[tuple[int, int], tuple[datetime, bool]] = {}
+    for user_id, listing_id, created_at, status in conn.execute(
+        sa.select(n.c.user_id, n.c.listing_id, n.c.created_at, n.c.status)
+        .where(n.c.listing_id.in_(sorted({a.listing_id for a in changed})),
+               n.c.user_id.in_(sorted({a.user_id for a in changed})),
+               n.c.event.like(f"{watches.CHANGED}:%"), n.c.created_at >= now - limits.window)
+    ):
+        last, waiting = recent.get((user_id, listing_id), (created_at, False))
+        recent[(user_id, listing_id)] = (max(last, created_at), waiting or status != NotificationStatus.SENT)
+    kept: list[tuple[watches.Alert, datetime | None]] = []
+    for alert in changes:
+        found = recent.get((alert.user_id, alert.listing_id)) if alert in changed else None
+        if found is None:
+            kept.append((alert, None))
+        elif not found[1]:  # told within the window: once more at its end, with what it then is
+            kept.append((alert, found[0] + limits.window))
+    return kept
+
+
 def _insert_notifications(
     conn: sa.Connection, matches: Sequence[Match], recipients: Mapping[int, Recipient],
-    stories: Mapping[int, Story], changes: Sequence[watches.Alert] = (),
-) -> int:
+    stories: Mapping[int, Story], changes: Sequence[watches.Alert] = (), *, limits: AlertLimits,
+) -> Created:
     """A notification per match, and per change alert, by its user's channel: pending,
     to go out at once, or held until the user's digest or the end of their quiet hours
     (its ``next_attempt_at``). A user who already has one for the listing, for the same
     item carried by another source (its item key, pipeline/core/urls.py), or for the
     same story (its cluster, pipeline/listings/stories.py), gets none; a change alert is
-    told once per (user, listing, event). Returns how many were created."""
+    told once per (user, listing, event). Past the user's ``limits`` an alert is held for
+    the summary at the window's end (``AlertLimits``)."""
     now = datetime.now(UTC)
+    spaced = _spaced_changes(conn, changes, now, limits)
+    changes = [a for a, _ in spaced]
+    not_before = {(a.user_id, a.listing_id): at for a, at in spaced if at is not None}
     release = {user: recipients[user].plan.release_at(now)
                for user in {m.user_id for m in matches} | {a.user_id for a in changes}}
-    at_once, held = [], []
+    room = _room(conn, [user for user, until in release.items() if until is None], now, limits)
+    at_once, held, limited = [], [], []
     told: list[tuple[int, dict[str, Any]]] = [
         (m.user_id, {"listing_id": m.listing_id, "filter_id": m.filter_id, "event": watches.NEW,
                      "item_key": stories[m.listing_id].item_key, "cluster_id": stories[m.listing_id].cluster_id})
@@ -588,12 +660,19 @@ def _insert_notifications(
     ]
     for user_id, row in told:
         row |= {"user_id": user_id, "channel": recipients[user_id].channel}
-        if (until := release[user_id]) is None:
-            at_once.append(row)
-        else:
+        until = release[user_id]
+        if (later := not_before.get((user_id, row["listing_id"]))) is not None and row["event"] != watches.NEW:
+            until = max(until or later, later)
+        if until is not None:
             held.append(row | {"status": NotificationStatus.HELD, "next_attempt_at": until})
-    return sum(insert_ignoring_conflicts(conn, schema.notifications, part, ANY_UNIQUE_KEY)
-               for part in (at_once, held) if part)
+        elif room[user_id] > 0:
+            room[user_id] -= 1
+            at_once.append(row)
+        else:  # past the limit: the window's summary carries it
+            limited.append(row | {"status": NotificationStatus.HELD, "next_attempt_at": now + limits.window})
+    made = [insert_ignoring_conflicts(conn, schema.notifications, part, ANY_UNIQUE_KEY) if part else 0
+            for part in (at_once, held, limited)]
+    return Created(sum(made), made[2] + sum(1 for a, at in spaced if at is not None))
 
 
 class Story(NamedTuple):

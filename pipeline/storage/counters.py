@@ -120,6 +120,11 @@ RAW_ROWS_PROCESSED = Counter(
 # The notifier (pipeline/notify/notifier.py)
 LISTINGS_MATCHED = Counter("pipeline_listings_matched_total", "Listings matched against the filters.")
 NOTIFICATIONS_CREATED = Counter("pipeline_notifications_created_total", "Notifications created by matches.")
+NOTIFICATIONS_BATCHED = Counter(
+    "pipeline_notifications_batched_total",
+    "Alerts past their user's limit in a window (PIPELINE_ALERT_LIMIT per PIPELINE_ALERT_WINDOW_MINUTES),"
+    " held to go out as one summary delivery at the window's end; and change alerts held a window.",
+)
 FILTER_FAILURES = Counter(
     "pipeline_filter_failures_total",
     "Filters left out of a matching pass because they failed: their query did not compile"
@@ -139,7 +144,7 @@ DELIVERY_LATENCY = Histogram(
 )
 
 COUNTERS = (SOURCES_CLAIMED, SOURCES_FETCHED, SOURCES_FETCH_ERRORS, ITEMS_STORED, RAW_ROWS_PROCESSED,
-            LISTINGS_MATCHED, NOTIFICATIONS_CREATED, FILTER_FAILURES, DELIVERIES)
+            LISTINGS_MATCHED, NOTIFICATIONS_CREATED, NOTIFICATIONS_BATCHED, FILTER_FAILURES, DELIVERIES)
 HISTOGRAMS = (FETCH_DURATION, DELIVERY_LATENCY)
 
 

@@ -427,6 +427,9 @@ notifications = sa.Table(
         sqlite_where=sa.text(f"status = '{NotificationStatus.HELD}' AND digest_id IS NULL"),
     ).ddl_if(dialect=("postgresql", "sqlite")),  # type: ignore[arg-type]  # a tuple is documented
     sa.Index(None, "digest_id"),
+    # A user's notifications of the last window, for their alert limit (pipeline/notify/
+    # notifier.py ``AlertLimits``). Revision 0019.
+    sa.Index(None, "user_id", "created_at"),
 )
 
 # The events of ingestion_events: a source handed out for a fetch, and its fetch's end.

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine
 
 from pipeline.core.kinds import NotificationStatus
 from pipeline.queue.claim import QueueSpec
-from pipeline.storage import db, health, schema
+from pipeline.storage import counters, db, health, schema
 from pipeline.storage.bulk import on_conflict_insert
 
 UNSENT = (NotificationStatus.PENDING, NotificationStatus.FAILED, NotificationStatus.DEAD, NotificationStatus.HELD)
@@ -60,6 +60,7 @@ class PipelineStatus:
     last_hour: dict[str, int]  # fetches, failed, items_new (ingestion.completed events)
     raw_given_up: int
     failing_filters: int  # enabled filters left out of matching within a day (their error kept)
+    batched: int  # alerts held past their user's limit, for a window's summary (ever)
     stories: dict[str, int]  # stories: carried by more than one source; copies: their later listings
     notifications: dict[str, int]  # pending, failed (retrying), dead, held (for a digest); sent where exact
     totals: dict[str, int]  # rows per table (estimates on PostgreSQL for the big ones)
@@ -194,6 +195,8 @@ def collect_status(engine: Engine) -> PipelineStatus:
             last_hour={"fetches": int(hour[0]), "failed": int(hour[1]), "items_new": int(hour[2])},
             raw_given_up=health.raw_given_up(conn),
             failing_filters=health.failing_filters(conn),
+            batched=int(counters.totals(conn, [counters.NOTIFICATIONS_BATCHED.name]).get(
+                (counters.NOTIFICATIONS_BATCHED.name, ""), 0)),
             stories=_stories(conn),
             notifications=notifications,
             totals=totals,
@@ -272,7 +275,8 @@ def status_as_text(status: PipelineStatus) -> str:
         (f"stories        {status.stories['stories']:,} carried by more than one source;"
          f" {status.stories['copies']:,} later copies (a user hears of a story once)"),
         (f"notifications  {sent}{notes['pending']:,} pending, {notes['failed']:,} retrying,"
-         f" {notes['dead']:,} dead, {notes['held']:,} held for digests"),
+         f" {notes['dead']:,} dead, {notes['held']:,} held for digests, quiet hours or alert limits"
+         f" ({status.batched:,} held past users' alert limits so far)"),
         *([f"filters        {status.failing_filters:,} left out of matching in the last day: they failed"
            " (`pipeline filters list` shows why); every other filter was matched"]
           if status.failing_filters else []),

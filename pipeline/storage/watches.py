@@ -37,6 +37,7 @@ from pipeline.storage import schema
 from pipeline.storage.bulk import ANY_UNIQUE_KEY, insert_ignoring_conflicts
 
 NEW = "new"  # notifications.event of a new listing's notification
+CHANGED, GONE = "changed", "gone"  # the kinds of a change alert's event (``changed:<version>``)
 
 
 def version(listing: Mapping[str, Any]) -> str:
@@ -103,9 +104,9 @@ def alerts(conn: sa.Connection, listings: Sequence[Mapping[str, Any]]) -> list[A
     ):
         row = by_id[listing_id]
         if row["gone_at"] is not None:
-            event = f"gone:{int(row['gone_at'].timestamp())}"
+            event = f"{GONE}:{int(row['gone_at'].timestamp())}"
         elif (now := version(row)) != watched:
-            event = f"changed:{now}"
+            event = f"{CHANGED}:{now}"
         else:
             continue
         found.append(Alert(user_id, listing_id, filter_id, event))
