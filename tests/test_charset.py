@@ -75,3 +75,20 @@ def test_an_ebcdic_feed_is_read_in_the_code_page_it_declares_and_its_entities_ar
     bomb = doc.replace("<rss", "<!DOCTYPE rss [<!ENTITY a 'aaaaaaaaaa'>]><rss").replace("now", "&a;")
     with pytest.raises(FetchError, match="declares XML entities"):
         parse_feed(bomb.encode(codepage), "http://127.0.0.1/feed")
+
+
+@pytest.mark.parametrize(("bom", "codec"), [(b"\xef\xbb\xbf", "utf-8"), (b"\xff\xfe", "utf-16-le"),
+                                            (b"\xfe\xff", "utf-16-be")])
+@pytest.mark.parametrize("content_type", ["text/plain; charset=iso-8859-1", "application/rss+xml; charset=windows-1252",
+                                          "text/xml"])
+def test_a_byte_order_mark_decides_the_encoding_over_a_wrong_charset(bom, codec, content_type):
+    """Real UTF-8 feeds with a BOM, declaring UTF-8 and served as iso-8859-1, were stored
+    with mojibake ("Jänner" as "JÃ¤nner", "£30" as "Â£30"): a BOM decides, as the
+    WHATWG encoding standard's BOM sniffing does."""
+    title, summary = "Jänner: £30, Привет", "<p>Größe — ✓ Jänner</p>"
+    doc = (f"<?xml version='1.0' encoding='{codec.split('-le')[0].split('-be')[0]}'?><rss version='2.0'><channel>"
+           f"<title>t</title><item><guid>1</guid><title>{title}</title>"
+           f"<description><![CDATA[{summary}]]></description></item></channel></rss>")
+    [item] = parse_feed(bom + doc.encode(codec), "http://127.0.0.1/feed", content_type)
+    assert item.raw["title"] == title
+    assert "Größe — ✓ Jänner" in item.raw["summary"]

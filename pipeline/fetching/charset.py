@@ -1,8 +1,11 @@
 """Reading a feed in the encoding it is really in, when what it declares is missing or
 wrong.
 
-The declared encoding wins whenever it decodes the document (a byte-order mark, the
-HTTP charset, the XML declaration: feedparser's own RFC 3023 rules then apply). Only
+A byte-order mark decides the encoding, whatever the HTTP charset says (the WHATWG
+encoding standard's BOM sniffing: real UTF-8 feeds with a mark are served as
+``text/plain; charset=iso-8859-1``). Otherwise the declared encoding wins whenever it
+decodes the document (the HTTP charset, the XML declaration: feedparser's own RFC 3023
+rules then apply). Only
 when nothing is declared and the bytes are not UTF-8, or the declaration fails to decode
 them, does a detector (charset-normalizer) name the encoding: an EUC-JP, KOI8-R,
 windows-1251 or GB2312 feed with no declaration is read as what it is, not as
@@ -28,7 +31,6 @@ from feedparser.encodings import parse_content_type
 
 # Charsets that decode any bytes at all, so decoding without error proves nothing.
 _SINGLE_BYTE = {"iso-8859-1", "iso8859-1", "latin-1", "latin1", "l1", "windows-1252", "cp1252", "us-ascii", "ascii"}
-_BOMS = (codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)
 _XML_ENCODING = re.compile(rb"""^(\s*<\?xml[^>]*?encoding\s*=\s*["'])([A-Za-z0-9._:-]+)(["'])""", re.IGNORECASE)
 
 
@@ -58,10 +60,20 @@ def _from_ebcdic(body: bytes, content_type: str | None) -> tuple[bytes, str | No
             encoding = codecs.lookup(named.group(1)).name
         except LookupError:
             pass
-    text = body.decode(encoding, errors="replace")
-    text = re.sub(r"""(<\?xml[^>]*?encoding\s*=\s*["'])[A-Za-z0-9._:-]+(["'])""", r"\g<1>utf-8\g<2>", text, count=1)
+    return _utf8(body.decode(encoding, errors="replace"), content_type)
+
+
+# A byte-order mark and its encoding, the four-byte ones first (UTF-32 LE's starts as
+# UTF-16 LE's does).
+_BOM_CODECS = ((codecs.BOM_UTF32_LE, "utf-32-le"), (codecs.BOM_UTF32_BE, "utf-32-be"), (codecs.BOM_UTF8, "utf-8"),
+               (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
+
+
+def _utf8(text: str, content_type: str | None) -> tuple[bytes, str]:
+    """``text`` as UTF-8, its XML declaration and the content type saying so."""
+    body = _XML_ENCODING.sub(rb"\g<1>utf-8\g<3>", text.encode("utf-8"), count=1)
     mime, _ = parse_content_type(content_type or "")
-    return text.encode("utf-8"), f"{mime or 'application/xml'}; charset=utf-8"
+    return body, f"{mime or 'application/xml'}; charset=utf-8"
 
 
 def as_read(body: bytes, content_type: str | None) -> tuple[bytes, str | None]:
@@ -69,9 +81,13 @@ def as_read(body: bytes, content_type: str | None) -> tuple[bytes, str | None]:
     (if any) is not the document's; unchanged otherwise."""
     if body.startswith(_EBCDIC_DECLARATION):
         return _from_ebcdic(body, content_type)
-    if body.startswith(_BOMS) or body[:2] in (b"\x00<", b"<\x00") or body.isascii():
-        return body, content_type  # a byte-order mark or UTF-16/32 says; ASCII is ASCII
-    mime, http_charset = parse_content_type(content_type or "")
+    for bom, codec in _BOM_CODECS:
+        # A byte-order mark decides, whatever the HTTP charset says (WHATWG's BOM sniff).
+        if body.startswith(bom):
+            return _utf8(body[len(bom):].decode(codec, errors="replace"), content_type)
+    if body[:2] in (b"\x00<", b"<\x00") or body.isascii():
+        return body, content_type  # UTF-16/32 without a mark says; ASCII is ASCII
+    _, http_charset = parse_content_type(content_type or "")
     match = _XML_ENCODING.match(body)
     declared = [e.lower() for e in (http_charset, match.group(2).decode() if match else "") if e]
     utf8 = _decodes(body, "utf-8")
@@ -94,6 +110,4 @@ def as_read(body: bytes, content_type: str | None) -> tuple[bytes, str | None]:
         ):
             return body, content_type
         encoding = best.encoding
-    text = body.decode(encoding, errors="replace").encode("utf-8")
-    text = _XML_ENCODING.sub(rb"\g<1>utf-8\g<3>", text, count=1)
-    return text, f"{mime or 'application/xml'}; charset=utf-8"
+    return _utf8(body.decode(encoding, errors="replace"), content_type)
