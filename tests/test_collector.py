@@ -387,6 +387,16 @@ def test_a_wrong_declared_encoding_is_tolerated():
     assert item.raw["title"] == "café"
 
 
+def test_an_atom_03_entry_dated_only_by_created_keeps_its_date():
+    """feedparser reads Atom 0.3's <created>; the entry was stored without a date."""
+    doc = ("<?xml version='1.0'?><feed version='0.3' xmlns='http://purl.org/atom/ns#'><title>t</title>"
+           "<entry><id>tag:example.org,2004:1</id><title>Created only</title>"
+           "<link rel='alternate' type='text/html' href='http://127.0.0.1/1'/>"
+           "<created>2004-01-02T03:04:05Z</created></entry></feed>")
+    [item] = parse_feed(doc.encode(), "http://127.0.0.1/feed")
+    assert item.raw["published_at"] == "2004-01-02T03:04:05+00:00"
+
+
 @pytest.mark.slow
 def test_concurrent_collector_processes_fetch_each_source_once(engine, db_url, server):
     """Processes: each collector is one, as workers on several machines would be. The

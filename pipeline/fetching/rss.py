@@ -219,7 +219,8 @@ def _item(entry: Mapping[str, Any], feed_url: str) -> Item:
         "title": entry.get("title") or "",
         "url": absolute,
         "summary": entry.get("summary") or "",
-        "published_at": _iso(_first(entry, "published_parsed", "updated_parsed")),
+        # Atom 0.3 entries may carry only <created>, which feedparser reads as created.
+        "published_at": _iso(_first(entry, "published_parsed", "updated_parsed", "created_parsed")),
         "author": _author(entry),
         "categories": [t.get("term") for t in entry.get("tags") or [] if t.get("term")],
     }
