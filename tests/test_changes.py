@@ -266,3 +266,26 @@ def test_a_listing_changing_on_every_fetch_is_told_once_a_window_with_its_latest
     assert len(bodies) == 3, "one more, at the window's end"
     last = bodies[-1]["items"][0] if "items" in bodies[-1] else bodies[-1]
     assert (last["event"], last["listing"]["summary"]) == ("changed", "EUR 15"), "carrying the latest value"
+
+
+def test_a_change_alert_waiting_for_a_digest_is_not_doubled_by_a_later_change(engine, site):
+    """One still waiting (for its user's daily digest, however long ago it was made)
+    carries the later change: read when it is sent, it says the latest."""
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1/shop")
+        add_user(conn, "alice", site.url("/hook"))
+        users.add_filter(conn, "alice", "lamp", changes=True)
+        add_raw(conn, source, "lamp", title="Desk lamp", summary="EUR 10")
+    processor(engine).run()
+    notifier(engine).run()
+    with engine.begin() as conn:
+        users.set_delivery(conn, "alice", digest="daily")
+        add_raw(conn, source, "lamp", title="Desk lamp", summary="EUR 11")
+    processor(engine).run()
+    assert notifier(engine).run().notifications_created == 1
+    n = schema.notifications
+    with engine.begin() as conn:  # made long before this window
+        conn.execute(sa.update(n).values(created_at=now() - timedelta(hours=5)))
+        add_raw(conn, source, "lamp", title="Desk lamp", summary="EUR 12")
+    processor(engine).run()
+    assert notifier(engine).run().notifications_created == 0

@@ -607,26 +607,29 @@ def _spaced_changes(
     at once): a ``changed`` alert for a (user, listing) that has one not yet sent is left
     out (that one, read when it is sent, carries the latest content); one whose last was
     created within the window waits for the window's end. ``gone`` alerts go as they are."""
-    changed = [a for a in changes if watches.event_kind(a.event) == watches.CHANGED]
+    changed = {a for a in changes if watches.event_kind(a.event) == watches.CHANGED}
     if not changed:
         return [(a, None) for a in changes]
     n = schema.notifications
+    waiting_statuses = (NotificationStatus.PENDING, NotificationStatus.FAILED, NotificationStatus.HELD)
     recent: dict[tuple[int, int], tuple[datetime, bool]] = {}
     for user_id, listing_id, created_at, status in conn.execute(
         sa.select(n.c.user_id, n.c.listing_id, n.c.created_at, n.c.status)
         .where(n.c.listing_id.in_(sorted({a.listing_id for a in changed})),
                n.c.user_id.in_(sorted({a.user_id for a in changed})),
-               n.c.event.like(f"{watches.CHANGED}:%"), n.c.created_at >= now - limits.window)
+               n.c.event.like(f"{watches.CHANGED}:%"),
+               # one still waiting, however old (held for a digest), or one of the window
+               sa.or_(n.c.status.in_(waiting_statuses), n.c.created_at >= now - limits.window))
     ):
         last, waiting = recent.get((user_id, listing_id), (created_at, False))
-        recent[(user_id, listing_id)] = (max(last, created_at), waiting or status != NotificationStatus.SENT)
+        recent[(user_id, listing_id)] = (max(last, created_at), waiting or status in waiting_statuses)
     kept: list[tuple[watches.Alert, datetime | None]] = []
     for alert in changes:
         found = recent.get((alert.user_id, alert.listing_id)) if alert in changed else None
         if found is None:
             kept.append((alert, None))
         elif not found[1]:  # told within the window: once more at its end, with what it then is
-            kept.append((alert, found[0] + limits.window))
+            kept.append((alert, max(now, found[0] + limits.window)))
     return kept
 
 
