@@ -45,6 +45,9 @@ TITLES = ("Python developer", "Rust engineer remote", "Python remote job", "Data
 FILTERS = {"u0": "python", "u1": "rust", "u2": "python remote", "u3": "data", "u4": "golang"}
 ITEMS = 3
 STAGES = ("collect", "collect", "process", "process", "notify", "notify")
+# Every match delivered one by one: these tests count deliveries against what each
+# user's filter matches, not the alert limits (tests/test_changes.py tests those).
+UNLIMITED = {"PIPELINE_ALERT_LIMIT": "1000000"}
 
 
 class Site:
@@ -97,7 +100,7 @@ class Workers:
                  env: dict[str, str] | None = None) -> None:
         self.env = {**os.environ, "DATABASE_URL": url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32",
                     "PIPELINE_LEASE_SECONDS": "3", "PIPELINE_CONCURRENCY": "8",
-                    "PIPELINE_HTTP_TIMEOUT_SECONDS": "5", **(env or {})}
+                    "PIPELINE_HTTP_TIMEOUT_SECONDS": "5", **UNLIMITED, **(env or {})}
         self.stop, self.log, self.stages = stop, log, stages
         self.processes = [self.start(stage) for stage in stages]
         self.kills = 0
@@ -324,6 +327,8 @@ def test_a_postgresql_restart_fails_a_dagster_step_and_its_retry_policy_recovers
 
     monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
     monkeypatch.setenv("PIPELINE_LEASE_SECONDS", "3")  # the failed attempt's claims expire soon
+    for name, value in UNLIMITED.items():
+        monkeypatch.setenv(name, value)
     site = Site()
     fetching, down = threading.Event(), threading.Event()
 

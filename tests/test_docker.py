@@ -35,7 +35,7 @@ from tests.docker_stack import Docker, NoDocker
 from tests.fault_proxy import FaultProxy, postgres_upstream
 from tests.helpers import add_source, free_port, wait_until
 from tests.http_server import Handler
-from tests.test_chaos import Site, check, done, seed
+from tests.test_chaos import UNLIMITED, Site, check, done, seed
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -151,6 +151,7 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
         "PIPELINE_CODE_LOCATION_PORT": str(free_port()),
         "PIPELINE_UI_PORT": str(free_port()),
         "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32",
+        **UNLIMITED,  # every delivery counted one by one (tests/test_chaos.py)
         "PIPELINE_SENSOR_INTERVAL_SECONDS": "5",
         "PIPELINE_COLLECTOR_MAX_RUNS": str(MAX_RUNS),
         "PIPELINE_CONCURRENCY": str(CONCURRENCY),
