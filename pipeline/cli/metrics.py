@@ -34,6 +34,7 @@ class MetricsServer(ThreadingMixIn, WSGIServer):
     ``READ_TIMEOUT_SECONDS``: idle or slow clients cannot pile up threads."""
 
     daemon_threads = True
+    request_queue_size = 64  # connections the kernel holds before accepting (socketserver's is 5)
 
     max_connections = MAX_CONNECTIONS
 
