@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -15,6 +15,7 @@ from pipeline.core.failures import FailureReason
 from pipeline.core.settings import Settings
 from pipeline.fetching.collector import Collector
 from pipeline.fetching.rss import parse_feed
+from pipeline.listings.normalize import html_to_text, normalise
 from pipeline.storage import schema
 from tests.conftest import conformance
 from tests.helpers import add_source, expire_leases, now, wait_until
@@ -328,11 +329,48 @@ def test_entity_declarations_are_refused_in_every_encoding(name, codec, content_
     (b"<rss version='2.0'><channel><item><title>a</title><media:x>y</media:x></item></channel></rss>", ["a"]),
     (b"<rss version='2.0'><channel><item><title>Fish & chips</title></item></channel></rss>", ["Fish & chips"]),
     (b"<rss version='2.0'><channel><item><title>Caf&eacute;&nbsp;&mdash; open</title></item></channel></rss>",
-     ["Caf\u00e9\u00a0\u2014 open"]),
+     ["Caf\u00e9 \u2014 open"]),
 ])
 def test_what_a_forgiving_reader_reads_is_read(body, titles):
     # Each was once a parse_error for the whole feed; feedparser alone reads them.
-    assert [item.raw["title"] for item in parse_feed(body, "http://127.0.0.1/feed")] == titles
+    assert [html_to_text(item.raw["title"]) for item in parse_feed(body, "http://127.0.0.1/feed")] == titles
+
+
+RSS_ITEM = "<rss version='2.0'><channel><title>t</title><item><link>http://127.0.0.1/1</link>{}</item></channel></rss>"
+ATOM_ENTRY = ("<feed xmlns='http://www.w3.org/2005/Atom'><title>t</title>"
+              "<entry><id>urn:x:1</id><link href='http://127.0.0.1/1'/>{}</entry></feed>")
+
+
+@pytest.mark.parametrize(("document", "title"), [
+    # Plain text keeps its "<" and "&", escaped or in CDATA, whatever follows them.
+    (RSS_ITEM.format("<title>A&lt;B and C</title>"), "A<B and C"),
+    (RSS_ITEM.format("<title><![CDATA[A<B and C]]></title>"), "A<B and C"),
+    (RSS_ITEM.format("<title>Price &lt;500 EUR</title>"), "Price <500 EUR"),
+    (RSS_ITEM.format("<title>Price &lt; 500 EUR</title>"), "Price < 500 EUR"),
+    (RSS_ITEM.format("<title>R&amp;D &amp;copy 2026</title>"), "R&D &copy 2026"),
+    (ATOM_ENTRY.format("<title type='text'>A&lt;B and C</title>"), "A<B and C"),
+    (ATOM_ENTRY.format("<title>Use &lt;br&gt; less</title>"), "Use <br> less"),
+    # HTML is read as a browser shows it: its tags dropped, what it escaped kept.
+    (ATOM_ENTRY.format("<title type='html'>The &amp;lt;entry&amp;gt; element</title>"), "The <entry> element"),
+    (ATOM_ENTRY.format("<title type='html'>&lt;b&gt;Bold&lt;/b&gt; move</title>"), "Bold move"),
+    (RSS_ITEM.format("<title>&lt;b&gt;Bold&lt;/b&gt; &amp;amp; brave</title>"), "Bold & brave"),  # HTML by its look
+    (ATOM_ENTRY.format("<title type='xhtml'><div xmlns='http://www.w3.org/1999/xhtml'>A &lt;b&gt; <b>c</b></div></title>"),
+     "A <b> c"),
+])
+@pytest.mark.parametrize("fast", [True, False], ids=["fast path", "feedparser"])
+def test_a_title_reads_as_its_type_says(document, title, fast, monkeypatch):
+    """Each field is converted by its declared type (Atom's type attribute) or the one
+    feedparser detects (RSS has none): plain text stays text, HTML keeps what it escaped."""
+    if not fast:
+        monkeypatch.setattr("pipeline.fetching.quickfeed.parse", lambda document, detected: None)
+    [item] = parse_feed(document.encode(), "http://127.0.0.1/feed")
+    assert normalise(item.raw, now=datetime.now(UTC)).title == title
+
+
+def test_a_plain_text_summary_keeps_its_less_than_signs():
+    document = ATOM_ENTRY.format("<title>t</title><summary>if a&lt;b then b&gt;a</summary>")
+    [item] = parse_feed(document.encode(), "http://127.0.0.1/feed")
+    assert normalise(item.raw, now=datetime.now(UTC)).summary == "if a<b then b>a"
 
 
 @pytest.mark.parametrize("content", [

@@ -541,6 +541,20 @@ def test_apprise_delivers_through_its_own_url(engine, receiver, source_id):
     assert "http://127.0.0.1/a" in payload["message"] and "notification-1" in payload["message"]
 
 
+def test_a_listing_s_text_is_never_markup_for_an_apprise_service_that_takes_html(engine, receiver, source_id):
+    """Stored text is plain text ("A<B", "<script>" as a feed's plain-text title says it):
+    a service whose messages are HTML (here Apprise's JSON service told ``format=html``)
+    receives it escaped, so it reads as written and runs nothing."""
+    with engine.begin() as conn:
+        users.add_user(conn, "carol", apprise_url=f"json://127.0.0.1:{receiver.port}/hook?format=html")
+        users.add_filter(conn, "carol", "python")
+        add_listing(conn, source_id, "a", "Python A<B", summary="<script>alert(1)</script> & more")
+    assert notifier(engine).run().sent == 1
+    [sent] = posts(receiver)
+    message = json.loads(sent["body"])["message"]
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;&nbsp;&amp;&nbsp;more" in message and "<script>" not in message
+
+
 def test_an_apprise_digest_is_one_message_listing_the_matches(engine, receiver, source_id):
     with engine.begin() as conn:
         users.add_user(conn, "carol", apprise_url=f"json://127.0.0.1:{receiver.port}/hook")

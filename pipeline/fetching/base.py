@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import html
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -47,10 +48,20 @@ def _encodes(text: str) -> bool:
     return True
 
 
+def markup(text: str) -> str:
+    """Plain text as the HTML fragment a raw item's title, summary and price hold: the
+    normaliser reads those as HTML (pipeline/listings/normalize.py), so a "<" or "&" of
+    plain text ("A<B and C", "R&D") is escaped to read as itself. Text without either is
+    given back as it is, so its raw item (and its hash) stays what it was."""
+    return html.escape(text, quote=False) if "<" in text or "&" in text else text
+
+
 @dataclass(frozen=True)
 class Item:
     """One thing a source yielded; ``raw`` is what lands in ``listings_raw.raw_json``:
-    at least title, url, summary, published_at (ISO 8601 or None), author, categories."""
+    at least title, url, summary, published_at (ISO 8601 or None), author, categories.
+    Title, summary and price are HTML fragments (plain text goes through ``markup``);
+    url is the item's own link, "" when it has none."""
 
     source_item_id: str
     url: str

@@ -19,7 +19,7 @@ from urllib.parse import urljoin, urlsplit
 
 from pipeline.core.errors import FetchError
 from pipeline.core.failures import FailureReason
-from pipeline.fetching.base import Item
+from pipeline.fetching.base import Item, markup
 
 VERSION_PREFIX = "https://jsonfeed.org/version/"
 
@@ -78,9 +78,10 @@ def _item(entry: dict[str, Any], feed_url: str) -> Item:
         absolute = ""  # javascript:, data:, mailto: ... never become a listing's link
     tags = entry.get("tags")
     raw = {
-        "title": _text(entry.get("title")),
+        # JSON Feed's title, summary and content_text are plain text; content_html is HTML.
+        "title": markup(_text(entry.get("title"))),
         "url": absolute,
-        "summary": _text(entry.get("content_html")) or _text(entry.get("content_text")) or _text(entry.get("summary")),
+        "summary": _text(entry.get("content_html")) or markup(_text(entry.get("content_text")) or _text(entry.get("summary"))),
         "published_at": _date(entry.get("date_published")) or _date(entry.get("date_modified")),
         "author": _author(entry),
         "categories": [t for t in tags if isinstance(t, str) and t] if isinstance(tags, list) else [],

@@ -23,7 +23,7 @@ from soupsieve import SelectorSyntaxError
 
 from pipeline.core.errors import FetchError
 from pipeline.core.failures import FailureReason
-from pipeline.fetching.base import Item, Outcome, fetch_and_parse
+from pipeline.fetching.base import Item, Outcome, fetch_and_parse, markup
 from pipeline.net.http import Fetcher
 
 SUMMARY_CHARS = 2000
@@ -70,7 +70,7 @@ def parse_page(body: bytes, url: str, config: Mapping[str, Any]) -> list[Item]:
         if not text:
             raise FetchError(FailureReason.PARSE_ERROR, "the page has no text")
         digest = hashlib.sha256(text.encode()).hexdigest()
-        raw: dict[str, Any] = {"title": title or url, "url": url, "summary": text[:SUMMARY_CHARS],
+        raw: dict[str, Any] = {"title": markup(title or url), "url": url, "summary": markup(text[:SUMMARY_CHARS]),
                "published_at": None, "author": None, "categories": []}
         return [Item(source_item_id=f"sha256:{digest}", url=url, raw=raw)]
     try:
@@ -95,18 +95,19 @@ def _selected_item(element: Tag, page_url: str, config: Mapping[str, Any]) -> It
     link = urljoin(page_url, str(href)) if href else ""
     text = _text(element)
     raw: dict[str, Any] = {
-        "title": _text(title_node) if title_node else text[:200],
+        "title": markup(_text(title_node) if title_node else text[:200]),
         "url": link or page_url,
-        "summary": (_text(summary_node) if summary_node else text)[:SUMMARY_CHARS],
+        "summary": markup((_text(summary_node) if summary_node else text)[:SUMMARY_CHARS]),
         "published_at": None,
         "author": None,
         "categories": [],
     }
+    price = _text(price_node)[:SUMMARY_CHARS] if price_node is not None else ""
     if price_node is not None:
-        raw["price"] = _text(price_node)[:SUMMARY_CHARS]  # the normaliser bounds it further
+        raw["price"] = markup(price)  # the normaliser bounds it further
     # Without a link, the item is its text, less its price: a new price is a change of
     # the item, not another item.
-    own_text = text.replace(raw.get("price", ""), "", 1) if raw.get("price") else text
+    own_text = text.replace(price, "", 1) if price else text
     identity = link or f"sha256:{hashlib.sha256(own_text.encode()).hexdigest()}"
     return Item(source_item_id=identity, url=link or page_url, raw=raw)
 

@@ -5,7 +5,8 @@ feedparser spends about 5 ms of CPU on a 25-item feed, most of the collector's w
 feed (bench/RESULTS.md); ElementTree builds the same document's tree in C in a small
 fraction of that. This module walks the tree and applies feedparser's own rules to the
 fields pipeline/fetching/rss.py stores (title, link, summary, published/updated,
-author, categories, id), in document order: the same text clean-up (``pop``: strip,
+author, categories, id; the types of title, summary and content, with feedparser's own
+test of whether RSS text looks like HTML), in document order: the same text clean-up (``pop``: strip,
 the UTF-8-read-as-Latin-1 repair, the windows-1252 code points), the same ``_urljoin``
 for links and permalink guids against the same base, the same date parser, the same
 author and tag rules.
@@ -255,9 +256,20 @@ def _author(element: ET.Element, keys: _Keys, entry: dict[str, Any]) -> None:
     entry["author"] = f"{given} ({address})" if given and address else given or address or ""
 
 
-def _entry(item: ET.Element, keys: _Keys, base: str) -> dict[str, Any]:
+def _kind(attrs: Mapping[str, str], default: str, value: str, atom: bool) -> str:
+    """A text field's type as feedparser gives it (``title_detail["type"]`` ...): the
+    declared one, else the element's default; outside Atom, plain text that looks like
+    HTML (feedparser's own test) is HTML."""
+    kind = _map_content_type(attrs.get("type", default))
+    if not atom and kind == "text/plain" and StrictFeedParser.looks_like_html(value):
+        return "text/html"
+    return kind
+
+
+def _entry(item: ET.Element, keys: _Keys, base: str, atom: bool) -> dict[str, Any]:
     """One entry's fields, in the order feedparser saves them; ``base`` is the
-    document's base URI ("" for none)."""
+    document's base URI ("" for none), ``atom`` whether it is an Atom document (whose
+    plain text fields are never taken for HTML)."""
     attrs = _attributes(item)
     entry: dict[str, Any] = {}
     about = attrs.get("rdf:about")
@@ -276,6 +288,7 @@ def _entry(item: ET.Element, keys: _Keys, base: str) -> dict[str, Any]:
                 raise NotPlainFeed("two titles")
             value = _clean(_text(child))
             entry["title"] = value
+            entry["title_detail"] = {"type": _kind(attrs, "text/plain", value, atom)}
             titled = bool(value)
         elif key == "link":
             rel = attrs.get("rel", "alternate")
@@ -298,12 +311,16 @@ def _entry(item: ET.Element, keys: _Keys, base: str) -> dict[str, Any]:
             _text_type(attrs)
             if "summary" in entry and not has_content:
                 raise NotPlainFeed("a second summary (feedparser reads it as content)")
-            entry["summary"] = _clean(_text(child))
+            value = _clean(_text(child))
+            entry["summary"] = value
+            default = "text/html" if key == "description" else "text/plain"
+            entry["summary_detail"] = {"type": _kind(attrs, default, value, atom)}
         elif key in ("content", "content_encoded"):
             _text_type(attrs)
             has_content = True
             value = _clean(_text(child))
-            entry.setdefault("content", []).append({"value": value})
+            default = "text/html" if key == "content_encoded" else "text/plain"
+            entry.setdefault("content", []).append({"type": _kind(attrs, default, value, atom), "value": value})
             entry.setdefault("summary", value)
         elif key in ("guid", "id"):
             if set(attrs) - {"ispermalink"}:
@@ -399,7 +416,8 @@ def parse(document: bytes, detected: Mapping[str, Any]) -> tuple[list[dict[str, 
                 return None  # an xml:base below the root: links resolve level by level
         if opened != len(items):
             return None
-        return [_entry(item, keys, base) for item in items], _hints(feed)
+        atom = root.tag == f"{{{_ATOM}}}feed"
+        return [_entry(item, keys, base, atom) for item in items], _hints(feed)
     except NotPlainFeed:
         return None
 

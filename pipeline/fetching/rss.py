@@ -27,7 +27,7 @@ from feedparser.encodings import convert_to_utf8
 from pipeline.core.errors import FetchError
 from pipeline.core.failures import FailureReason
 from pipeline.fetching import charset, quickfeed
-from pipeline.fetching.base import Item, Outcome, Parsed, fetch_and_parse
+from pipeline.fetching.base import Item, Outcome, Parsed, fetch_and_parse, markup
 from pipeline.fetching.jsonfeed import looks_like_json, parse_json_feed
 from pipeline.net.http import Fetcher
 
@@ -211,14 +211,33 @@ def _absolute_parsed(link: str, feed_url: str) -> str:
     return absolute if urlsplit(absolute).scheme in ("http", "https") else ""
 
 
+def _kind(entry: Mapping[str, Any], field: str) -> str:
+    """The type feedparser gives a text field of the entry (declared, or guessed where the
+    format has no declaration): text/plain, text/html, application/xhtml+xml. A summary
+    feedparser took from the entry's content has the content's."""
+    detail = dict.get(entry, f"{field}_detail") if isinstance(entry, dict) else entry.get(f"{field}_detail")
+    if detail:
+        return str(detail.get("type") or "text/html")
+    content = entry.get("content") or []
+    if field == "summary" and content and content[0].get("value") == entry.get("summary"):
+        return str(content[0].get("type") or "text/html")
+    return "text/html"
+
+
+def _as_markup(entry: Mapping[str, Any], field: str) -> str:
+    """A text field of the entry as the HTML fragment a raw item holds (``markup``)."""
+    value = entry.get(field) or ""
+    return markup(value) if _kind(entry, field) == "text/plain" else value
+
+
 def _item(entry: Mapping[str, Any], feed_url: str) -> Item:
     link = entry.get("link") or ""
     # The identity keeps the link as written, so a feed that moves keeps its items'.
     absolute = _absolute(link, feed_url)
     raw = {
-        "title": entry.get("title") or "",
+        "title": _as_markup(entry, "title"),
         "url": absolute,
-        "summary": entry.get("summary") or "",
+        "summary": _as_markup(entry, "summary"),
         # Atom 0.3 entries may carry only <created>, which feedparser reads as created.
         "published_at": _iso(_first(entry, "published_parsed", "updated_parsed", "created_parsed")),
         "author": _author(entry),

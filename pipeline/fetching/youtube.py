@@ -26,7 +26,7 @@ from urllib.parse import parse_qs, quote, urlencode, urlsplit
 from pipeline.core import redact
 from pipeline.core.errors import FetchError
 from pipeline.core.failures import FailureReason
-from pipeline.fetching.base import Item, Outcome, fetch_and_parse
+from pipeline.fetching.base import Item, Outcome, fetch_and_parse, markup
 from pipeline.fetching.rss import parse_feed
 from pipeline.net.http import Fetcher
 
@@ -201,9 +201,9 @@ def _video(
 ) -> Item:
     url = f"{PUBLIC_ORIGIN}/watch?v={video_id}" if video_id else fallback_url
     raw: dict[str, Any] = {
-        "title": title,
+        "title": markup(title),  # a video's title and description are plain text
         "url": url,
-        "summary": summary,
+        "summary": markup(summary),
         "published_at": _iso(published),
         "author": author,
         "categories": [],

@@ -1,9 +1,10 @@
 """Raw items into listings: the normaliser, a pure function (no I/O, no clock).
 
-``normalise`` takes a raw row's ``raw_json`` (DESIGN.md "Schema": title, url, summary,
-published_at, author, categories; and a page item's price) and returns the listing's
-values: text fields as plain text (HTML tags dropped, entities decoded, white space
-collapsed, lengths bounded), the publication time in UTC, categories as a clean list,
+``normalise`` takes a raw row's ``raw_json`` (title, url, summary, published_at, author,
+categories; and a page item's price: pipeline/fetching/base.py ``Item``, whose text
+fields are HTML fragments, plain text escaped) and returns the listing's values: text
+fields as the plain text they read as (HTML tags dropped, then entities decoded, white
+space collapsed, lengths bounded: docs/architecture.md, "Text"), the publication time in UTC, categories as a clean list,
 and a hash of all of it. Input it cannot use raises ``NormaliseError`` saying what is
 wrong.
 """
@@ -15,7 +16,7 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from html import escape, unescape
+from html import unescape
 from typing import Any
 
 from pipeline.core.errors import NormaliseError
@@ -163,11 +164,7 @@ _CDATA = re.compile(r"<!\[CDATA\[(.*?)(?:\]\]>|$)", re.DOTALL)
 # A tag: "<" then a letter, "/", "!" or "?", up to the ">" that is outside quotes. A "<"
 # followed by anything else ("a < b", "<3") is text.
 _ATTRIBUTES = r"""[^>"']*(?:(?:"[^"]*"|'[^']*')[^>"']*)*>?"""
-_TAG_OPENER = r"</?[a-zA-Z!?]"
-_TAG = re.compile(_TAG_OPENER + _ATTRIBUTES)
-# The "<" of what would read as a tag, left in the text once the tags are gone: dropping
-# a tag can join a "<" before it to the text after it ("<<b>i" reads "<i").
-_TAG_START = re.compile(r"(?=" + _TAG_OPENER + r")<")
+_TAG = re.compile(r"</?[a-zA-Z!?]" + _ATTRIBUTES)
 # Tags that end a line or a block when rendered: they become a space. Every other tag
 # (<b>, <a>, <span>, ...) goes without one, so "Real <i>text</i>." reads "Real text.".
 _BLOCK_TAG = re.compile(
@@ -178,22 +175,18 @@ _BLOCK_TAG = re.compile(
 
 
 def html_to_text(value: str) -> str:
-    """Plain text of an HTML fragment (or of plain text), as it reads when rendered: tags,
-    comments, scripts and styles dropped (block tags such as <p> and <br> become a space),
-    entities decoded, white space collapsed to single spaces. What still looks
-    like a tag once entities are decoded ("&lt;script&gt;") is dropped too, and a "<" that
-    dropping a tag joined to a letter ("<<b>i") becomes a space, so no stored text can be
-    mistaken for markup downstream."""
+    """Plain text of an HTML fragment, as a browser shows it: tags, comments, scripts and
+    styles dropped (block tags such as <p> and <br> become a space), then entities
+    decoded, white space collapsed to single spaces. What the markup escaped stays text:
+    "&lt;entry&gt;" reads "<entry>", as it does on the page (plain text is stored as it
+    reads and escaped wherever it meets markup: docs/architecture.md, "Text")."""
     if _MARKUP.search(value):  # plain text, the common case for titles, skips all of this
         value = _INVISIBLE.sub(" ", value)
-        value = _CDATA.sub(lambda m: escape(m.group(1)), value)
+        # A CDATA section left in a fragment wraps the markup a publisher meant: unwrapped.
+        value = _CDATA.sub(r"\1", value)
         value = _TAG.sub("", _BLOCK_TAG.sub(" ", value))
         if "&" in value:
             value = unescape(value)
-            if "<" in value:
-                value = _TAG.sub("", _BLOCK_TAG.sub(" ", value))
-        if "<" in value:  # a "<" the removals joined to a tag's first letter: a space
-            value = _TAG_START.sub(" ", value)
     if _CONTROL.search(value):  # NUL and the like: no database text type stores NUL
         value = _CONTROL.sub(" ", value)
     return " ".join(value.split())  # str.split: several times faster than a \\s+ regex

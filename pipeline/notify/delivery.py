@@ -195,7 +195,9 @@ class AppriseChannel:
             )
         title, body = message.text()
         with guarded_sockets(self.guard) as refused:
-            sent = notifier.notify(title=title, body=body)
+            # The message is plain text (a listing's "<" is its text): Apprise escapes it
+            # for a service that takes HTML, so no listing's text is read as markup.
+            sent = notifier.notify(title=title, body=body, body_format=apprise.NotifyFormat.TEXT)
         if refused:
             raise DeliveryError(
                 f"{FailureReason.BLOCKED_ADDRESS}: Apprise was refused a connection to"
