@@ -38,7 +38,6 @@ import json
 import random
 import sys
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote
 
@@ -66,7 +65,6 @@ class Entry:
 
 def read_corpus(corpus: Path) -> list[Entry]:
     manifest = json.loads((corpus / "manifest.json").read_text())
-    now = datetime.now(UTC)
     entries: list[Entry] = []
     for source, feed in enumerate(manifest["feeds"]):
         body = (corpus / "feeds" / feed["path"]).read_bytes()
@@ -78,7 +76,7 @@ def read_corpus(corpus: Path) -> list[Entry]:
         seen = set()
         for item in items:
             try:
-                listing = normalise(item.raw, fallback_url=item.url, now=now)
+                listing = normalise(item.raw, fallback_url=item.url)
             except PipelineError:
                 continue
             if item.source_item_id in seen:
@@ -202,7 +200,7 @@ def main() -> None:
         for e in sample:
             title, summary, url = copy(e.listing.title, e.listing.summary, e.listing.url, rng)
             made = Entry(-1, -1, "made", "copy", normalise(
-                {"title": title, "summary": summary, "url": url}, now=datetime.now(UTC)))
+                {"title": title, "summary": summary, "url": url}))
             if stories.same_story(made.story, e.story):
                 found[name] += 1
 

@@ -6,7 +6,6 @@ import os
 import re
 import subprocess
 import sys
-from datetime import UTC, datetime
 
 import pytest
 import sqlalchemy as sa
@@ -179,7 +178,7 @@ def test_story_keys_move_into_their_listings_and_back(backend, empty_db_url):
               "https://news.example/bridge?utm_source=feed"),
              ("Short", "", "https://news.example/short"),  # too few words: a link key only
              ("Home", "", "https://news.example/")]  # a home page: no key at all
-    marks = [stories.Marks.of(normalise({"title": t, "summary": x, "url": u}, now=datetime.now(UTC)))
+    marks = [stories.Marks.of(normalise({"title": t, "summary": x, "url": u}))
              for t, x, u in texts]
     old_keys = set()
     with engine.begin() as conn:

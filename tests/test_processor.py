@@ -70,6 +70,20 @@ def test_raw_rows_become_listings_and_a_second_run_does_nothing(engine, source_i
 
 
 @conformance
+def test_every_date_a_feed_gives_is_kept_however_far_off(engine, source_id):
+    """feedparser reads dates in any year; each database holds years 1000 to 9999 (MariaDB's
+    DATETIME is the narrowest), and every such date is stored as given."""
+    dates = {"past 2100": "2150-06-01T12:00:00+00:00", "last": "9999-12-31T23:59:59+00:00",
+             "first": "1000-01-01T00:00:00+00:00"}
+    with engine.begin() as conn:
+        for item, published_at in dates.items():
+            add_raw(conn, source_id, item, published_at=published_at)
+    assert processor(engine).run().inserted == 3
+    stored = {item: row["published_at"].isoformat() for item, row in listings(engine).items()}
+    assert stored == dates
+
+
+@conformance
 def test_an_update_keeps_ingested_at_and_resets_matched_at_only_when_content_changes(engine, source_id):
     with engine.begin() as conn:
         add_raw(conn, source_id, "a", title="First")

@@ -78,6 +78,15 @@ def test_what_each_form_matches(query, expected):
     assert hits(query, DEV, RUST, UNDATED) == expected
 
 
+def test_a_date_far_ahead_is_in_no_window_of_the_last_days():
+    """A listing dated years ahead keeps its date (a feed's mistake, or a scheduled event)
+    but is not "published in the last 7 days"; a day ahead is a clock's skew, and is."""
+    ahead = listing("Python developer", id=1, published_at=datetime(2150, 1, 1, tzinfo=UTC))
+    skewed = listing("Python developer", id=2, published_at=NOW + timedelta(hours=20))
+    assert hits("python published:7d", ahead, skewed) == [2]
+    assert hits("python published:2150-01-01", ahead, skewed) == [1]
+
+
 @pytest.mark.parametrize(
     ("query", "message"),
     [

@@ -11,7 +11,6 @@ import re
 import subprocess
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from datetime import UTC, datetime
 
 import pytest
 import sqlalchemy as sa
@@ -82,7 +81,7 @@ def test_fingerprints_within_the_distance_share_a_band(print_, flips):
 
 
 def _story(source: int, title: str, summary: str = "", url: str = "https://a.example/x") -> stories.NewListing:
-    listing = normalise({"title": title, "summary": summary, "url": url}, now=datetime.now(UTC))
+    listing = normalise({"title": title, "summary": summary, "url": url})
     return stories.NewListing(source, source, stories.Marks.of(listing))
 
 

@@ -15,7 +15,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from html import unescape
 from typing import Any
 
@@ -28,9 +28,10 @@ AUTHOR_CHARS = 200
 CATEGORY_CHARS = 100
 PRICE_CHARS = 100
 MAX_CATEGORIES = 50
-# A publication time further ahead than this is a feed's mistake, not a scheduled post:
-# it is stored as unknown rather than pinning the listing to the top of every list.
-FUTURE_TOLERANCE = timedelta(days=1)
+# The publication times every supported database holds (MariaDB's DATETIME is the
+# narrowest): any date a feed gives inside them is kept, however far off it looks.
+EARLIEST = datetime(1000, 1, 1, tzinfo=UTC)
+LATEST = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
 
 
 
@@ -62,10 +63,7 @@ class Listing:
         return hashlib.sha256("\x1e".join(fields).encode()).hexdigest()
 
 
-def normalise(
-    raw: Any, *, fallback_url: str | None = None, source_category: str | None = None,
-    now: datetime,
-) -> Listing:
+def normalise(raw: Any, *, fallback_url: str | None = None, source_category: str | None = None) -> Listing:
     """The listing a raw item describes. ``source_category`` (the source's own category)
     is added to the item's categories, so filters can restrict by it."""
     if isinstance(raw, str):  # JSON text, as a driver without JSON support returns it
@@ -87,7 +85,7 @@ def normalise(
         title=title or url,
         summary=summary,
         author=author,
-        published_at=_published(raw.get("published_at"), now),
+        published_at=_published(raw.get("published_at")),
         categories=_categories(raw.get("categories"), source_category),
         canonical_url=canonical,
         price=_bounded(html_to_text(_text(raw.get("price"), "price")), PRICE_CHARS) or None,
@@ -114,19 +112,17 @@ def _bounded(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def _published(value: Any, now: datetime) -> datetime | None:
+def _published(value: Any) -> datetime | None:
     """ISO 8601 (as the adapters write it) to UTC; a naive time is taken as UTC.
-    Unparseable, or more than a day ahead of ``now``: unknown (None)."""
+    Unparseable, or outside what a database holds (``EARLIEST``, ``LATEST``): unknown."""
     if not isinstance(value, str) or not value.strip():
         return None
     try:
         stamp = datetime.fromisoformat(value.strip())
-    except ValueError:
+        stamp = stamp.replace(tzinfo=UTC) if stamp.tzinfo is None else stamp.astimezone(UTC)
+    except (ValueError, OverflowError):  # OverflowError: a time zone past year 9999
         return None
-    stamp = stamp.replace(tzinfo=UTC) if stamp.tzinfo is None else stamp.astimezone(UTC)
-    if stamp > now + FUTURE_TOLERANCE:
-        return None
-    return stamp
+    return stamp if EARLIEST <= stamp <= LATEST else None
 
 
 def _categories(value: Any, source_category: str | None) -> list[str]:

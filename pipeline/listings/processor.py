@@ -117,7 +117,7 @@ class Processor:
                 continue
             try:
                 listing = normalise(row["raw_json"], fallback_url=row["url"],
-                                    source_category=categories.get(row["source_id"]), now=now)
+                                    source_category=categories.get(row["source_id"]))
             except NormaliseError as exc:
                 bad.append((row, str(exc)))
                 continue

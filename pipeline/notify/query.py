@@ -80,6 +80,12 @@ class Term:
     window: Window | None = None
 
 
+# How far ahead of the moment of matching a publication time may be and still count as
+# "within the last 7d" (a publisher's clock or time zone a little off). Dates further
+# ahead are stored as given (pipeline/listings/normalize.py) but are in no such window.
+CLOCK_SKEW = timedelta(days=1)
+
+
 @dataclass(frozen=True)
 class Window:
     """Published at or after ``start`` and before ``end`` (either open); or within the
@@ -92,8 +98,8 @@ class Window:
     def holds(self, published_at: datetime | None, now: datetime) -> bool:
         if published_at is None:
             return False
-        if self.back is not None:
-            return published_at >= now - self.back
+        if self.back is not None:  # the last ``back``: a date further ahead than a clock's skew is not in it
+            return now - self.back <= published_at <= now + CLOCK_SKEW
         return (self.start is None or published_at >= self.start) and (self.end is None or published_at < self.end)
 
 
