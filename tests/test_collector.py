@@ -252,6 +252,64 @@ def test_entry_identity_is_guid_then_link_then_content_hash():
     assert ids[:2] == ["g1", "http://127.0.0.1/2"] and ids[2].startswith("sha256:")
 
 
+def test_content_hash_identities_keep_when_plain_text_is_escaped():
+    """An entry with neither id nor link is identified by a hash of what it says: of the
+    text as read, not as escaped for the raw item, so entries stored before plain text
+    was escaped (issue 33) are not new again. Pinned: the identities the code gave then."""
+    rss = (b"<rss version='2.0'><channel><title>t</title>"
+           b"<item><title>A&lt;B &amp; C</title><description>x</description></item></channel></rss>")
+    [item] = parse_feed(rss, "http://127.0.0.1/feed")
+    assert item.raw["title"] == "A&lt;B &amp; C"
+    assert item.source_item_id == "sha256:af81f1df69a58f1e33f7ec26cfb3b064f47a22aa6ad4acd2d31dc63cb79d6c8f"
+    json_feed = (b'{"version": "https://jsonfeed.org/version/1.1", "title": "t",'
+                 b' "items": [{"title": "A<B & C", "content_text": "x<y"}]}')
+    [item] = parse_feed(json_feed, "http://127.0.0.1/feed")
+    assert (item.raw["title"], item.raw["summary"]) == ("A&lt;B &amp; C", "x&lt;y")
+    assert item.source_item_id == "sha256:e8d1ae9fe539874058f7b801b17df170666cbcdf3679b8dd2c75b4f8228c31de"
+
+
+PODCAST = """<rss version='2.0'><channel><title>Show</title><link>http://127.0.0.1/show</link>
+<item><title>Trailer</title><link>http://127.0.0.1/trailer</link></item>
+<item><guid>ep-special</guid><title>Special</title><link>http://127.0.0.1/show</link></item>
+{}</channel></rss>"""
+
+
+@pytest.mark.parametrize("told_by", ["enclosure", "title and date"])
+def test_episodes_that_share_their_show_s_link_are_each_an_item(told_by):
+    """Fifteen episodes without a guid, each linking to the show: the link names no one
+    of them, so each is told by its enclosure (or its title and date). Entries with an id,
+    or with a link no other entry carries, keep the identity they always had: no item
+    already stored is new after the upgrade (the real-world corpus: bench/RESULTS.md)."""
+    episodes = "".join(
+        f"<item><title>Episode {n}</title><link>http://127.0.0.1/show</link>"
+        f"<pubDate>Mon, {n:02d} Nov 2026 08:00:00 GMT</pubDate>"
+        + (f"<enclosure url='http://127.0.0.1/ep{n}.mp3' length='1' type='audio/mpeg'/>" if told_by == "enclosure" else "")
+        + "</item>" for n in range(1, 16))
+    items = parse_feed(PODCAST.format(episodes).encode(), "http://127.0.0.1/feed")
+    ids = [i.source_item_id for i in items]
+    assert ids[:2] == ["http://127.0.0.1/trailer", "ep-special"], "identities as before"
+    assert len(set(ids[2:])) == 15 and all(i.startswith("http://127.0.0.1/show#") for i in ids[2:])
+    if told_by == "enclosure":
+        assert ids[2] == "http://127.0.0.1/show#enclosure=http://127.0.0.1/ep1.mp3"
+    newer = "<item><title>Episode 16</title><link>http://127.0.0.1/show</link></item>" + episodes
+    again = [i.source_item_id for i in parse_feed(PODCAST.format(newer).encode(), "http://127.0.0.1/feed")]
+    assert set(ids) < set(again), "a new episode ahead of the others changes no identity"
+    assert [html_to_text(i.raw["title"]) for i in items[2:4]] == ["Episode 1", "Episode 2"]
+
+
+def test_episodes_that_share_a_link_are_each_stored(engine, server):
+    """The whole path: a shared link no longer collapses a podcast's episodes into one
+    listing (which held whichever episode was stored last)."""
+    episodes = "".join(
+        f"<item><title>Episode {n}</title><link>http://127.0.0.1/show</link>"
+        f"<enclosure url='http://127.0.0.1/ep{n}.mp3' length='1' type='audio/mpeg'/></item>" for n in range(1, 4))
+    serve(server, "/podcast", PODCAST.format(episodes).encode())
+    with engine.begin() as conn:
+        add_source(conn, server.url("/podcast"))
+    assert collector(engine).run().items_new == 5
+    assert len(rows(engine, schema.listings_raw)) == 5
+
+
 def test_atom_is_read_too():
     body = (
         b"<?xml version='1.0'?><feed xmlns='http://www.w3.org/2005/Atom'><title>t</title>"

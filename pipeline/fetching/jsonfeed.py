@@ -77,18 +77,20 @@ def _item(entry: dict[str, Any], feed_url: str) -> Item:
     if urlsplit(absolute).scheme not in ("http", "https"):
         absolute = ""  # javascript:, data:, mailto: ... never become a listing's link
     tags = entry.get("tags")
-    raw = {
-        # JSON Feed's title, summary and content_text are plain text; content_html is HTML.
-        "title": markup(_text(entry.get("title"))),
+    html = _text(entry.get("content_html"))
+    read = {
+        "title": _text(entry.get("title")),
         "url": absolute,
-        "summary": _text(entry.get("content_html")) or markup(_text(entry.get("content_text")) or _text(entry.get("summary"))),
+        "summary": html or _text(entry.get("content_text")) or _text(entry.get("summary")),
         "published_at": _date(entry.get("date_published")) or _date(entry.get("date_modified")),
         "author": _author(entry),
         "categories": [t for t in tags if isinstance(t, str) and t] if isinstance(tags, list) else [],
     }
     identity = entry.get("id")
     identity = str(identity) if isinstance(identity, str | int) and str(identity) else link
-    if not identity:
-        digest = hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
+    if not identity:  # the fields as read, before plain text is escaped: identities made before keep
+        digest = hashlib.sha256(json.dumps(read, sort_keys=True).encode()).hexdigest()
         identity = f"sha256:{digest}"
+    # JSON Feed's title, summary and content_text are plain text; content_html is HTML.
+    raw = {**read, "title": markup(read["title"]), "summary": read["summary"] if html else markup(read["summary"])}
     return Item(source_item_id=identity, url=absolute or feed_url, raw=raw)

@@ -1,7 +1,8 @@
 """The ``rss`` adapter: RSS 0.9x/1.0/2.0 and Atom through feedparser, and JSON Feed
 (pipeline/fetching/jsonfeed.py), told apart by the document itself.
 
-Entry identity: guid/id, else link, else a hash of the entry's content. Malformed XML is
+Entry identity: guid/id, else link (with the enclosure, or title and date, where other
+entries of the document share the link), else a hash of the entry's content. Malformed XML is
 read again leniently (feedparser's own fallback), and is a ``parse_error`` only when
 nothing readable is found; a wrong declared encoding is tolerated; entities are never
 expanded: a document that declares any is refused before it is parsed (``parse_error``).
@@ -16,6 +17,7 @@ import logging
 import math
 import re
 import xml.sax
+from collections import Counter
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -121,9 +123,13 @@ def read_feed(
         # Plain RSS 2.0, RSS 1.0 and Atom 1.0 read at about a fifth of the CPU, with
         # feedparser's results (pipeline/fetching/quickfeed.py); None for anything else.
         found = quickfeed.parse(document, detected)
+        if found is not None and _shared_links(found[0]):
+            found = None  # items told apart by their enclosures, which only feedparser reads
     entries, feed = found if found is not None else _feedparser_entries(body, headers, url)
-    make = item or _item
-    return Parsed([make(entry, base) for entry in entries], refresh_minutes(feed))
+    if item is not None:
+        return Parsed([item(entry, base) for entry in entries], refresh_minutes(feed))
+    shared = _shared_links(entries)
+    return Parsed([_item(entry, base, shared) for entry in entries], refresh_minutes(feed))
 
 
 # sy:updatePeriod's periods in minutes (the syndication module: the default is daily).
@@ -230,7 +236,27 @@ def _as_markup(entry: Mapping[str, Any], field: str) -> str:
     return markup(value) if _kind(entry, field) == "text/plain" else value
 
 
-def _item(entry: Mapping[str, Any], feed_url: str) -> Item:
+def _shared_links(entries: list[Any]) -> frozenset[str]:
+    """The links that more than one entry without an id carries: a podcast's episodes
+    that all link to the show. Such a link names no one item (``_episode``)."""
+    counts = Counter(link for entry in entries if not entry.get("id") and (link := entry.get("link")))
+    return frozenset(link for link, count in counts.items() if count > 1)
+
+
+def _episode(entry: Mapping[str, Any], link: str) -> str:
+    """The identity of an entry without an id whose link other entries share: its link
+    and its enclosure's URL, else its link and a hash of its title and date as written."""
+    enclosure = next((e.get("href") for e in entry.get("enclosures") or [] if e.get("href")), None)
+    if enclosure:
+        return f"{link}#enclosure={enclosure}"
+    date = _first(entry, "published", "updated", "created") or ""
+    digest = hashlib.sha256(f"{entry.get('title') or ''}\n{date}".encode()).hexdigest()
+    return f"{link}#sha256:{digest}"
+
+
+def _item(entry: Mapping[str, Any], feed_url: str, shared: frozenset[str] = frozenset()) -> Item:
+    """An entry as an item; ``shared``: the links several entries of its document carry
+    without an id (``_shared_links``)."""
     link = entry.get("link") or ""
     # The identity keeps the link as written, so a feed that moves keeps its items'.
     absolute = _absolute(link, feed_url)
@@ -243,13 +269,17 @@ def _item(entry: Mapping[str, Any], feed_url: str) -> Item:
         "author": _author(entry),
         "categories": [t.get("term") for t in entry.get("tags") or [] if t.get("term")],
     }
-    identity = entry.get("id") or link
+    # An id, else the link (unless other entries share it: ``_episode``), else a hash.
+    identity = entry.get("id") or (_episode(entry, link) if link in shared else link)
     if not identity:
         # No id and no link: the entry is what it says, in the language it says it in
         # (two entries alike but for xml:lang are two entries, as feedparser counts them).
         # (Without a language the text hashed is as it always was: identities keep.)
+        # The text hashed holds the fields as feedparser reads them, before ``markup``
+        # escapes plain text, so identities made before that stay.
         languages = [c.get("language") or "" for c in entry.get("content") or []]
-        text = repr(sorted(raw.items())) + (repr(languages) if any(languages) else "")
+        read = {**raw, "title": entry.get("title") or "", "summary": entry.get("summary") or ""}
+        text = repr(sorted(read.items())) + (repr(languages) if any(languages) else "")
         digest = hashlib.sha256(text.encode()).hexdigest()
         identity = f"sha256:{digest}"
     return Item(source_item_id=str(identity), url=absolute or feed_url, raw=raw)
