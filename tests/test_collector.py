@@ -15,6 +15,7 @@ from pipeline.core.failures import FailureReason
 from pipeline.core.settings import Settings
 from pipeline.fetching.collector import Collector
 from pipeline.fetching.rss import parse_feed
+from pipeline.listings.processor import Processor
 from pipeline.listings.normalize import html_to_text, normalise
 from pipeline.storage import schema
 from tests.conftest import conformance
@@ -308,6 +309,30 @@ def test_episodes_that_share_a_link_are_each_stored(engine, server):
         add_source(conn, server.url("/podcast"))
     assert collector(engine).run().items_new == 5
     assert len(rows(engine, schema.listings_raw)) == 5
+
+
+def test_an_item_without_a_link_of_its_own_gets_none_and_its_source_learns_its_site(engine, server):
+    """A feed item with no link, or only a urn:/tag: id, was given the feed's own URL as
+    its link (a reader who clicked landed on XML): now it has none, an id that is a web
+    address stands in, and the source keeps the site the feed names, which messages
+    offer instead (tests/test_notifier.py)."""
+    serve(server, "/feed", (
+        "<rss version='2.0'><channel><title>t</title><link>http://127.0.0.1/blog/</link>"
+        "<item><title>No link</title><description>x</description></item>"
+        "<item><guid isPermaLink='false'>urn:uuid:1</guid><title>Urn id</title></item>"
+        "<item><guid isPermaLink='false'>http://127.0.0.1/blog/?p=7</guid><title>Web id</title></item>"
+        "<item><title>Linked</title><link>http://127.0.0.1/blog/linked</link></item>"
+        "</channel></rss>").encode())
+    with engine.begin() as conn:
+        source_id = add_source(conn, server.url("/feed"))
+    assert collector(engine).run().items_new == 4
+    Processor(engine, Settings(database_url=str(engine.url)), "test-worker").run()
+    with engine.connect() as conn:
+        urls = dict(conn.execute(sa.select(schema.listings.c.title, schema.listings.c.url)).all())
+        site = conn.execute(sa.select(schema.sources.c.site_url).where(schema.sources.c.id == source_id)).scalar_one()
+    assert urls == {"No link": "", "Urn id": "", "Web id": "http://127.0.0.1/blog/?p=7",
+                    "Linked": "http://127.0.0.1/blog/linked"}
+    assert site == "http://127.0.0.1/blog/"
 
 
 def test_atom_is_read_too():

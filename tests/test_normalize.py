@@ -96,9 +96,16 @@ def test_publication_times_become_utc_or_unknown(value, expected):
     assert normalise({"url": "http://x/1", "published_at": value}).published_at == expected
 
 
-def test_missing_url_falls_back_to_the_raw_rows_url_else_fails():
-    assert normalise({"title": "t"}, fallback_url="http://x/raw").url == "http://x/raw"
-    assert normalise({"url": "javascript:alert(1)"}, fallback_url="http://x/raw").url == "http://x/raw"
+def test_an_item_without_a_link_of_its_own_has_none():
+    """The raw row's URL (the feed, for a feed item without a link) identifies the item
+    but is never its link: a reader who clicks would land on the feed's XML."""
+    for raw in ({"title": "t"}, {"title": "t", "url": ""}, {"title": "t", "url": "javascript:alert(1)"},
+                {"title": "t", "url": "urn:uuid:1"}):
+        listing = normalise(raw, fallback_url="http://x/raw")
+        assert (listing.url, listing.canonical_url, listing.identity_url) == ("", None, "http://x/raw")
+    linked = normalise({"title": "t", "url": "http://x/1"}, fallback_url="http://x/raw")
+    assert (linked.url, linked.identity_url) == ("http://x/1", "http://x/1")
+    assert normalise({}, fallback_url="http://x/raw").title == "", "no title and no link: no stand-in"
     with pytest.raises(NormaliseError, match="no usable url"):
         normalise({"title": "t", "url": "not a url"})
 
@@ -127,14 +134,14 @@ def test_json_text_is_accepted():
 
 
 @pytest.mark.parametrize(("link", "stored"), [
-    # Markup in the host: not a host at all, so the raw row's own URL stands in.
-    ('http://a"><svg/onload=alert(1)>', "http://127.0.0.1/feed"),
+    # Markup in the host: not a host at all, so no link (the raw row's URL only identifies it).
+    ('http://a"><svg/onload=alert(1)>', ""),
     # Markup in the path or query: kept as what it means, percent-encoded.
     ('http://example.com/a"><svg onload=alert(1)>', "http://example.com/a%22%3E%3Csvg%20onload=alert(1)%3E"),
     ("http://example.com/?q=<b>'x'</b>", "http://example.com/?q=%3Cb%3E%27x%27%3C/b%3E"),
     ("http://user:pw@example.com/x", "http://example.com/x"),
     ("http://example.com/caf\u00e9", "http://example.com/caf%C3%A9"),
-    ("http://127.0.0.1:99999/x", "http://127.0.0.1/feed"),
+    ("http://127.0.0.1:99999/x", ""),
 ])
 def test_a_stored_link_is_a_url_never_markup(link, stored):
     listing = normalise({"title": "t", "url": link}, fallback_url="http://127.0.0.1/feed")

@@ -100,6 +100,26 @@ def test_a_match_is_delivered_once_signed_and_keyed(engine, receiver, source_id)
     assert (again.listings_matched, again.sent) == (0, 0) and len(posts(receiver)) == 1
 
 
+def test_a_listing_without_a_link_of_its_own_sends_the_reader_to_its_source_s_site(engine, receiver, source_id):
+    """No link of its own (stored as ""): the webhook says ``url`` null and names the
+    source's site; a text message offers the site, saying that it is the source's."""
+    with engine.begin() as conn:
+        conn.execute(sa.update(schema.sources).values(site_url="http://127.0.0.1/blog/"))
+        add_user(conn, "alice", receiver.url("/hook"))
+        users.add_user(conn, "carol", apprise_url=f"json://127.0.0.1:{receiver.port}/hook")
+        users.add_filter(conn, "alice", "python")
+        users.add_filter(conn, "carol", "python")
+        listing_id = add_listing(conn, source_id, "a", "Python developer")
+        conn.execute(sa.update(schema.listings).where(schema.listings.c.id == listing_id).values(url=""))
+    assert notifier(engine).run().sent == 2
+    bodies = [json.loads(p["body"]) for p in posts(receiver)]
+    [webhook] = [b for b in bodies if "listing" in b]
+    assert (webhook["listing"]["url"], webhook["listing"]["site_url"]) == (None, "http://127.0.0.1/blog/")
+    [text] = [b for b in bodies if "message" in b]
+    assert "(no link of its own; its source's site: http://127.0.0.1/blog/)" in text["message"]
+    assert "http://127.0.0.1/feed" not in text["message"] + json.dumps(webhook)
+
+
 @conformance
 def test_a_signature_covers_its_timestamp_and_a_rotated_secret_signs_beside_the_new_one(
     engine, db_url, receiver, source_id

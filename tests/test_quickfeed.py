@@ -24,12 +24,14 @@ ATOM = "http://www.w3.org/2005/Atom"
 
 
 def outcome(body: bytes, content_type: str | None, *, fast: bool, monkeypatch: pytest.MonkeyPatch):
-    """What parse_feed makes of ``body``: the items, or the failure, by either path."""
+    """What read_feed makes of ``body``: the items, the site and the refresh hint, or the
+    failure, by either path."""
     with monkeypatch.context() as patch:
         if not fast:
-            patch.setattr(quickfeed, "entries", lambda document, detected: None)
+            patch.setattr(quickfeed, "parse", lambda document, detected: None)
         try:
-            return [(i.source_item_id, i.url, i.raw) for i in rss.parse_feed(body, FEED_URL, content_type)]
+            parsed = rss.read_feed(body, FEED_URL, content_type)
+            return [(i.source_item_id, i.url, i.raw) for i in parsed.items], parsed.site_url, parsed.refresh_minutes
         except FetchError as error:
             return (error.reason, str(error))
 

@@ -85,12 +85,12 @@ class _Handler(BaseHTTPRequestHandler):
             titles = [item["listing"]["title"] for item in payload["items"]]
             record |= {"notification_id": payload["digest_id"], "filter": f"digest of {len(titles)}",
                        "title": "; ".join(titles[:3]) + (" ..." if len(titles) > 3 else ""),
-                       "url": payload["items"][0]["listing"]["url"]}
+                       "url": _link(payload["items"][0]["listing"])}
         else:
             listing = payload["listing"]
             event = payload.get("event", "new")
             record |= {"notification_id": payload["notification_id"], "filter": payload["filter"].get("query", ""),
-                       "event": event, "url": listing["url"], "title": headline(event, listing)}
+                       "event": event, "url": _link(listing), "title": headline(event, listing)}
         self.server.deliveries.add(record)
         self._reply(204, b"", "text/plain")
 
@@ -173,3 +173,9 @@ def parse_site(url: str) -> str:
     if parse_qs(parts.query) or parts.path not in ("", "/"):
         raise ValueError(f"give the demo site's root, e.g. http://127.0.0.1:{DEFAULT_DEMO_PORT}, not {url!r}")
     return url.rstrip("/")
+
+
+def _link(listing: dict) -> str:
+    """Where a delivered listing's row links: its own link, else its source's site (a
+    listing without a link of its own carries ``url`` null), else nowhere."""
+    return listing.get("url") or listing.get("site_url") or ""

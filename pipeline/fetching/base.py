@@ -61,7 +61,9 @@ class Item:
     """One thing a source yielded; ``raw`` is what lands in ``listings_raw.raw_json``:
     at least title, url, summary, published_at (ISO 8601 or None), author, categories.
     Title, summary and price are HTML fragments (plain text goes through ``markup``);
-    url is the item's own link, "" when it has none."""
+    raw's url is the item's own link, "" when it has none. ``url`` is that link, or for
+    an item without one where it was found (the feed): it identifies the item
+    (pipeline/core/urls.py ``item_key``) but is never offered as its link."""
 
     source_item_id: str
     url: str
@@ -108,6 +110,7 @@ class Parsed:
 
     items: list[Item]
     refresh_minutes: float | None = None  # RSS <ttl>, sy:updatePeriod / sy:updateFrequency
+    site_url: str | None = None  # the site the document is a feed of (its <link>, home_page_url)
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,9 @@ class Outcome:
     # Keys to merge into the source's config, e.g. a YouTube @handle's channel id once
     # resolved, so it is looked up once.
     config_updates: dict[str, Any] | None = None
+    # The site a feed says it is of: where a message about an item without a link of its
+    # own sends the reader (sources.site_url).
+    site_url: str | None = None
 
 
 class Adapter(Protocol):
@@ -173,4 +179,5 @@ def fetch_and_parse(
         etag=result.etag,
         last_modified=result.last_modified,
         moved_to=result.moved_to,
+        site_url=parsed.site_url,
     )

@@ -35,6 +35,7 @@ class SourceDecision:
     config: Mapping[str, Any] | None = None  # the config with the adapter's updates merged
     disabled_reason: str | None = None  # permanent failures disabled the source
     interval_minutes: int | None = None  # an adaptive cadence's new interval
+    site_url: str | None = None  # success only: the site the feed says it is of, when it says
 
     def values(self) -> dict[str, Any]:
         """The columns the fetch's completion writes."""
@@ -57,6 +58,8 @@ class SourceDecision:
             values.update(enabled=False, disabled_reason=self.disabled_reason)
         if self.interval_minutes is not None:
             values["fetch_interval_minutes"] = self.interval_minutes
+        if self.site_url is not None:
+            values["site_url"] = self.site_url
         return values
 
 
@@ -125,6 +128,7 @@ def after_success(
         new_url=new_url,
         new_group=new_group,
         config=config,
+        site_url=outcome.site_url,
     )
 
 

@@ -19,7 +19,7 @@ from urllib.parse import urljoin, urlsplit
 
 from pipeline.core.errors import FetchError
 from pipeline.core.failures import FailureReason
-from pipeline.fetching.base import Item, markup
+from pipeline.fetching.base import Item, Parsed, markup
 
 VERSION_PREFIX = "https://jsonfeed.org/version/"
 
@@ -30,8 +30,9 @@ def looks_like_json(body: bytes) -> bool:
     return body.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] == b"{"
 
 
-def parse_json_feed(body: bytes, feed_url: str) -> list[Item]:
-    """Items of a JSON Feed; FetchError(parse_error) when it is not one."""
+def parse_json_feed(body: bytes, feed_url: str) -> Parsed:
+    """Items of a JSON Feed, and the site it is of (``home_page_url``); FetchError(parse_error)
+    when it is not one."""
     try:
         document = json.loads(body.decode("utf-8-sig"))
     except RecursionError:
@@ -44,7 +45,9 @@ def parse_json_feed(body: bytes, feed_url: str) -> list[Item]:
     entries = document.get("items")
     if not isinstance(entries, list):
         raise FetchError(FailureReason.PARSE_ERROR, "a JSON Feed without an items list")
-    return [_item(entry, feed_url) for entry in entries if isinstance(entry, dict)]
+    home = urljoin(feed_url, _text(document.get("home_page_url")))
+    site = home if _text(document.get("home_page_url")) and urlsplit(home).scheme in ("http", "https") else None
+    return Parsed([_item(entry, feed_url) for entry in entries if isinstance(entry, dict)], site_url=site)
 
 
 def _text(value: Any) -> str:

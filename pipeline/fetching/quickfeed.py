@@ -261,7 +261,8 @@ def _kind(attrs: Mapping[str, str], default: str, value: str, atom: bool) -> str
     declared one, else the element's default; outside Atom, plain text that looks like
     HTML (feedparser's own test) is HTML."""
     kind = _map_content_type(attrs.get("type", default))
-    if not atom and kind == "text/plain" and StrictFeedParser.looks_like_html(value):
+    # Its test needs a close tag or an entity: text with neither "<" nor "&" skips it.
+    if not atom and kind == "text/plain" and ("<" in value or "&" in value) and StrictFeedParser.looks_like_html(value):
         return "text/html"
     return kind
 
@@ -370,9 +371,9 @@ def entries(document: bytes, detected: Mapping[str, Any]) -> list[dict[str, Any]
 
 
 def parse(document: bytes, detected: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, str]] | None:
-    """The entries feedparser would find in ``document``, and the refresh hints of its
-    feed as feedparser names them (``ttl``, ``sy_updateperiod``, ``sy_updatefrequency``);
-    or None when unsure.
+    """The entries feedparser would find in ``document``, and the refresh hints and site
+    link of its feed as feedparser names them (``ttl``, ``sy_updateperiod``,
+    ``sy_updatefrequency``, ``link``); or None when unsure.
 
     ``document`` is feedparser's own UTF-8 conversion of the response
     (``feedparser.encodings.convert_to_utf8``), ``detected`` what that conversion
@@ -417,7 +418,7 @@ def parse(document: bytes, detected: Mapping[str, Any]) -> tuple[list[dict[str, 
         if opened != len(items):
             return None
         atom = root.tag == f"{{{_ATOM}}}feed"
-        return [_entry(item, keys, base, atom) for item in items], _hints(feed)
+        return [_entry(item, keys, base, atom) for item in items], _hints(feed) | _site_link(feed, keys, base)
     except NotPlainFeed:
         return None
 
@@ -431,3 +432,27 @@ def _hints(feed: list[ET.Element]) -> dict[str, str]:
     """The refresh hints among the feed element's children (the last of each, as
     feedparser keeps it), their text stripped."""
     return {_HINTS[child.tag]: _text(child) for element in feed for child in element if child.tag in _HINTS}
+
+
+def _site_link(feed: list[ET.Element], keys: _Keys, base: str) -> dict[str, str]:
+    """The feed's ``link`` as feedparser gives it: the last of the feed element's links,
+    an RSS ``<link>``'s text or an Atom alternate HTML link's href, resolved against the
+    document's base; unsure (NotPlainFeed) of a link written any other way."""
+    found: dict[str, str] = {}
+    for element in feed:
+        for child in element:
+            if keys(child.tag) != "link":
+                continue
+            attrs = _attributes(child)
+            if "href" in attrs:
+                rel = attrs.get("rel", "alternate")
+                kind = attrs.get("type", "application/atom+xml" if rel == "self" else "text/html")
+                if set(attrs) - {"href", "rel", "type", "title", "hreflang", "length"}:
+                    raise NotPlainFeed(f"a feed link with {sorted(attrs)}")
+                if rel == "alternate" and _map_content_type(kind) in _HTML_TYPES:
+                    found["link"] = _urljoin(base, attrs["href"])
+            elif attrs or len(child):
+                raise NotPlainFeed(f"a feed link without href but with {sorted(attrs)}")
+            else:
+                found["link"] = _LINK_ENTITY.sub(r"&\g<1>", _clean(_text(child), resolve=base))
+    return found

@@ -99,7 +99,7 @@ def read_feed(
     """
     base = content_location or url
     if looks_like_json(body):  # JSON Feed: the same adapter, whatever the Content-Type says
-        return Parsed(parse_json_feed(body, base))
+        return parse_json_feed(body, base)
     body = _without_leading_space(body)
     body, content_type = charset.as_read(body, content_type)  # its real encoding, if mislabelled
     headers = {"content-type": content_type} if content_type else {}
@@ -126,10 +126,11 @@ def read_feed(
         if found is not None and _shared_links(found[0]):
             found = None  # items told apart by their enclosures, which only feedparser reads
     entries, feed = found if found is not None else _feedparser_entries(body, headers, url)
+    site = _absolute(str(feed.get("link") or ""), base) or None
     if item is not None:
-        return Parsed([item(entry, base) for entry in entries], refresh_minutes(feed))
+        return Parsed([item(entry, base) for entry in entries], refresh_minutes(feed), site)
     shared = _shared_links(entries)
-    return Parsed([_item(entry, base, shared) for entry in entries], refresh_minutes(feed))
+    return Parsed([_item(entry, base, shared) for entry in entries], refresh_minutes(feed), site)
 
 
 # sy:updatePeriod's periods in minutes (the syndication module: the default is daily).
@@ -254,12 +255,21 @@ def _episode(entry: Mapping[str, Any], link: str) -> str:
     return f"{link}#sha256:{digest}"
 
 
+def _web_id(entry: Mapping[str, Any], feed_url: str) -> str:
+    """The entry's id when it is an absolute http(s) URL (an RSS guid that says it is no
+    permalink often is one, e.g. WordPress's ``?p=123``), else "": a link to offer when
+    the entry has none. A ``urn:``, a ``tag:`` or a relative id is no link."""
+    identity = str(entry.get("id") or "")
+    return _absolute(identity, feed_url) if identity.lower().startswith(("http://", "https://")) else ""
+
+
 def _item(entry: Mapping[str, Any], feed_url: str, shared: frozenset[str] = frozenset()) -> Item:
     """An entry as an item; ``shared``: the links several entries of its document carry
-    without an id (``_shared_links``)."""
+    without an id (``_shared_links``). Its url is its own link, else its id where that is
+    a web address, else none ("": never the feed's, where a reader would land)."""
     link = entry.get("link") or ""
     # The identity keeps the link as written, so a feed that moves keeps its items'.
-    absolute = _absolute(link, feed_url)
+    absolute = _absolute(link, feed_url) or _web_id(entry, feed_url)
     raw = {
         "title": _as_markup(entry, "title"),
         "url": absolute,

@@ -38,15 +38,17 @@ LATEST = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
 
 @dataclass(frozen=True)
 class Listing:
-    url: str
+    url: str  # the item's own link; "" when it has none (never the feed's: a reader lands nowhere)
     title: str
     summary: str
     author: str | None
     published_at: datetime | None
     categories: list[str]
-    # The url's canonical spelling (pipeline/core/urls.py), the item's identity: derived
-    # from ``url``, so not part of the content hash.
-    canonical_url: str
+    # The canonical spelling of ``url`` (pipeline/core/urls.py), None without one; and of
+    # the URL that identifies the item (its own, else where it was found: the raw row's),
+    # which its ``item_key`` is made of. Derived, so not part of the content hash.
+    canonical_url: str | None
+    identity_url: str
     price: str | None = None  # as the page shows it (a page source's ``price`` selector)
 
     @property
@@ -64,8 +66,10 @@ class Listing:
 
 
 def normalise(raw: Any, *, fallback_url: str | None = None, source_category: str | None = None) -> Listing:
-    """The listing a raw item describes. ``source_category`` (the source's own category)
-    is added to the item's categories, so filters can restrict by it."""
+    """The listing a raw item describes. ``fallback_url``: where the item was found (the
+    raw row's url), which identifies an item without a link of its own but is never
+    given as its link. ``source_category`` (the source's own category) is added to the
+    item's categories, so filters can restrict by it."""
     if isinstance(raw, str):  # JSON text, as a driver without JSON support returns it
         try:
             raw = json.loads(raw)
@@ -73,10 +77,11 @@ def normalise(raw: Any, *, fallback_url: str | None = None, source_category: str
             raise NormaliseError(f"raw_json is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise NormaliseError(f"raw_json must be a JSON object, not {type(raw).__name__}")
-    urls = _url(raw.get("url")) or _url(fallback_url)
-    if urls is None:
+    own = _url(raw.get("url"))
+    identity = own or _url(fallback_url)
+    if identity is None:
         raise NormaliseError(f"no usable url (an absolute http(s) URL): {raw.get('url')!r}")
-    url, canonical = urls
+    url, canonical = own or ("", None)
     title = _bounded(html_to_text(_text(raw.get("title"), "title")), TITLE_CHARS)
     summary = _bounded(html_to_text(_text(raw.get("summary"), "summary")), SUMMARY_CHARS)
     author = _bounded(html_to_text(_text(raw.get("author"), "author")), AUTHOR_CHARS) or None
@@ -88,6 +93,7 @@ def normalise(raw: Any, *, fallback_url: str | None = None, source_category: str
         published_at=_published(raw.get("published_at")),
         categories=_categories(raw.get("categories"), source_category),
         canonical_url=canonical,
+        identity_url=identity[1],
         price=_bounded(html_to_text(_text(raw.get("price"), "price")), PRICE_CHARS) or None,
     )
 

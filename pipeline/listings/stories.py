@@ -113,10 +113,10 @@ def from_signed(value: int) -> int:
     return value & ((1 << BITS) - 1)
 
 
-def url_key(canonical_url: str) -> int | None:
-    """The key of a listing's story URL (None when its link names no story): 62 bits of
-    its hash (a BIGINT, and revision 0015 carried the older keys over)."""
-    story = story_url(canonical_url)
+def url_key(canonical_url: str | None) -> int | None:
+    """The key of a listing's story URL (None when it has no link, or its link names no
+    story): 62 bits of its hash (a BIGINT, and revision 0015 carried the older keys over)."""
+    story = story_url(canonical_url) if canonical_url else None
     if story is None:
         return None
     return int.from_bytes(hashlib.sha256(story.encode("utf-8", "surrogatepass")).digest()[:8], "big") >> 2
@@ -144,7 +144,8 @@ class Marks:
     def of(cls, listing: Listing, source_url: str | None = None) -> Marks:
         """A listing's marks, taken from its content; ``source_url``: its source's."""
         title = own_title(listing.title, listing.url)
-        offsite = source_url is not None and not same_site(listing.canonical_url, source_url)
+        offsite = source_url is not None and listing.canonical_url is not None and not same_site(
+            listing.canonical_url, source_url)
         return cls(url_key(listing.canonical_url), fingerprint(title, listing.summary), frozenset(text_words(title)),
                    offsite)
 
@@ -154,7 +155,7 @@ class Marks:
         """A stored listing's marks, from its row (and its source's URL)."""
         return cls(story_key, None if simhash is None else from_signed(simhash),
                    frozenset(text_words(own_title(title, url))),
-                   source_url is not None and not same_site(url, source_url))
+                   source_url is not None and bool(url) and not same_site(url, source_url))
 
     @functools.cached_property
     def keys(self) -> dict[str, int]:

@@ -50,7 +50,9 @@ class Item:
     filter_id: int | None
     keywords: list[str]
     query: str  # the filter as its user wrote it
-    listing: dict[str, Any]  # id, url, title, summary, published_at (ISO 8601), source_id; price if any
+    # id, url (None: no link of its own; then site_url, its source's site, or None), title,
+    # summary, published_at (ISO 8601), source_id; price if any
+    listing: dict[str, Any]
     event: str = "new"  # new, changed or gone (pipeline/storage/watches.py)
 
     def payload(self) -> dict[str, Any]:
@@ -66,6 +68,15 @@ class Item:
 def heading(event: str, title: str) -> str:
     """A message's title for a listing's event: its title, "Changed: ..." or "Gone: ..."."""
     return {"changed": f"Changed: {title}", "gone": f"Gone: {title}"}.get(event, title)
+
+
+def link_line(listing: dict[str, Any]) -> str:
+    """Where a message sends its reader: the listing's link; for one without a link of
+    its own, its source's site, saying so (never the feed, where a reader lands on XML)."""
+    if listing.get("url"):
+        return str(listing["url"])
+    site = listing.get("site_url")
+    return f"(no link of its own; its source's site: {site})" if site else "(no link of its own)"
 
 
 def headline(event: str, listing: dict[str, Any]) -> str:
@@ -118,10 +129,10 @@ class Message:
             listing = item.listing
             body = "\n\n".join(part for part in (
                 str(listing.get("summary") or "")[:1000],
-                f"Price: {listing['price']}" if listing.get("price") else "", str(listing.get("url") or ""),
+                f"Price: {listing['price']}" if listing.get("price") else "", link_line(listing),
                 f"Matched: {item.query} ({self.idempotency_key})") if part)
             return item.heading, body
-        lines = [f"- {headline(i.event, i.listing)}\n  {i.listing.get('url') or ''}" for i in self.items]
+        lines = [f"- {headline(i.event, i.listing)}\n  {link_line(i.listing)}" for i in self.items]
         return (f"{len(self.items)} new listings",
                 "\n".join(lines) + f"\n\n({self.idempotency_key})")
 

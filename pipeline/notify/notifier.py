@@ -706,12 +706,14 @@ def _texts(rows: Sequence[Row]) -> Iterator[ListingText]:
 def _load_messages(engine: Engine, ids: Sequence[int]) -> list[Message]:
     """The messages of notifications ``ids`` whose user is enabled: each its own item,
     or, for one that carries a digest, every notification of the digest (two queries)."""
-    n, u, f, listings = schema.notifications, schema.users, schema.filters, schema.listings
+    n, u, f, listings, s = schema.notifications, schema.users, schema.filters, schema.listings, schema.sources
     item_columns = (
         n.c.event, f.c.id.label("filter_id"), f.c.keywords, f.c.query, listings.c.id.label("listing_id"), listings.c.url,
         listings.c.title, listings.c.summary, listings.c.published_at, listings.c.source_id, listings.c.price,
+        s.c.site_url,
     )
-    joined = n.join(listings, listings.c.id == n.c.listing_id).outerjoin(f, f.c.id == n.c.filter_id)
+    joined = (n.join(listings, listings.c.id == n.c.listing_id).outerjoin(f, f.c.id == n.c.filter_id)
+              .outerjoin(s, s.c.id == listings.c.source_id))
     with engine.connect() as conn:
         rows = conn.execute(
             sa.select(n.c.id, n.c.digest_id, u.c.id.label("user_id"), u.c.name, u.c.channel, u.c.channel_url,
@@ -745,10 +747,12 @@ def _item(r: Any) -> Item:  # a row with the item columns
         notification_id=r.id, filter_id=r.filter_id, keywords=list(r.keywords or []),
         query=r.query or " ".join(r.keywords or []),
         listing={
-            "id": r.listing_id, "url": r.url, "title": r.title, "summary": r.summary,
+            # No link of its own: null, and the source's site where it names one.
+            "id": r.listing_id, "url": r.url or None, "title": r.title, "summary": r.summary,
             "published_at": r.published_at.isoformat() if r.published_at else None,
             "source_id": r.source_id,
             **({} if r.price is None else {"price": r.price}),  # a page item's
+            **({} if r.url else {"site_url": r.site_url}),
         },
         event=watches.event_kind(r.event),
     )

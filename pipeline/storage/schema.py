@@ -172,6 +172,9 @@ sources = sa.Table(
     sa.Column("last_modified", sa.Text()),
     sa.Column("content_hash", sa.String(64)),
     sa.Column("created_at", UTCDateTime(), nullable=False, server_default=_now()),
+    # The site the source is a feed of (its <link>): where a message about an item
+    # without a link of its own sends the reader. Written by each fetch that names one.
+    sa.Column("site_url", sa.Text()),
     # Claims since the source's last completed fetch (counted by the claim itself):
     # a fetch that keeps killing its worker ends as a failure instead of looping.
     sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),

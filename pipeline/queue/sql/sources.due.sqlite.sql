@@ -12,7 +12,7 @@ FROM (SELECT sources.id AS id
 FROM sources
 WHERE sources.enabled = 1 AND sources.locked_until IS NULL AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= ?) ORDER BY sources.priority + coalesce(CAST(((julianday(?) - julianday(sources.next_fetch_at)) * 86400.0) / (600.0 + 0.0) AS INTEGER), 0) DESC, sources.next_fetch_at ASC NULLS FIRST, sources.id ASC
  LIMIT ? OFFSET ?) AS anon_2
- LIMIT ? OFFSET ?) RETURNING id, name, url, source_type, config, enabled, fetch_interval_minutes, next_fetch_at, last_fetched_at, last_success_at, consecutive_failures, last_failure_reason, disabled_reason, priority, adaptive_cadence, min_interval_minutes, max_interval_minutes, etag, last_modified, content_hash, created_at, attempts, politeness_group, locked_until, claimed_by, claim_token;
+ LIMIT ? OFFSET ?) RETURNING id, name, url, source_type, config, enabled, fetch_interval_minutes, next_fetch_at, last_fetched_at, last_success_at, consecutive_failures, last_failure_reason, disabled_reason, priority, adaptive_cadence, min_interval_minutes, max_interval_minutes, etag, last_modified, content_hash, created_at, site_url, attempts, politeness_group, locked_until, claimed_by, claim_token;
 
 -- complete (sets next_fetch_at, attempts, last_fetched_at, consecutive_failures, last_failure_reason, last_success_at, etag, last_modified)
 -- served by pk_sources (the ids held), fenced by claim_token and claimed_by
