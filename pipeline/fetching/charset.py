@@ -104,10 +104,18 @@ def as_read(body: bytes, content_type: str | None) -> tuple[bytes, str | None]:
         # A single-byte label on bytes that are not UTF-8 is believed, unless the
         # detector rejects reading them so outright (KOI8-R served as iso-8859-1, say).
         # A real Latin-1 text reads fine either way and keeps its label.
-        if (
-            declared and all(_decodes(body, e) for e in declared)
-            and charset_normalizer.from_bytes(body, cp_isolation=declared[:1]).best() is not None
-        ):
+        if declared and all(_decodes(body, e) for e in declared) and _reads_as(body, declared[0]):
             return body, content_type
         encoding = best.encoding
+        # Undeclared bytes that read as Western text are windows-1252, the web's default
+        # for them (WHATWG's, feedparser's fallback): the detector, unsure between the
+        # Latin code pages, may name windows-1250 or -1257 and turn "très" into "trčs".
+        if encoding != "cp1252" and _reads_as(body, "cp1252"):
+            encoding = "cp1252"
     return _utf8(body.decode(encoding, errors="replace"), content_type)
+
+
+def _reads_as(body: bytes, encoding: str) -> bool:
+    """Whether the detector accepts ``body`` read in ``encoding`` (it rejects a reading
+    that is mojibake: KOI8-R or EUC-JP bytes read as windows-1252)."""
+    return charset_normalizer.from_bytes(body, cp_isolation=[encoding]).best() is not None
