@@ -18,6 +18,7 @@ from pydantic import Field
 
 from assets.policies import STAGE_TAG, run_worker
 from pipeline.catalogue.sources import refetch_sources
+from pipeline.core.errors import SourceError
 from pipeline.core.settings import Settings
 from pipeline.listings.processor import Processor, reopen_window
 from pipeline.notify.notifier import Notifier
@@ -38,11 +39,14 @@ class RefetchConfig(dg.Config):
 def refetch_chosen_sources(context: dg.OpExecutionContext, config: RefetchConfig, database: PipelineDatabase) -> None:
     if not config.source_ids:
         raise dg.Failure("name the sources to re-fetch: source_ids: [1, 2] (`pipeline sources list` shows ids)")
-    due, stats = refetch_sources(database.engine, database.settings(), config.source_ids,
-                                 worker=run_worker(context.run.run_id), run_id=context.run.run_id)
+    try:
+        due, stats = refetch_sources(database.engine, database.settings(), config.source_ids,
+                                     worker=run_worker(context.run.run_id), run_id=context.run.run_id)
+    except SourceError as exc:  # an id that names no source: nothing was done
+        raise dg.Failure(str(exc)) from None
     skipped = sorted(set(config.source_ids) - set(due))
     if skipped:
-        context.log.warning(f"not re-fetched (no such source, or disabled): {skipped}")
+        context.log.warning(f"not re-fetched (disabled): {skipped}")
     context.add_output_metadata({"made_due": len(due), "skipped": len(skipped), **{
         k: v for k, v in stats.as_dict().items() if isinstance(v, int)}})
 

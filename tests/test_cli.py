@@ -310,3 +310,56 @@ def test_any_id_url_or_name_an_operator_types_is_answered_in_one_line(engine, db
         assert len(lines) == 1, result
     elif result.returncode == 2:
         assert lines[-1].startswith("Error: "), result
+
+
+@pytest.mark.parametrize("command", [
+    ("notifications", "requeue", "--id", "{known}", "--id", "999999"),
+    ("backfill", "refetch", "{known}", "999999"),
+    ("sources", "refresh", "{known}", "999999"),
+    ("sources", "enable", "999999"),
+    ("sources", "disable", "999999"),
+    ("sources", "set", "999999", "--priority", "1"),
+    ("filters", "enable", "999999"),
+    ("filters", "disable", "999999"),
+])
+def test_an_id_that_names_nothing_is_exit_1_one_line_and_changes_nothing(engine, db_url, command):
+    """Every command that takes ids: an unknown one fails the whole command before it
+    changes anything (it once said "0 notifications requeued" with exit 0, and a re-fetch
+    of a known and an unknown source fetched the known one and succeeded)."""
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1:9/feed", next_fetch_at=now() + timedelta(hours=1))
+        from pipeline.catalogue import users
+        users.add_user(conn, "alice", webhook="http://127.0.0.1:9/hook", secret="s" * 24)
+        conn.execute(sa.insert(schema.listings).values(source_id=source, source_item_id="a", url="http://x/a",
+                                                         content_hash="h"))
+        notification = conn.execute(sa.insert(schema.notifications).values(
+            user_id=1, listing_id=1, channel="webhook", status="dead", attempts=9)
+            .returning(schema.notifications.c.id)).scalar_one()
+    known = {"notifications": notification}.get(command[0], source)
+    args = [part.format(known=known) for part in command]
+    before = {t.name: [dict(r) for r in engine.connect().execute(sa.select(t)).mappings()]
+              for t in (schema.sources, schema.notifications, schema.filters)}
+    assert_one_line_error(run(*args, env={"DATABASE_URL": db_url}), "999999")
+    after = {t.name: [dict(r) for r in engine.connect().execute(sa.select(t)).mappings()]
+             for t in (schema.sources, schema.notifications, schema.filters)}
+    assert after == before
+
+
+def test_politeness_set_refuses_a_group_no_source_names_unless_told_to_create_it(engine, db_url):
+    """A typo (`politeness set exmaple.com`) once created a group silently."""
+    env = {"DATABASE_URL": db_url}
+    assert_one_line_error(run("politeness", "set", "nosuchgroup", "--max-in-flight", "3", env=env),
+                          "no politeness group named 'nosuchgroup'", "--create")
+    assert run("politeness", "set", "nosuchgroup", "--max-in-flight", "3", "--create", env=env).returncode == 0
+    assert run("politeness", "set", "nosuchgroup", "--interval", "2", env=env).returncode == 0, "it exists now"
+    assert run("politeness", "set", "*", "--max-in-flight", "3", env=env).returncode == 0, "the defaults always exist"
+
+
+def test_counts_are_said_in_the_singular_for_one_and_each_bound_names_its_own_default(engine, db_url):
+    env = {"DATABASE_URL": db_url}
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1:9/feed")
+    assert run("sources", "refresh", str(source), env=env).stdout.strip() == "1 source due now"
+    shown = " ".join(run("sources", "add", "--help").stdout.split())
+    assert "Shortest interval an adaptive cadence may take, in minutes; default: PIPELINE_ADAPTIVE_MIN_MINUTES (15)." in shown
+    assert "Longest interval an adaptive cadence may take, in minutes; default: PIPELINE_ADAPTIVE_MAX_MINUTES (1440)." in shown

@@ -15,8 +15,8 @@ from pipeline.core.failures import FailureReason
 from pipeline.core.settings import Settings
 from pipeline.fetching.collector import Collector
 from pipeline.fetching.rss import parse_feed
-from pipeline.listings.processor import Processor
 from pipeline.listings.normalize import html_to_text, normalise
+from pipeline.listings.processor import Processor
 from pipeline.storage import schema
 from tests.conftest import conformance
 from tests.helpers import add_source, expire_leases, now, wait_until

@@ -284,9 +284,15 @@ def test_refetch_backfill_fetches_the_chosen_sources_now(engine, db_url, server,
     with engine.begin() as conn:
         chosen = add_source(conn, server.url("/feed?1"), next_fetch_at=now() + timedelta(hours=5))
         add_source(conn, server.url("/feed?2"), next_fetch_at=now() + timedelta(hours=5))
+    unknown = refetch_sources_job.execute_in_process(
+        resources=resources(db_url), raise_on_error=False,
+        run_config={"ops": {"refetch_chosen_sources": {"config": {"source_ids": [chosen, 999]}}}})
+    assert not unknown.success and server.requests == [], "an id that names no source: nothing is re-fetched"
+    [failure] = [e for e in unknown.all_events if e.is_step_failure]
+    assert "no source with id 999" in str(failure.step_failure_data.error.message)
     result = refetch_sources_job.execute_in_process(
         resources=resources(db_url),
-        run_config={"ops": {"refetch_chosen_sources": {"config": {"source_ids": [chosen, 999]}}}})
+        run_config={"ops": {"refetch_chosen_sources": {"config": {"source_ids": [chosen]}}}})
     assert result.success
     assert [r["path"] for r in server.requests] == ["/feed?1"]
 

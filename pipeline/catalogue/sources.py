@@ -22,6 +22,7 @@ import sqlalchemy as sa
 import yaml
 from sqlalchemy.engine import Engine
 
+from pipeline.catalogue.known import require_ids
 from pipeline.core import redact
 from pipeline.core.errors import SourceError
 from pipeline.core.inputs import NAME_CHARS, TEXT_CHARS, URL_CHARS, text_problem
@@ -566,8 +567,10 @@ def refresh_source(conn: sa.Connection, source_id: int) -> None:
 
 def refresh_sources(conn: sa.Connection, source_ids: Sequence[int]) -> list[int]:
     """Make the enabled sources among ``source_ids`` due now, as ``refresh_source``
-    does; the ids made due."""
+    does; the ids made due (the others are disabled). An id that names no source is an
+    error, and nothing is made due."""
     t = schema.sources
+    require_ids(conn, t, source_ids, "source", SourceError)
     chosen = (t.c.id.in_(list(source_ids)), t.c.enabled)
     refresh = sa.update(t).values(next_fetch_at=None, attempts=0, **UNCLAIMED)
     if conn.dialect.update_returning:
@@ -584,7 +587,8 @@ def refetch_sources(
 ) -> tuple[list[int], CollectStats]:
     """The re-fetch backfill (the `refetch_sources` job, `pipeline backfill refetch`): make
     the enabled sources among ``source_ids`` due now, then run a collector pass. Returns
-    the ids made due (the others do not exist or are disabled) and the pass's totals."""
+    the ids made due (the others are disabled) and the pass's totals; SourceError, and
+    nothing done, when an id names no source."""
     with engine.begin() as conn:
         due = refresh_sources(conn, source_ids)
     return due, Collector(engine, settings, worker=worker, run_id=run_id).run()

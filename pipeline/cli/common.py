@@ -39,6 +39,11 @@ def worker(stage: str) -> str:
     return f"cli-{stage}:{socket.gethostname()}:{os.getpid()}"
 
 
+def counted(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless it is one: "1 source", "3 sources"."""
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
 def report(totals: dict[str, Any], as_json: bool, say: Callable[[dict[str, Any]], str]) -> None:
     click.echo(json.dumps(totals) if as_json else say(totals))
 

@@ -10,6 +10,7 @@ import click
 from pipeline.catalogue import sources
 from pipeline.cli import common
 from pipeline.core import redact
+from pipeline.core.errors import SourceError
 from pipeline.core.kinds import SourceType
 from pipeline.core.settings import Settings
 from pipeline.fetching import politeness
@@ -19,8 +20,7 @@ PRIORITY_HELP = (f"Among due sources, higher is fetched first ({schema.MIN_PRIOR
                  f"{schema.MAX_PRIORITY}).")
 ADAPTIVE_HELP = ("Adaptive: the interval is learned from how often the source publishes, within its"
                  " bounds (docs/runbook.md, Adaptive cadence); fixed: every --interval minutes.")
-BOUND_HELP = ("{} interval an adaptive cadence may take, in minutes; default:"
-              " PIPELINE_ADAPTIVE_MIN_MINUTES (15) / PIPELINE_ADAPTIVE_MAX_MINUTES (1440).")
+BOUND_HELP = "{} interval an adaptive cadence may take, in minutes; default: {}."
 
 
 @click.group("sources")
@@ -46,8 +46,8 @@ def sources_group() -> None:
               help=PRIORITY_HELP)
 @click.option("--adaptive/--fixed", "adaptive", default=None,
               help=ADAPTIVE_HELP + " Default: PIPELINE_ADAPTIVE_CADENCE (off: fixed).")
-@click.option("--min-interval", type=int, metavar="MIN", help=BOUND_HELP.format("Shortest"))
-@click.option("--max-interval", type=int, metavar="MIN", help=BOUND_HELP.format("Longest"))
+@click.option("--min-interval", type=int, metavar="MIN", help=BOUND_HELP.format("Shortest", "PIPELINE_ADAPTIVE_MIN_MINUTES (15)"))
+@click.option("--max-interval", type=int, metavar="MIN", help=BOUND_HELP.format("Longest", "PIPELINE_ADAPTIVE_MAX_MINUTES (1440)"))
 @click.option("--check", is_flag=True,
               help="Fetch the source once first and say what it holds; nothing is stored if it"
                    " fails. A page that advertises one feed is replaced by that feed.")
@@ -146,8 +146,8 @@ def sources_list(as_json: bool) -> None:
 @click.option("--priority", type=int, help=PRIORITY_HELP)
 @click.option("--interval", type=int, help="Minutes between fetches (1 to 10080), from the next fetch on.")
 @click.option("--adaptive/--fixed", "adaptive", default=None, help=ADAPTIVE_HELP)
-@click.option("--min-interval", type=int, metavar="MIN", help=BOUND_HELP.format("Shortest"))
-@click.option("--max-interval", type=int, metavar="MIN", help=BOUND_HELP.format("Longest"))
+@click.option("--min-interval", type=int, metavar="MIN", help=BOUND_HELP.format("Shortest", "PIPELINE_ADAPTIVE_MIN_MINUTES (15)"))
+@click.option("--max-interval", type=int, metavar="MIN", help=BOUND_HELP.format("Longest", "PIPELINE_ADAPTIVE_MAX_MINUTES (1440)"))
 def sources_set(
     source_id: int, priority: int | None, interval: int | None, adaptive: bool | None,
     min_interval: int | None, max_interval: int | None,
@@ -179,10 +179,13 @@ def sources_disable(source_id: int, reason: str) -> None:
 @click.argument("source_ids", type=common.ID, nargs=-1, required=True)
 def sources_refresh(source_ids: tuple[int, ...]) -> None:
     """Make sources due now (all or none: an unknown id changes nothing)."""
+    from pipeline.catalogue.known import require_ids
+
     with common.engine().begin() as conn:
+        require_ids(conn, schema.sources, source_ids, "source", SourceError)
         for source_id in dict.fromkeys(source_ids):
             sources.refresh_source(conn, source_id)
-    click.echo(f"{len(set(source_ids))} sources due now")
+    click.echo(common.counted(len(set(source_ids)), "source") + " due now")
 
 
 @click.group("politeness")
@@ -217,11 +220,12 @@ def politeness_list(as_json: bool) -> None:
 @click.option("--interval", "interval", type=float, metavar="SECONDS",
               help="Least time between the starts of two fetches of the group.")
 @click.option("--reset", is_flag=True, help="Return the group to the defaults (the limits of '*').")
-def politeness_set(name: str, max_in_flight: int | None, interval: float | None, reset: bool) -> None:
+@click.option("--create", is_flag=True, help="Create the group if no source names it yet (else a new name is refused).")
+def politeness_set(name: str, max_in_flight: int | None, interval: float | None, reset: bool, create: bool) -> None:
     """Set the limits of group NAME ('*': the defaults of every group without its own)."""
     try:
         with common.engine().begin() as conn:
             politeness.set_limits(conn, name, max_in_flight=max_in_flight,
-                                  min_interval_seconds=interval, reset=reset)
+                                  min_interval_seconds=interval, reset=reset, create=create)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

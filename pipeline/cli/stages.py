@@ -192,5 +192,5 @@ def backfill_refetch(source_ids: tuple[int, ...], as_json: bool) -> None:
     due, stats = refetch_sources(common.engine(), Settings.from_env(), source_ids, worker=common.worker("backfill"))
     skipped = sorted(set(source_ids) - set(due))
     if skipped:
-        click.echo(f"not re-fetched (no such source, or disabled): {skipped}", err=True)
+        click.echo(f"not re-fetched (disabled): {skipped}", err=True)
     common.report(stats.as_dict(), as_json, _say_collect)

@@ -176,4 +176,4 @@ def notifications_requeue(dead: bool, ids: tuple[int, ...]) -> None:
 
     with common.engine().begin() as conn:
         count = notifications.requeue_notifications(conn, ids=list(ids), dead=dead)
-    click.echo(f"{count} notifications requeued")
+    click.echo(common.counted(count, "notification") + " requeued")

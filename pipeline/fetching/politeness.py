@@ -44,6 +44,7 @@ from urllib.parse import urlsplit
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
 
+from pipeline.core.errors import SourceError
 from pipeline.core.inputs import NAME_CHARS, text_problem
 from pipeline.core.kinds import SourceType
 from pipeline.core.urls import canonical_host, registrable_domain
@@ -113,12 +114,17 @@ def ensure_groups(conn: Connection, names: Iterable[str]) -> None:
 
 def set_limits(
     conn: Connection, name: str, *, max_in_flight: int | None = None,
-    min_interval_seconds: float | None = None, reset: bool = False,
+    min_interval_seconds: float | None = None, reset: bool = False, create: bool = True,
 ) -> None:
-    """Set a group's limits (creating its row); ``reset`` returns them to the defaults.
+    """Set a group's limits (creating its row unless ``create`` is false: then a name no
+    group has, a typo most likely, is a SourceError); ``reset`` returns them to the defaults.
     The default group's limits (``*``) are every other group's defaults."""
     if problem := text_problem(name, "group", NAME_CHARS):
         raise ValueError(problem)
+    if not create and name != DEFAULT and conn.execute(
+            sa.select(_groups.c.name).where(_groups.c.name == name)).first() is None:
+        raise SourceError(f"no politeness group named {name!r} (`pipeline politeness list` names them);"
+                          " give --create to set the limits of a group before its sources are added")
     if max_in_flight is not None and max_in_flight < 1:
         raise ValueError(f"max in flight must be at least 1, got {max_in_flight}")
     if min_interval_seconds is not None and min_interval_seconds < 0:
