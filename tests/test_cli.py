@@ -363,3 +363,9 @@ def test_counts_are_said_in_the_singular_for_one_and_each_bound_names_its_own_de
     shown = " ".join(run("sources", "add", "--help").stdout.split())
     assert "Shortest interval an adaptive cadence may take, in minutes; default: PIPELINE_ADAPTIVE_MIN_MINUTES (15)." in shown
     assert "Longest interval an adaptive cadence may take, in minutes; default: PIPELINE_ADAPTIVE_MAX_MINUTES (1440)." in shown
+
+
+def test_a_webhook_that_is_no_url_is_named_as_typed(db_url):
+    """`users add carol --webhook notaurl` once said "webhook … is not an http(s) URL"."""
+    assert_one_line_error(run("users", "add", "carol", "--webhook", "notaurl", env={"DATABASE_URL": db_url}),
+                          "webhook notaurl is not an http(s) URL")

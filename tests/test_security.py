@@ -288,6 +288,11 @@ def test_a_database_error_prints_its_first_line_never_its_parameters(engine, db_
     ("json://127.0.0.1:8080/hook/TOKEN", "json://127.0.0.1/…"),
     ("mailto://user:PASSWORD@mail.example.com", "mailto://mail.example.com/…"),
     ("https://hooks.example.com/services/T0/B0/TOKEN0123", "https://hooks.example.com/…"),
+    # No scheme: what was typed, as far as it is no credential.
+    ("notaurl", "notaurl"),
+    ("hooks.example.com/services/T0/B0/TOKEN0123", "hooks.example.com/…"),
+    ("PASSWORD0123@hooks.example.com/x", "hooks.example.com/…"),
+    ("TOKEN0123456789ABCDEF", "…"),
 ])
 def test_a_channel_url_is_shown_by_its_structure(url, shown):
     # Once, prowl://APIKEY printed as it was: "scheme://host" kept the credential.

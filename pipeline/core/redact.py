@@ -58,8 +58,18 @@ def channel_url(url: str) -> str:
         return "…"
     scheme = parts.scheme.lower()
     if not scheme:
-        return "…"
+        return _typed(url.strip())
     return f"{scheme}://{host}/…" if host and names_a_host(scheme) else f"{scheme}://…"
+
+
+def _typed(value: str) -> str:
+    """What an operator typed for a URL that has no scheme ("notaurl", "hooks.example.com/T0/
+    TOKEN"), shown as far as it is no credential: its first part, less any user info, when
+    it names a host or is too short to be a token; the rest as "…"."""
+    head, slash, _ = value.partition("/")
+    head = head.rpartition("@")[2]
+    shown = head if head and ("." in head or len(head) < SECRET_PREFIX_CHARS) else "…"
+    return f"{shown}/…" if slash and shown != "…" else shown
 
 
 def channel_secrets(url: str) -> list[str]:
