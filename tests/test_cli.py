@@ -369,3 +369,22 @@ def test_a_webhook_that_is_no_url_is_named_as_typed(db_url):
     """`users add carol --webhook notaurl` once said "webhook … is not an http(s) URL"."""
     assert_one_line_error(run("users", "add", "carol", "--webhook", "notaurl", env={"DATABASE_URL": db_url}),
                           "webhook notaurl is not an http(s) URL")
+
+
+def test_sources_list_names_each_source_says_why_a_disabled_one_waits_and_times_are_utc_iso(engine, db_url):
+    """`sources list` once left names out, printed microseconds, and showed a disabled
+    source as "next now, disabled"; its --json wrote "2026-11-27 09:00:00.123456+00:00"
+    where `status --json` wrote ISO 8601 with a "T"."""
+    env = {"DATABASE_URL": db_url}
+    later = now().replace(microsecond=123456) + timedelta(hours=1)
+    with engine.begin() as conn:
+        add_source(conn, "http://127.0.0.1:9/a", name="Jobs board", next_fetch_at=later)
+        add_source(conn, "http://127.0.0.1:9/b", enabled=False, disabled_reason="http_4xx 5 times in a row")
+    lines = run("sources", "list", env=env).stdout.splitlines()
+    assert f"next {later:%Y-%m-%dT%H:%M:%S}Z" in lines[0] and "Jobs board: http://127.0.0.1:9/a" in lines[0]
+    assert "next" not in lines[1] and "disabled (http_4xx 5 times in a row)" in lines[1]
+    listed = json.loads(run("sources", "list", "--json", env=env).stdout)
+    assert listed[0]["next_fetch_at"] == later.isoformat()
+    status = json.loads(run("status", "--json", env=env).stdout)
+    stamps = re.findall(r'"(\d{4}-\d\d-\d\d[T ][^"]*)"', json.dumps(status) + json.dumps(listed))
+    assert stamps and all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00", s) for s in stamps), stamps

@@ -333,7 +333,7 @@ def test_priority_is_set_on_add_import_and_set_and_shown_by_list_and_status(engi
     row = next(r for r in sources_rows(engine) if str(r["id"]) == low)
     assert (row["priority"], row["fetch_interval_minutes"]) == (4, 15)
     listed = run("sources", "list", env=env).stdout
-    assert re.search(rf"^\s*{high}\s.*, priority 10, enabled", listed, re.MULTILINE)
+    assert re.search(rf"^\s*{high}\s.*, next now, priority 10 ", listed, re.MULTILINE)
     assert "priority 0" not in listed, "the default is not shown"
     assert {r["id"]: r["priority"] for r in json.loads(run("sources", "list", "--json", env=env).stdout)}[int(low)] == 4
     status = run("status", env=env).stdout

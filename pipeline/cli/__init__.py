@@ -6,7 +6,6 @@ one line on stderr and exit status 1, never a traceback.
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
@@ -41,7 +40,7 @@ def status(as_json: bool) -> None:
     expired leases, notifications by status, each stage's last run."""
     current = collect_status(common.engine())
     if as_json:
-        click.echo(json.dumps(status_as_json(current), indent=2))
+        click.echo(common.as_json(status_as_json(current)))
     else:
         click.echo(status_as_text(current))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -37,6 +38,22 @@ def worker(stage: str) -> str:
     import socket
 
     return f"cli-{stage}:{socket.gethostname()}:{os.getpid()}"
+
+
+def as_json(value: Any) -> str:
+    """``value`` as the JSON every --json prints: times in ISO 8601, UTC
+    ("2026-11-27T09:00:00.123456+00:00"), as ``status --json`` has them."""
+    def encode(item: Any) -> Any:
+        if isinstance(item, datetime):
+            return (item if item.tzinfo else item.replace(tzinfo=UTC)).astimezone(UTC).isoformat()
+        return str(item)
+
+    return json.dumps(value, indent=2, default=encode)
+
+
+def moment(value: datetime) -> str:
+    """A time as the human-readable listings print it: ISO 8601 to the second, UTC."""
+    return (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def counted(count: int, noun: str) -> str:

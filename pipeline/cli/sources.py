@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
@@ -120,24 +119,26 @@ def sources_list(as_json: bool) -> None:
     with common.engine().connect() as conn:
         rows = sources.list_sources(conn)
     if as_json:
-        click.echo(json.dumps(rows, indent=2, default=str))
+        click.echo(common.as_json(rows))
         return
     for row in rows:
-        state = "enabled" if row["enabled"] else f"disabled ({row['disabled_reason']})"
         failing = (
-            f", {row['consecutive_failures']} failures ({row['last_failure_reason']})"
+            f", {common.counted(row['consecutive_failures'], 'failure')} ({row['last_failure_reason']})"
             if row["consecutive_failures"]
             else ""
         )
-        due = row["next_fetch_at"].isoformat() if row["next_fetch_at"] else "now"
+        due = common.moment(row["next_fetch_at"]) if row["next_fetch_at"] else "now"
+        # A disabled source is fetched at no time: it says why instead of when.
+        state = f"next {due}" if row["enabled"] else f"disabled ({row['disabled_reason']})"
         priority = f", priority {row['priority']}" if row["priority"] else ""
         adaptive = ""
         if row["adaptive_cadence"]:
             low, high = row["min_interval_minutes"] or "default", row["max_interval_minutes"] or "default"
             adaptive = f" (adaptive, {low} to {high})"
+        name = "" if row["name"] == row["url"] else f"{row['name']}: "
         click.echo(
             f"{row['id']:>6}  {row['source_type']:<7} every {row['fetch_interval_minutes']} min{adaptive},"
-            f" next {due}{priority}, {state}{failing}  {row['url']}"
+            f" {state}{priority}{failing}  {name}{row['url']}"
         )
 
 
@@ -200,7 +201,7 @@ def politeness_list(as_json: bool) -> None:
     with common.engine().connect() as conn:
         rows = politeness.list_groups(conn)
     if as_json:
-        click.echo(json.dumps(rows, indent=2, default=str))
+        click.echo(common.as_json(rows))
         return
     for row in rows:
         limits = "defaults" if row["defaults"] and row["name"] != politeness.DEFAULT else "own limits"

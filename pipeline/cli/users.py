@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
@@ -86,7 +85,7 @@ def users_list(as_json: bool) -> None:
     with common.engine().connect() as conn:
         rows = users.list_users(conn)
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(common.as_json(rows))
         return
     for row in rows:
         state = "" if row["enabled"] else "  (disabled)"
@@ -128,7 +127,7 @@ def filters_list(as_json: bool) -> None:
     with common.engine().connect() as conn:
         rows = users.list_filters(conn)
     if as_json:
-        click.echo(json.dumps(rows, indent=2, default=str))
+        click.echo(common.as_json(rows))
         return
     for row in rows:
         limits = "".join(
