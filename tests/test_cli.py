@@ -212,13 +212,16 @@ def test_status_shows_how_late_fetches_started_per_hour(engine, db_url):
             *(event(recent, s) for s in (0, 60, 120, 600)), event(recent, None),
             event(recent, 5000, schema.EVENT_COMPLETED),
             *(event(earlier, s) for s in (30, 30)), event(now() - timedelta(hours=7), 1),
+            # Fetches that started before their due time were not late (status once said "-0 s").
+            *(event(now() - timedelta(hours=5), s) for s in (-0.4, -30)),
         ])
     data = json.loads(run("status", "--json", env={"DATABASE_URL": db_url}).stdout)["lateness"]
     assert [(h["fetches"], h["p50_seconds"], h["p95_seconds"]) for h in data] == [
-        (4, 90.0, pytest.approx(528.0)), (2, 30.0, 30.0)]
+        (4, 90.0, pytest.approx(528.0)), (2, 30.0, 30.0), (2, 0.0, 0.0)]
     assert data[0]["start"].startswith(recent.strftime("%Y-%m-%dT%H:00:00"))
     text = run("status", env={"DATABASE_URL": db_url}).stdout
     assert re.search(rf"{recent:%Y-%m-%d %H}:00\s+4\s+2 min\s+9 min", text), text
+    assert "-0 s" not in text and re.search(r"\s2\s+0 s\s+0 s", text), text
 
 
 @conformance

@@ -123,8 +123,10 @@ def _lateness(conn: sa.Connection, span: timedelta, *, by_hour: bool) -> list[La
     e = schema.ingestion_events
     since = schema.now_sql(conn.dialect.name, minus=span)
     where = (e.c.event == schema.EVENT_STARTED, e.c.occurred_at >= since, e.c.scheduled_at.is_not(None))
+    # A fetch that started before its due time (a refresh, another worker's clock a
+    # little ahead) was not late: lateness is never below zero.
     if conn.dialect.name == "postgresql":
-        late = sa.extract("epoch", e.c.occurred_at - e.c.scheduled_at)
+        late = sa.func.greatest(sa.extract("epoch", e.c.occurred_at - e.c.scheduled_at), 0)
         start = sa.func.date_trunc("hour", e.c.occurred_at) if by_hour else since
         query = sa.select(
             start.label("start"), sa.func.count().label("fetches"),
@@ -140,7 +142,7 @@ def _lateness(conn: sa.Connection, span: timedelta, *, by_hour: bool) -> list[La
     origin = datetime.now(UTC) - span
     for occurred, scheduled in conn.execute(sa.select(e.c.occurred_at, e.c.scheduled_at).where(*where)):
         key = occurred.replace(minute=0, second=0, microsecond=0) if by_hour else origin
-        spans.setdefault(key, []).append((occurred - scheduled).total_seconds())
+        spans.setdefault(key, []).append(max(0.0, (occurred - scheduled).total_seconds()))
     return [Lateness(key, len(values), _percentile(values, 0.5), _percentile(values, 0.95))
             for key, values in sorted(spans.items(), reverse=True)]
 
