@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+import click
 from click.testing import CliRunner
 
 from pipeline.cli import main
@@ -391,3 +392,15 @@ def test_sources_list_names_each_source_says_why_a_disabled_one_waits_and_times_
     status = json.loads(run("status", "--json", env=env).stdout)
     stamps = re.findall(r'"(\d{4}-\d\d-\d\d[T ][^"]*)"', json.dumps(status) + json.dumps(listed))
     assert stamps and all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00", s) for s in stamps), stamps
+
+
+def test_no_help_line_is_cut_off_in_any_group():
+    """Every group's --help lists each command's first sentence whole (click cut them at
+    about 45 characters: "Re-fetch, re-process or re-match on demand, as the...")."""
+    from pipeline.cli import cli
+
+    groups = [()] + [(name,) for name, command in cli.commands.items() if isinstance(command, click.Group)]
+    assert len(groups) > 5
+    for group in groups:
+        shown = run(*group, "--help").stdout
+        assert shown.count("Commands:") == 1 and "..." not in shown.split("Commands:")[1], (group, shown)

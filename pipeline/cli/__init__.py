@@ -17,7 +17,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.storage.status import collect_status, status_as_json, status_as_text
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=common.HelpGroup, context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """Fetch sources on their own cadence, normalise what they yield, notify users.
 

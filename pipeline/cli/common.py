@@ -40,6 +40,22 @@ def worker(stage: str) -> str:
     return f"cli-{stage}:{socket.gethostname()}:{os.getpid()}"
 
 
+class HelpGroup(click.Group):
+    """A command group whose --help lists each command's first sentence whole, wrapped to
+    the terminal, where click cuts it at about 45 characters ("Re-fetch, re-process or
+    re-match on demand, as the...")."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=1_000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
 def as_json(value: Any) -> str:
     """``value`` as the JSON every --json prints: times in ISO 8601, UTC
     ("2026-11-27T09:00:00.123456+00:00"), as ``status --json`` has them."""

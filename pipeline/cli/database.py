@@ -8,7 +8,7 @@ from pipeline.cli import common
 from pipeline.storage import db, migrate
 
 
-@click.group("db")
+@click.group("db", cls=common.HelpGroup)
 def db_group() -> None:
     """Create and migrate the pipeline database."""
 

@@ -7,7 +7,7 @@ import click
 from pipeline.cli import common
 
 
-@click.group("demo")
+@click.group("demo", cls=common.HelpGroup)
 def demo_group() -> None:
     """The offline demo that `python3 dev.py up` runs: a local site and its sources."""
 

@@ -68,7 +68,7 @@ def serve(
     return make_server(host, port, app, server_class=server_class, handler_class=handler_class)  # type: ignore[return-value]
 
 
-@click.group("metrics", invoke_without_command=True)
+@click.group("metrics", cls=common.HelpGroup, invoke_without_command=True)
 @click.pass_context
 def metrics_group(ctx: click.Context) -> None:
     """Print the metrics once in Prometheus's text format (or `serve` them)."""

@@ -22,7 +22,7 @@ ADAPTIVE_HELP = ("Adaptive: the interval is learned from how often the source pu
 BOUND_HELP = "{} interval an adaptive cadence may take, in minutes; default: {}."
 
 
-@click.group("sources")
+@click.group("sources", cls=common.HelpGroup)
 def sources_group() -> None:
     """Add, import, list and steer the sources."""
 
@@ -189,7 +189,7 @@ def sources_refresh(source_ids: tuple[int, ...]) -> None:
     click.echo(common.counted(len(set(source_ids)), "source") + " due now")
 
 
-@click.group("politeness")
+@click.group("politeness", cls=common.HelpGroup)
 def politeness_group() -> None:
     """Per-group limits on fetches: how many at once, how far apart (across all workers)."""
 

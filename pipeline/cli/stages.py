@@ -137,7 +137,7 @@ def _window(since: datetime, until: datetime | None) -> tuple[datetime, datetime
 
 
 
-@click.group("backfill")
+@click.group("backfill", cls=common.HelpGroup)
 def backfill_group() -> None:
     """Re-fetch, re-process or re-match on demand, as the Dagster backfill jobs do.
 

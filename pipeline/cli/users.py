@@ -9,7 +9,7 @@ import click
 from pipeline.cli import common
 
 
-@click.group("users")
+@click.group("users", cls=common.HelpGroup)
 def users_group() -> None:
     """Add and list the users who receive notifications."""
 
@@ -92,7 +92,7 @@ def users_list(as_json: bool) -> None:
         click.echo(f"{row['id']:>6}  {row['name']:<20} {row['channel']:<8} {row['target']}  ({row['delivery']}){state}")
 
 
-@click.group("filters")
+@click.group("filters", cls=common.HelpGroup)
 def filters_group() -> None:
     """Add, list, enable and disable users' filters."""
 
@@ -161,7 +161,7 @@ def filters_disable(filter_id: int) -> None:
         users.set_filter_enabled(conn, filter_id, False)
 
 
-@click.group("notifications")
+@click.group("notifications", cls=common.HelpGroup)
 def notifications_group() -> None:
     """Steer notifications."""
 
