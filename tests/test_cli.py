@@ -11,9 +11,9 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
+import click
 import pytest
 import sqlalchemy as sa
-import click
 from click.testing import CliRunner
 
 from pipeline.cli import main
