@@ -9,7 +9,7 @@ from datetime import datetime
 import dagster as dg
 
 from assets import passes
-from assets.policies import LINGER_TAG, STEP_RETRY, ends_when_terminated
+from assets.policies import LINGER_TAG, STEP_RETRY, ends_when_terminated, stage_kinds
 from pipeline.storage.status import next_due_in
 from resources import PipelineDatabase
 
@@ -31,7 +31,7 @@ class CollectConfig(dg.Config):
     pool="collector",
     retry_policy=STEP_RETRY,
     output_required=False,
-    kinds={"python", "postgres"},
+    kinds=stage_kinds(),
     owners=["team:pipeline"],
     description="Raw items of due sources: fetches every due source once, stores new and "
     "changed items, reschedules each source (cadence or backoff). A pass that claims no "

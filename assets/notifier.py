@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import dagster as dg
 
 from assets import passes
-from assets.policies import STEP_RETRY, ends_when_terminated
+from assets.policies import STEP_RETRY, ends_when_terminated, stage_kinds
 from resources import PipelineDatabase
 
 
@@ -22,7 +22,7 @@ class NotifyConfig(dg.Config):
     pool="notifier",
     retry_policy=STEP_RETRY,
     output_required=False,
-    kinds={"python", "postgres"},
+    kinds=stage_kinds(),
     owners=["team:pipeline"],
     description="Notifications of matching listings: matches listings not matched yet against "
     "every enabled filter (one per user and listing), then delivers the due ones. A pass "

@@ -6,6 +6,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 import dagster as dg
+import sqlalchemy as sa
+
+from pipeline.core.errors import PipelineError
+from pipeline.core.settings import Settings
 
 # A step that fails as a whole (database gone, process killed) is retried, with
 # exponential backoff and jitter; a failing source, row or notification is not a failing
@@ -18,6 +22,17 @@ STAGE_TAG = "pipeline/stage"
 # On an ingest run the due sources sensor starts: when (ISO 8601, UTC) it stops taking
 # sources as they come due (PIPELINE_INGEST_LINGER_SECONDS after its request).
 LINGER_TAG = "pipeline/linger_until"
+
+
+def stage_kinds() -> set[str]:
+    """The kinds a stage's asset shows in the UI: Python, and the database this code
+    location is configured for (DATABASE_URL, else the embedded SQLite), read when the
+    definitions load: "postgres", "sqlite" or "mariadb", never one it does not use."""
+    try:
+        backend = sa.engine.make_url(Settings.from_env().database_url).get_backend_name()
+    except (PipelineError, sa.exc.ArgumentError):
+        return {"python"}  # the stage's own commands say what is wrong with the setting
+    return {"python", {"postgresql": "postgres", "mysql": "mariadb"}.get(backend, backend)}
 
 
 def run_worker(run_id: str) -> str:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import dagster as dg
 
 from assets import passes
-from assets.policies import STEP_RETRY, ends_when_terminated
+from assets.policies import STEP_RETRY, ends_when_terminated, stage_kinds
 from resources import PipelineDatabase
 
 
@@ -21,7 +21,7 @@ class ProcessConfig(dg.Config):
     pool="processor",
     retry_policy=STEP_RETRY,
     output_required=False,
-    kinds={"python", "postgres"},
+    kinds=stage_kinds(),
     owners=["team:pipeline"],
     description="Listings normalised from raw rows: claims unprocessed raw rows oldest first, "
     "upserts their listings and marks them processed, batch by batch. A pass that claims no "

@@ -14,7 +14,7 @@ from assets import ASSET_CHECKS
 from assets.backfills import refetch_sources_job, rematch_window_job, reprocess_window_job
 from assets.collector import listings_raw
 from assets.notifier import notifications
-from assets.policies import LINGER_TAG, STAGE_TAG
+from assets.policies import LINGER_TAG, STAGE_TAG, stage_kinds
 from assets.processor import listings
 from pipeline.catalogue import sources, users
 from pipeline.storage import schema
@@ -78,6 +78,21 @@ def test_the_assets_declare_retry_policies_and_pools():
     for asset, pool in ((listings, "processor"), (notifications, "notifier")):
         assert asset.op.retry_policy.backoff is dg.Backoff.EXPONENTIAL
         assert asset.op.retry_policy.jitter is dg.Jitter.PLUS_MINUS and asset.op.pool == pool
+
+
+@pytest.mark.parametrize(("url", "kind"), [
+    ("sqlite:////tmp/x/pipeline.db", "sqlite"), ("postgresql://u@h/db", "postgres"),
+    ("postgresql+psycopg://u@h/db", "postgres"), ("mysql://root@h/db", "mariadb"), ("mariadb://root@h/db", "mariadb"),
+])
+def test_each_stage_shows_the_database_it_runs_on(monkeypatch, url, kind):
+    """The assets' kinds named PostgreSQL on the embedded SQLite."""
+    for asset in (listings_raw, listings, notifications):  # read when the definitions loaded, in this env
+        assert asset.specs_by_key[asset.key].kinds == stage_kinds()
+    monkeypatch.setenv("DATABASE_URL", url)
+    assert stage_kinds() == {"python", kind}
+    monkeypatch.delenv("DATABASE_URL")
+    monkeypatch.setenv("PIPELINE_STATE_DIR", "/tmp/state")
+    assert stage_kinds() == {"python", "sqlite"}, "the embedded default"
 
 
 def test_the_checks_fail_when_something_is_wrong(engine, db_url):
