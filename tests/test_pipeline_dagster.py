@@ -66,6 +66,11 @@ def test_the_three_assets_carry_a_listing_from_feed_to_receiver(engine, db_url, 
     assert metadata_of(result, "listings")["inserted"] == 2
     assert (metadata_of(result, "notifications")["notifications_created"],
             metadata_of(result, "notifications")["sent"]) == (1, 1)
+    # Each stage reports the failure codes that can happen to it: a delivery parses no
+    # feed and spends no YouTube quota.
+    codes = {k for k in metadata_of(result, "notifications") if k.startswith("errors_")}
+    assert {"errors_http_5xx", "errors_channel_error", "errors_blocked_address"} <= codes
+    assert not codes & {"errors_youtube_quota", "errors_parse_error"}
     assert [json.loads(r["body"])["listing"]["title"] for r in server.requests if r["method"] == "POST"] == [
         "Python developer"]
     assert all(checks_of(result).values()), checks_of(result)

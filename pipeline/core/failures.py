@@ -37,8 +37,11 @@ PERMANENT = frozenset(
 
 
 # A delivery fails with a code too (notifications' error counts): a webhook's failures
-# are those of a fetch, above; these are the ones no fetch has.
+# are those of a fetch that can happen to a POST (never a spent YouTube quota or a body
+# that does not parse: a delivery parses nothing); these are the ones no fetch has.
 CHANNEL_ERROR = "channel_error"  # the channel said no (Apprise could not deliver)
 WORKER_STOPPED = "worker_stopped"  # claimed again and again, no send finished
 CHANNEL_BUG = "channel_bug"  # a channel raised something unexpected
-DELIVERY_CODES = (*(reason.value for reason in FailureReason), CHANNEL_ERROR, WORKER_STOPPED, CHANNEL_BUG)
+_NOT_OF_A_DELIVERY = frozenset({FailureReason.YOUTUBE_QUOTA, FailureReason.PARSE_ERROR})
+DELIVERY_CODES = (*(reason.value for reason in FailureReason if reason not in _NOT_OF_A_DELIVERY),
+                  CHANNEL_ERROR, WORKER_STOPPED, CHANNEL_BUG)
