@@ -39,6 +39,8 @@ DEV_INSTANCE = """\
 # Written by dev.py on every start; edits are lost. Production: deploy/dagster.yaml.
 telemetry:
   enabled: false
+nux:  # the UI's first-visit community modal: not for an operator's local instance
+  enabled: false
 run_monitoring:
   enabled: true
   start_timeout_seconds: 60

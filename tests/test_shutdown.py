@@ -37,6 +37,13 @@ def dev_home(tmp_path: Path):
         yield instance, tmp_path / dev.STOP_FILE  # type: ignore[attr-defined]
 
 
+def test_the_dev_instance_shows_no_first_visit_modal_and_sends_no_telemetry(dev_home):
+    """dev.py's dagster.yaml turns off what a local instance can: the UI's community modal
+    on the first visit (nux) and telemetry."""
+    instance, _ = dev_home
+    assert not instance.nux_enabled and instance.get_settings("telemetry") == {"enabled": False}
+
+
 def _starting_run(instance: dg.DagsterInstance) -> dg.DagsterRun:
     """A run as the daemon hands it to the launcher: STARTING."""
     return instance.add_run(dg.DagsterRun(job_name="collect", run_id=str(uuid.uuid4()),
