@@ -5,10 +5,12 @@ the run launcher pass on is one the pipeline reads."""
 
 from __future__ import annotations
 
-import re
+import os
 from pathlib import Path
 
 import yaml
+
+from pipeline.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -19,12 +21,24 @@ def load(path: Path) -> dict:
 
 
 def settings_names() -> set[str]:
-    source = (ROOT / "pipeline" / "core" / "settings.py").read_text()
-    names = set(re.findall(r'"(PIPELINE_[A-Z_]+)"', source))
-    stages = re.search(r"STAGES = \(([^)]*)\)", source)
-    assert stages is not None
-    names |= {f"PIPELINE_{s.upper()}_MAX_RUNS" for s in re.findall(r'"(\w+)"', stages.group(1))}
-    return names | {"DATABASE_URL"}
+    """Every environment variable the pipeline's settings read: recorded by reading them
+    (``Settings.from_env``), so a setting added there is a setting the deployment must pass."""
+    read: list[str] = []
+
+    class Recording(dict):
+        def get(self, name, default=None):
+            read.append(name)
+            # DATABASE_URL is set, as the deployment requires (else the embedded
+            # default's PIPELINE_STATE_DIR would be read too).
+            return "postgresql://pipeline@127.0.0.1/pipeline" if name == "DATABASE_URL" else default
+
+    saved = os.environ
+    os.environ = Recording()  # type: ignore[assignment]
+    try:
+        Settings.from_env()
+    finally:
+        os.environ = saved
+    return set(read)
 
 
 def test_the_image_instance_is_the_production_instance_with_the_docker_run_launcher():
@@ -38,9 +52,14 @@ def test_the_settings_passed_to_services_and_run_containers_are_the_pipelines():
     compose = load(DEPLOY / "docker-compose.yaml")
     environment = compose["x-pipeline-environment"]
     launcher = load(DEPLOY / "docker" / "dagster.yaml")["run_launcher"]["config"]
-    passed = {n for n in environment if n.startswith("PIPELINE_")} - {
+    passed = {n for n in environment if n.startswith("PIPELINE_") or n == "DATABASE_URL"} - {
         "PIPELINE_CODE_LOCATION_HOST", "PIPELINE_CODE_LOCATION_PORT"}  # the workspace's, not settings
-    assert passed <= settings_names(), f"not settings: {passed - settings_names()}"
+    # Every setting reaches the services and every run container, and nothing else does
+    # (the retention, backfill and adaptive-cadence settings once reached neither).
+    assert passed == settings_names(), (
+        f"not passed: {sorted(settings_names() - passed)}; not settings: {sorted(passed - settings_names())}")
+    assert set(launcher["env_vars"]) - {"DAGSTER_POSTGRES_URL"} == settings_names(), (
+        f"not passed to runs: {sorted(settings_names() - set(launcher['env_vars']))}")
     # A run container gets what the daemon has: each name the launcher passes must be set there.
     assert set(launcher["env_vars"]) <= set(environment)
     assert {"DATABASE_URL", "DAGSTER_POSTGRES_URL"} <= set(launcher["env_vars"])
