@@ -289,6 +289,7 @@ def _commands(ids, urls, names):
                   st.just("--source"), ids),
         st.tuples(st.just("filters"), st.sampled_from(["enable", "disable"]), ids),
         st.tuples(st.just("notifications"), st.just("requeue"), st.just("--id"), ids),
+        st.tuples(st.just("notifications"), st.just("list"), st.sampled_from(["--user", "--since"]), names),
         st.tuples(st.just("db"), st.just("downgrade"), names),
     )
 
@@ -404,3 +405,33 @@ def test_no_help_line_is_cut_off_in_any_group():
     for group in groups:
         shown = run(*group, "--help").stdout
         assert shown.count("Commands:") == 1 and "..." not in shown.split("Commands:")[1], (group, shown)
+
+
+def test_notifications_list_shows_the_latest_with_their_last_error_filtered_by_user_status_and_time(engine, db_url):
+    """The runbook once said to use SQL to see why a notification is dead."""
+    env = {"DATABASE_URL": db_url}
+    with engine.begin() as conn:
+        from pipeline.catalogue import users
+        source = add_source(conn, "http://127.0.0.1:9/feed")
+        alice = users.add_user(conn, "alice", webhook="http://127.0.0.1:9/hook", secret="s" * 24).id
+        bob = users.add_user(conn, "bob", webhook="http://127.0.0.1:9/hook", secret="s" * 24).id
+        listing = conn.execute(sa.insert(schema.listings).values(
+            source_id=source, source_item_id="a", url="http://x/a", title="Python developer", content_hash="h")
+            .returning(schema.listings.c.id)).scalar_one()
+        n = schema.notifications
+        conn.execute(sa.insert(n).values(
+            user_id=alice, listing_id=listing, channel="webhook", status="dead", attempts=8,
+            last_error="http_5xx: 503 from 127.0.0.1", created_at=now() - timedelta(days=2)))
+        conn.execute(sa.insert(n).values(user_id=bob, listing_id=listing, channel="webhook", status="sent",
+                                         attempts=1, sent_at=now()))
+    lines = run("notifications", "list", env=env).stdout.splitlines()
+    assert len(lines) == 2 and "sent" in lines[0] and " bob " in lines[0], lines
+    assert "dead" in lines[1] and "(8 attempts): Python developer  last error: http_5xx: 503" in lines[1], lines
+    dead = json.loads(run("notifications", "list", "--status", "dead", "--json", env=env).stdout)
+    assert [(r["user"], r["attempts"], r["last_error"]) for r in dead] == [("alice", 8, "http_5xx: 503 from 127.0.0.1")]
+    assert [r["user"] for r in json.loads(run("notifications", "list", "--user", "bob", "--json", env=env).stdout)] == ["bob"]
+    since = (now() - timedelta(days=1)).date().isoformat()
+    recent = json.loads(run("notifications", "list", "--since", since, "--json", env=env).stdout)
+    assert [r["user"] for r in recent] == ["bob"]
+    assert_one_line_error(run("notifications", "list", "--user", "carol", env=env), "no user named")
+    assert run("notifications", "list", "--since", "yesterday", env=env).returncode == 2

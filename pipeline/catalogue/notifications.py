@@ -1,7 +1,10 @@
-"""What an operator does to notifications: requeue dead (or chosen) ones, fenced against a
-send in flight."""
+"""What an operator does to notifications: list them with their last error, requeue dead
+(or chosen) ones, fenced against a send in flight."""
 
 from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -34,3 +37,32 @@ def requeue_notifications(conn: sa.Connection, *, ids: list[int] | None = None, 
         )
     )
     return int(result.rowcount)
+
+
+LIST_LIMIT = 50  # notifications `notifications list` shows unless told
+
+
+def list_notifications(
+    conn: sa.Connection, *, user: str | None = None, status: str | None = None,
+    since: datetime | None = None, limit: int = LIST_LIMIT,
+) -> list[dict[str, Any]]:
+    """The latest notifications, newest first: whose, their status, attempts and last
+    error, the listing they are about; of one ``user`` (a name or an id), in one
+    ``status``, created at or after ``since``, at most ``limit``."""
+    from pipeline.catalogue.users import find_user
+
+    n, u, listing = schema.notifications, schema.users, schema.listings
+    query = (
+        sa.select(n.c.id, u.c.name.label("user"), n.c.status, n.c.event, n.c.attempts, n.c.created_at,
+                  n.c.sent_at, n.c.next_attempt_at, n.c.last_error, listing.c.id.label("listing_id"),
+                  listing.c.title, listing.c.url)
+        .join(u, u.c.id == n.c.user_id).join(listing, listing.c.id == n.c.listing_id)
+        .order_by(n.c.id.desc()).limit(limit)
+    )
+    if user is not None:
+        query = query.where(n.c.user_id == find_user(conn, user))
+    if status is not None:
+        query = query.where(n.c.status == NotificationStatus(status))
+    if since is not None:
+        query = query.where(n.c.created_at >= since)
+    return [dict(r._mapping) for r in conn.execute(query)]

@@ -1,12 +1,15 @@
-"""`pipeline users`, `filters` and `notifications`: who is notified of what, and requeueing."""
+"""`pipeline users`, `filters` and `notifications`: who is notified of what, listing and
+requeueing notifications."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import click
 
 from pipeline.cli import common
+from pipeline.core.kinds import NotificationStatus
 
 
 @click.group("users", cls=common.HelpGroup)
@@ -164,6 +167,35 @@ def filters_disable(filter_id: int) -> None:
 @click.group("notifications", cls=common.HelpGroup)
 def notifications_group() -> None:
     """Steer notifications."""
+
+
+@notifications_group.command("list")
+@click.option("--user", help="Only this user's (a name or an id).")
+@click.option("--status", type=click.Choice([s.value for s in NotificationStatus]), help="Only those in this status.")
+@click.option("--since", metavar="WHEN", help="Only those created at or after WHEN (ISO 8601: 2026-11-27, or with a time; UTC).")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True, help="At most this many, newest first.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def notifications_list(user: str | None, status: str | None, since: str | None, limit: int, as_json: bool) -> None:
+    """The latest notifications with their status, attempts and last error, newest first."""
+    from pipeline.catalogue import notifications
+
+    moment = None
+    if since is not None:
+        try:
+            moment = datetime.fromisoformat(since.strip())
+        except ValueError:
+            raise click.UsageError(f"--since {since!r} is not a date or time (ISO 8601: 2026-11-27T08:00)") from None
+        moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    with common.engine().connect() as conn:
+        rows = notifications.list_notifications(conn, user=user, status=status, since=moment, limit=limit)
+    if as_json:
+        click.echo(common.as_json(rows))
+        return
+    for row in rows:
+        when = common.moment(row["sent_at"] or row["created_at"])
+        error = f"  last error: {row['last_error']}" if row["last_error"] and row["status"] != "sent" else ""
+        click.echo(f"{row['id']:>8}  {row['status']:<7} {when}  {row['user']}  {row['event']}"
+                   f" ({common.counted(row['attempts'], 'attempt')}): {row['title']}{error}")
 
 
 @notifications_group.command("requeue")
