@@ -25,6 +25,34 @@ def run_migrations_online() -> None:
 
 
 def _migrate(connection: Connection) -> None:
+    if connection.dialect.name == "sqlite":
+        _without_foreign_keys(connection)
+        return
+    _run(connection)
+
+
+def _without_foreign_keys(connection: Connection) -> None:
+    """SQLite's batch mode copies a table and drops the old one; with foreign keys on,
+    dropping ``sources`` or ``listings`` deletes every row that references them, by
+    cascade (a downgrade below 0009 once emptied ``listings``). SQLite's own procedure
+    for such changes: foreign keys off around them (a pragma that only works outside a
+    transaction), then checked."""
+    if connection.in_transaction():
+        connection.commit()
+    raw = connection.connection.driver_connection  # autocommit (pipeline/storage/db.py)
+    raw.execute("PRAGMA foreign_keys = OFF")
+    try:
+        _run(connection)
+        problems = raw.execute("PRAGMA foreign_key_check").fetchall()
+        if problems:
+            raise RuntimeError(f"the migration left rows whose references are gone: {problems[:5]}")
+    finally:
+        if connection.in_transaction():
+            connection.commit()
+        raw.execute("PRAGMA foreign_keys = ON")
+
+
+def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,

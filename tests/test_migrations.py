@@ -330,3 +330,25 @@ def test_an_upgrade_waits_while_another_holds_the_migration_lock(empty_db_url):
         assert migrate.current_revision(engine) == migrate.head_revision()
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_a_downgrade_on_sqlite_keeps_the_rows_of_the_tables_it_copies(backend, empty_db_url):
+    """SQLite's batch mode copies a table and drops the old one; with foreign keys on,
+    dropping ``sources`` deleted every listing by cascade (a downgrade below 0009 emptied
+    ``listings``). Migrations run with foreign keys off, checked after, on again."""
+    engine = db.create_engine(empty_db_url)
+    migrate.upgrade(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO sources (name, url, source_type) VALUES ('s', 'http://127.0.0.1/f', 'rss')"))
+        conn.execute(sa.text("INSERT INTO listings (source_id, source_item_id, url, content_hash)"
+                             " VALUES (1, 'a', 'http://127.0.0.1/a', 'h')"))
+    engine.dispose()
+    migrate.downgrade(engine, "0008")
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM listings")).scalar() == 1
+        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1, "on again for the pipeline's work"
+    migrate.upgrade(engine)
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM listings")).scalar() == 1
+    engine.dispose()

@@ -20,6 +20,8 @@ PRIORITY_HELP = (f"Among due sources, higher is fetched first ({schema.MIN_PRIOR
 ADAPTIVE_HELP = ("Adaptive: the interval is learned from how often the source publishes, within its"
                  " bounds (docs/runbook.md, Adaptive cadence); fixed: every --interval minutes.")
 BOUND_HELP = "{} interval an adaptive cadence may take, in minutes; default: {}."
+MIN_HELP = BOUND_HELP.format("Shortest", "PIPELINE_ADAPTIVE_MIN_MINUTES (15)")
+MAX_HELP = BOUND_HELP.format("Longest", "PIPELINE_ADAPTIVE_MAX_MINUTES (1440)")
 
 
 @click.group("sources", cls=common.HelpGroup)
@@ -45,8 +47,8 @@ def sources_group() -> None:
               help=PRIORITY_HELP)
 @click.option("--adaptive/--fixed", "adaptive", default=None,
               help=ADAPTIVE_HELP + " Default: PIPELINE_ADAPTIVE_CADENCE (off: fixed).")
-@click.option("--min-interval", type=int, metavar="MIN", help=BOUND_HELP.format("Shortest", "PIPELINE_ADAPTIVE_MIN_MINUTES (15)"))
-@click.option("--max-interval", type=int, metavar="MIN", help=BOUND_HELP.format("Longest", "PIPELINE_ADAPTIVE_MAX_MINUTES (1440)"))
+@click.option("--min-interval", type=int, metavar="MIN", help=MIN_HELP)
+@click.option("--max-interval", type=int, metavar="MIN", help=MAX_HELP)
 @click.option("--check", is_flag=True,
               help="Fetch the source once first and say what it holds; nothing is stored if it"
                    " fails. A page that advertises one feed is replaced by that feed.")
@@ -147,8 +149,8 @@ def sources_list(as_json: bool) -> None:
 @click.option("--priority", type=int, help=PRIORITY_HELP)
 @click.option("--interval", type=int, help="Minutes between fetches (1 to 10080), from the next fetch on.")
 @click.option("--adaptive/--fixed", "adaptive", default=None, help=ADAPTIVE_HELP)
-@click.option("--min-interval", type=int, metavar="MIN", help=BOUND_HELP.format("Shortest", "PIPELINE_ADAPTIVE_MIN_MINUTES (15)"))
-@click.option("--max-interval", type=int, metavar="MIN", help=BOUND_HELP.format("Longest", "PIPELINE_ADAPTIVE_MAX_MINUTES (1440)"))
+@click.option("--min-interval", type=int, metavar="MIN", help=MIN_HELP)
+@click.option("--max-interval", type=int, metavar="MIN", help=MAX_HELP)
 def sources_set(
     source_id: int, priority: int | None, interval: int | None, adaptive: bool | None,
     min_interval: int | None, max_interval: int | None,
@@ -221,8 +223,11 @@ def politeness_list(as_json: bool) -> None:
 @click.option("--interval", "interval", type=float, metavar="SECONDS",
               help="Least time between the starts of two fetches of the group.")
 @click.option("--reset", is_flag=True, help="Return the group to the defaults (the limits of '*').")
-@click.option("--create", is_flag=True, help="Create the group if no source names it yet (else a new name is refused).")
-def politeness_set(name: str, max_in_flight: int | None, interval: float | None, reset: bool, create: bool) -> None:
+@click.option("--create", is_flag=True,
+              help="Create the group if no source names it yet (else a new name is refused).")
+def politeness_set(
+    name: str, max_in_flight: int | None, interval: float | None, reset: bool, create: bool,
+) -> None:
     """Set the limits of group NAME ('*': the defaults of every group without its own)."""
     try:
         with common.engine().begin() as conn:

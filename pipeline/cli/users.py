@@ -171,11 +171,16 @@ def notifications_group() -> None:
 
 @notifications_group.command("list")
 @click.option("--user", help="Only this user's (a name or an id).")
-@click.option("--status", type=click.Choice([s.value for s in NotificationStatus]), help="Only those in this status.")
-@click.option("--since", metavar="WHEN", help="Only those created at or after WHEN (ISO 8601: 2026-11-27, or with a time; UTC).")
-@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True, help="At most this many, newest first.")
+@click.option("--status", type=click.Choice([s.value for s in NotificationStatus]),
+              help="Only those in this status.")
+@click.option("--since", metavar="WHEN",
+              help="Only those created at or after WHEN (ISO 8601: 2026-11-27, or with a time; UTC).")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True,
+              help="At most this many, newest first.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def notifications_list(user: str | None, status: str | None, since: str | None, limit: int, as_json: bool) -> None:
+def notifications_list(
+    user: str | None, status: str | None, since: str | None, limit: int, as_json: bool,
+) -> None:
     """The latest notifications with their status, attempts and last error, newest first."""
     from pipeline.catalogue import notifications
 

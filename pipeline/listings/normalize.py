@@ -4,8 +4,8 @@
 categories; and a page item's price: pipeline/fetching/base.py ``Item``, whose text
 fields are HTML fragments, plain text escaped) and returns the listing's values: text
 fields as the plain text they read as (HTML tags dropped, then entities decoded, white
-space collapsed, lengths bounded: docs/architecture.md, "Text"), the publication time in UTC, categories as a clean list,
-and a hash of all of it. Input it cannot use raises ``NormaliseError`` saying what is
+space collapsed, lengths bounded: docs/architecture.md, "Text"), the publication time
+in UTC, categories as a clean list, and a hash of all of it. Input it cannot use raises ``NormaliseError`` saying what is
 wrong.
 """
 
