@@ -274,7 +274,7 @@ def _commands(ids, urls, names):
     return st.one_of(
         st.tuples(st.just("sources"), st.just("add"), urls),
         st.tuples(st.just("sources"), st.just("add"), urls, st.just("--name"), names),
-        st.tuples(st.sampled_from(["sources"]), st.sampled_from(["enable", "disable", "refresh"]), ids),
+        st.tuples(st.sampled_from(["sources"]), st.sampled_from(["enable", "disable", "refresh", "show"]), ids),
         st.tuples(st.just("sources"), st.just("set"), ids, st.just("--priority"), ids),
         st.tuples(st.just("sources"), st.just("set"), ids, st.just("--interval"), ids),
         st.tuples(st.just("backfill"), st.just("refetch"), ids),

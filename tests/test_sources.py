@@ -382,3 +382,37 @@ def test_the_collectors_claim_takes_a_higher_priority_source_due_later_first(eng
     queue = PoliteQueue(engine)
     assert queue.claim("w", 1).ids == [later]
     assert queue.claim("w", 1).ids == [early]
+
+
+def test_sources_show_tells_one_source_s_schedule_health_latest_listings_and_fetches(engine, db_url):
+    """`sources show ID`: what an operator asks of one source, without SQL. The first
+    fetch here fails (nothing serves the feed yet), the second lists two items."""
+    from pipeline.core.settings import Settings
+    from pipeline.fetching.collector import Collector
+    from pipeline.listings.processor import Processor
+    from tests.http_server import LocalServer
+    from tests.test_collector import rss
+
+    env = {"DATABASE_URL": db_url}
+    server = LocalServer().start()
+    try:
+        source_id = run("sources", "add", server.url("/feed"), "--name", "Jobs", env=env).stdout.strip()
+        settings = Settings(database_url=db_url, allow_networks=("127.0.0.1/32",), http_timeout_seconds=2.0)
+        Collector(engine, settings, "test").run()  # 404: a failure
+        server.routes["/feed"] = lambda h: h.reply(200, rss([("a", "Python developer"), ("b", "Rust developer")]),
+                                                   {"Content-Type": "application/rss+xml"})
+        run("sources", "refresh", source_id, env=env)
+        Collector(engine, settings, "test").run()
+        Processor(engine, settings, "test").run()
+    finally:
+        server.stop()
+    shown = run("sources", "show", source_id, env=env)
+    assert shown.returncode == 0, shown
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"source {source_id}: Jobs (rss) {server.url('/feed')}"
+    assert "2 listings, the latest:" in shown.stdout and "Rust developer  http://127.0.0.1/b" in shown.stdout
+    fetches = [line for line in lines if re.match(r"\s+\d{4}-\d\d-\d\dT.*Z\s+(ok|http_4xx)", line)]
+    assert len(fetches) == 2 and " ok 200, 2 items seen, 2 new" in fetches[0] and "http_4xx 404" in fetches[1], lines
+    data = json.loads(run("sources", "show", source_id, "--json", env=env).stdout)
+    assert (data["listings"], [f["success"] for f in data["recent_fetches"]]) == (2, [True, False])
+    assert_one_line_error(run("sources", "show", "999999", env=env), "no source with id 999999")

@@ -488,7 +488,8 @@ def import_sources(
     return ImportResult(added=added, present=len(unique) - added)
 
 
-def list_sources(conn: sa.Connection) -> list[dict[str, Any]]:
+def list_sources(conn: sa.Connection, *, source_id: int | None = None) -> list[dict[str, Any]]:
+    """Every source (or the one ``source_id`` names) with its schedule and health."""
     t = schema.sources
     columns = [
         t.c.id, t.c.name, t.c.url, t.c.source_type, t.c.enabled, t.c.fetch_interval_minutes,
@@ -496,12 +497,45 @@ def list_sources(conn: sa.Connection) -> list[dict[str, Any]]:
         t.c.last_failure_reason, t.c.disabled_reason, t.c.priority, t.c.politeness_group, t.c.config,
         t.c.adaptive_cadence, t.c.min_interval_minutes, t.c.max_interval_minutes,
     ]
-    rows = [dict(r) for r in conn.execute(sa.select(*columns).order_by(t.c.id)).mappings()]
+    query = sa.select(*columns).order_by(t.c.id)
+    if source_id is not None:
+        query = query.where(t.c.id == source_id)
+    rows = [dict(r) for r in conn.execute(query).mappings()]
     for row in rows:
         row["config"] = public_config(row["config"])
         # Shown, never with a password (a name was the URL by default before it was masked).
         row["url"], row["name"] = redact.userinfo(row["url"]), redact.userinfo(row["name"])
     return rows
+
+
+SHOWN_RECENT = 5  # the items and fetches `sources show` lists
+
+
+def show_source(conn: sa.Connection, source_id: int) -> dict[str, Any]:
+    """One source as `sources show` tells it: its row (as ``list_sources`` gives it, with
+    its site and last fetch), how many listings it has, its latest listings and its
+    latest completed fetches with their outcome (each read by an index)."""
+    t, listings, events = schema.sources, schema.listings, schema.ingestion_events
+    found = list_sources(conn, source_id=source_id)
+    if not found:
+        raise SourceError(f"no source with id {source_id}")
+    source = found[0]
+    extra = conn.execute(sa.select(t.c.last_fetched_at, t.c.site_url).where(t.c.id == source_id)).one()
+    source.update(last_fetched_at=extra.last_fetched_at, site_url=extra.site_url)
+    source["listings"] = conn.execute(
+        sa.select(sa.func.count()).select_from(listings).where(listings.c.source_id == source_id)).scalar_one()
+    source["recent_listings"] = [dict(r) for r in conn.execute(
+        sa.select(listings.c.id, listings.c.title, listings.c.url, listings.c.ingested_at)
+        .where(listings.c.source_id == source_id).order_by(listings.c.id.desc()).limit(SHOWN_RECENT)).mappings()]
+    source["recent_fetches"] = [dict(r) for r in conn.execute(
+        sa.select(events.c.occurred_at, events.c.success, events.c.failure_reason, events.c.http_status,
+                  events.c.items_seen, events.c.items_new, events.c.duration_ms, events.c.details)
+        .where(events.c.source_id == source_id, events.c.event == schema.EVENT_COMPLETED)
+        .order_by(events.c.occurred_at.desc()).limit(SHOWN_RECENT)).mappings()]
+    for fetch in source["recent_fetches"]:
+        details = fetch.pop("details") or {}
+        fetch["error"] = redact.userinfo(str(details["error"])) if isinstance(details, dict) and details.get("error") else None
+    return source
 
 
 def _update_source(conn: sa.Connection, source_id: int, **values: Any) -> None:

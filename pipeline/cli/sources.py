@@ -144,6 +144,40 @@ def sources_list(as_json: bool) -> None:
         )
 
 
+@sources_group.command("show")
+@click.argument("source_id", type=common.ID)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def sources_show(source_id: int, as_json: bool) -> None:
+    """One source: its schedule and health, its latest listings and its latest fetches."""
+    with common.engine().connect() as conn:
+        source = sources.show_source(conn, source_id)
+    if as_json:
+        click.echo(common.as_json(source))
+        return
+
+    def at(value: object) -> str:
+        return common.moment(value) if value else "never"  # type: ignore[arg-type]
+
+    state = f"next {at(source['next_fetch_at']) if source['next_fetch_at'] else 'now'}" if source["enabled"] \
+        else f"disabled ({source['disabled_reason']})"
+    click.echo(f"source {source['id']}: {source['name']} ({source['source_type']}) {source['url']}")
+    click.echo(f"  site {source['site_url'] or '-'}, politeness group {source['politeness_group']},"
+               f" every {source['fetch_interval_minutes']} min, {state}")
+    failing = (f", {common.counted(source['consecutive_failures'], 'failure')} in a row"
+               f" ({source['last_failure_reason']})" if source["consecutive_failures"] else "")
+    click.echo(f"  last fetch {at(source['last_fetched_at'])}, last success {at(source['last_success_at'])}{failing}")
+    click.echo(f"  {common.counted(source['listings'], 'listing')}" + (", the latest:" if source["listings"] else ""))
+    for listing in source["recent_listings"]:
+        click.echo(f"    {at(listing['ingested_at'])}  {listing['title']}  {listing['url'] or '(no link)'}")
+    click.echo("  latest fetches:" if source["recent_fetches"] else "  no fetch recorded")
+    for fetch in source["recent_fetches"]:
+        outcome = ("ok" if fetch["success"] else fetch["failure_reason"] or "failed") + (
+            f" {fetch['http_status']}" if fetch["http_status"] else "")
+        items = f", {fetch['items_seen']} items seen, {fetch['items_new']} new" if fetch["success"] else ""
+        error = f": {fetch['error']}" if fetch["error"] else ""
+        click.echo(f"    {at(fetch['occurred_at'])}  {outcome}{items}, {fetch['duration_ms']} ms{error}")
+
+
 @sources_group.command("set")
 @click.argument("source_id", type=common.ID)
 @click.option("--priority", type=int, help=PRIORITY_HELP)
