@@ -1,7 +1,10 @@
 """What the stage sensors share: observe the backlog, is there room, and is there work.
 
-Backlog: each tick records the stage's waiting work and its oldest item's age as an
-observation of the stage's asset, so the UI plots them over time.
+Backlog: a tick records the stage's waiting work and its oldest item's age as an
+observation of the stage's asset, so the UI plots them over time: when a count changed
+since the last one recorded, and at least every ``OBSERVE_EVERY_SECONDS`` otherwise. (One
+per tick grew the event log by three observations every ten seconds, never deleted, and
+a tick that reported one showed as "0 runs requested", never "Skipped" with its reason.)
 Room: no run of the stage still starting (it will claim the work), and fewer active
 runs tagged with the stage than PIPELINE_<STAGE>_MAX_RUNS (default 2). A run counts only
 while it progresses: an event within PIPELINE_STALE_LEASE_MINUTES, or a live lease.
@@ -11,6 +14,7 @@ the cursor counts the ticks that asked, and the run_key makes a retried tick a n
 """
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,6 +37,30 @@ NOT_YET_STARTED = [
 ]
 ACTIVE = [*NOT_YET_STARTED, dg.DagsterRunStatus.STARTED]
 COUNT_CAP = 1000
+OBSERVE_EVERY_SECONDS = 600  # an unchanged backlog is recorded this often, so plots go on
+
+
+@dataclass
+class Cursor:
+    """What a stage sensor keeps between ticks: how many ticks asked for a run (the run
+    key), the backlog counts last recorded and when. Written as JSON; a cursor of an older
+    version (the tick count alone) is read as that count."""
+
+    tick: int = 0
+    observed: dict[str, int] = field(default_factory=dict)
+    observed_at: float = 0.0
+
+    @classmethod
+    def read(cls, text: str | None) -> "Cursor":
+        if not text:
+            return cls()
+        if text.isdigit():
+            return cls(tick=int(text))
+        data = json.loads(text)
+        return cls(int(data["tick"]), {k: int(v) for k, v in data["observed"].items()}, float(data["observed_at"]))
+
+    def text(self) -> str:
+        return json.dumps({"tick": self.tick, "observed": self.observed, "observed_at": self.observed_at})
 
 
 def sensor_interval() -> int:
@@ -56,21 +84,27 @@ def look_for_work(
     queue's waiting rows, capped, and the oldest one's age), then request a run when
     there is work and room, saying why not otherwise."""
     observed: dict[str, float | int] = {}
+    counts: dict[str, int] = {}
     ready = 0
     with database.engine.connect() as conn:
         for name, spec in queues.items():
             waiting = database.queue(spec).count_ready(cap=COUNT_CAP)
-            observed[f"{name}_waiting"] = waiting
+            observed[f"{name}_waiting"] = counts[name] = waiting
             observed[f"{name}_oldest_age_seconds"] = waited_seconds(conn, spec)
             ready += waiting
-    observation = dg.AssetObservation(asset_key=asset, metadata=observed)
+    cursor = Cursor.read(context.cursor)
+    events: list[dg.AssetObservation] = []
+    if counts != cursor.observed or wall_clock() - cursor.observed_at >= OBSERVE_EVERY_SECONDS:
+        events.append(dg.AssetObservation(asset_key=asset, metadata=observed))
+        cursor.observed, cursor.observed_at = counts, wall_clock()
     decision = _request_if_work(
-        context, database, stage=stage, work=work, ready=ready, run_key_prefix=run_key_prefix, count_tag=count_tag,
-        yield_to=yield_to, linger_seconds=linger_seconds,
+        context, database, cursor, stage=stage, work=work, ready=ready, run_key_prefix=run_key_prefix,
+        count_tag=count_tag, yield_to=yield_to, linger_seconds=linger_seconds,
     )
+    context.update_cursor(cursor.text())
     if isinstance(decision, dg.SkipReason):
-        return dg.SensorResult(skip_reason=decision, asset_events=[observation])
-    return dg.SensorResult(run_requests=[decision], asset_events=[observation])
+        return dg.SensorResult(skip_reason=decision, asset_events=events)
+    return dg.SensorResult(run_requests=[decision], asset_events=events)
 
 
 def wall_clock() -> float:
@@ -131,8 +165,8 @@ def _runs(context: dg.SensorEvaluationContext, database: PipelineDatabase, filte
 
 
 def _request_if_work(
-    context: dg.SensorEvaluationContext, database: PipelineDatabase, *, stage: str, work: str, ready: int,
-    run_key_prefix: str, count_tag: str, yield_to: str | None, linger_seconds: int,
+    context: dg.SensorEvaluationContext, database: PipelineDatabase, cursor: Cursor, *, stage: str, work: str,
+    ready: int, run_key_prefix: str, count_tag: str, yield_to: str | None, linger_seconds: int,
 ) -> dg.RunRequest | dg.SkipReason:
     stalled: list[str] = []
     if yield_to is not None:
@@ -159,8 +193,8 @@ def _request_if_work(
         return dg.SkipReason(f"{runs.active} {stage} runs active, the limit is {limit}")
     if ready == 0:
         return dg.SkipReason(f"no {work}")
-    tick = int(context.cursor or "0") + 1
-    context.update_cursor(str(tick))
+    cursor.tick += 1
+    tick = cursor.tick
     tags = {STAGE_TAG: stage, count_tag: str(ready) + ("+" if ready >= COUNT_CAP else "")}
     if not linger_seconds:
         return dg.RunRequest(run_key=f"{run_key_prefix}-{tick}", tags=tags)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -80,7 +81,7 @@ def test_the_sensor_requests_a_run_only_when_sources_are_due(engine, db_url):
             add_source(conn, "http://127.0.0.1:9/now")
         result, cursor = evaluate(instance, db_url, cursor="41")
         assert isinstance(result, dg.RunRequest)
-        assert result.run_key == "due-sources-42" and cursor == "42"
+        assert result.run_key == "due-sources-42" and json.loads(cursor)["tick"] == 42
         assert result.tags[STAGE_TAG] == "collector" and result.tags["pipeline/due_sources"] == "1"
 
 
@@ -98,21 +99,40 @@ def test_the_sensor_waits_while_the_collector_pool_is_full(engine, db_url, monke
         assert "1 collector runs active, the limit is 1" in result.skip_message
 
 
-def test_the_sensor_observes_the_backlog_on_every_tick(engine, db_url):
-    """Each tick records the due sources and the oldest one's age as an observation of
-    listings_raw, whether it asks for a run or not, so the UI plots the backlog."""
+def test_the_sensor_observes_the_backlog_when_it_changes_and_every_ten_minutes(engine, db_url, monkeypatch):
+    """A tick records the due sources and the oldest one's age as an observation of
+    listings_raw, whether it asks for a run or not, so the UI plots the backlog: when a
+    count changed since the last one recorded, else every OBSERVE_EVERY_SECONDS. One per
+    tick grew the event log without end, and made every tick read "0 runs requested"."""
+    clock = [1_000_000.0]
+    monkeypatch.setattr("sensors.runs.wall_clock", lambda: clock[0])
     with engine.begin() as conn:
         add_source(conn, "http://127.0.0.1:9/a", next_fetch_at=now() - timedelta(minutes=10))
         add_source(conn, "http://127.0.0.1:9/b", next_fetch_at=now() - timedelta(minutes=2))
-    with dg.DagsterInstance.ephemeral() as instance, dg.build_sensor_context(
-        instance=instance, resources={"database": PipelineDatabase(database_url=db_url)},
-    ) as context:
-        result = due_sources_sensor(context)
+
+    def tick(cursor):
+        with dg.DagsterInstance.ephemeral() as instance, dg.build_sensor_context(
+            instance=instance, cursor=cursor, resources={"database": PipelineDatabase(database_url=db_url)},
+        ) as context:
+            return due_sources_sensor(context), context.cursor
+
+    result, cursor = tick(None)
     [observation] = result.asset_events
     assert isinstance(observation, dg.AssetObservation) and observation.asset_key == dg.AssetKey("listings_raw")
     metadata = {k: v.value for k, v in observation.metadata.items()}
     assert metadata["due_sources_waiting"] == 2
     assert 600 <= metadata["due_sources_oldest_age_seconds"] < 3600
+    clock[0] += 10
+    result, cursor = tick(cursor)
+    assert result.asset_events == [], "the same backlog ten seconds later: nothing new to plot"
+    with engine.begin() as conn:
+        add_source(conn, "http://127.0.0.1:9/c")
+    result, cursor = tick(cursor)
+    assert [{k: v.value for k, v in e.metadata.items()}["due_sources_waiting"] for e in result.asset_events] == [3]
+    clock[0] += 599
+    assert tick(cursor)[0].asset_events == []
+    clock[0] += 1
+    assert len(tick(cursor)[0].asset_events) == 1, "an unchanged backlog is plotted every ten minutes"
 
 
 @pytest.mark.parametrize("status", [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING])

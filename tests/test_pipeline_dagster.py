@@ -207,7 +207,7 @@ def test_the_processor_and_notifier_sensors_request_runs_only_when_there_is_work
                 source_id=source, source_item_id="a", url="http://x/a", raw_json={"url": "http://x/a"},
                 content_hash="h"))
         result, cursor = tick(unprocessed_listings_sensor, instance, db_url, cursor="6")
-        assert isinstance(result, dg.RunRequest) and (result.run_key, cursor) == ("unprocessed-7", "7")
+        assert isinstance(result, dg.RunRequest) and (result.run_key, json.loads(cursor)["tick"]) == ("unprocessed-7", 7)
         assert result.tags[STAGE_TAG] == "processor" and result.tags["pipeline/unprocessed_rows"] == "1"
         assert isinstance(tick(pending_notifications_sensor, instance, db_url)[0], dg.SkipReason)
         with engine.begin() as conn:

@@ -238,7 +238,7 @@ def test_a_real_browser_sees_the_lineage_and_the_running_sensors(quickstart: Qui
         _dismiss_welcome(browser)
         browser.save_screenshot(str(screenshots / "jobs.png"))
 
-        # The backlog the sensors observe on every tick is plotted over time, beside the
+        # The backlog the sensors observe (when it changes) is plotted over time, beside the
         # pass metadata, on the asset's page.
         browser.get(f"{quickstart.ui}/assets/listings_raw?view=overview")
         wait_until("the Plots view of the asset's metadata", partial(_click, browser, "Plots"), timeout=60, every=1)
