@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -625,14 +624,26 @@ def test_apprise_is_held_to_the_address_guard(engine, receiver, refused_host, so
 
 @pytest.mark.slow
 def test_three_notifier_processes_never_deliver_twice(engine, db_url, receiver, source_id):
-    """Processes: three notifiers at once, as on several machines."""
+    """Processes: three notifiers at once, as on several machines. The receiver holds its
+    answers until more deliveries are in flight than one notifier's four threads can
+    make: a second process has claimed notifications, however busy the machine (a first
+    process that started seconds earlier took them all on a loaded CI machine)."""
     lock, keys = threading.Lock(), []
+    in_flight, shared = [0], threading.Event()
 
     def slow_hook(h: Handler) -> None:
-        time.sleep(0.02)
         with lock:
-            keys.append(h.headers["Idempotency-Key"])
-        h.reply(204)
+            in_flight[0] += 1
+            if in_flight[0] > 4:
+                shared.set()
+        try:
+            shared.wait(timeout=60)  # past it the answers go out, and the test fails below
+            with lock:
+                keys.append(h.headers["Idempotency-Key"])
+            h.reply(204)
+        finally:
+            with lock:
+                in_flight[0] -= 1
 
     receiver.routes["/slow"] = slow_hook
     with engine.begin() as conn:
