@@ -287,7 +287,8 @@ def _commands(ids, urls, names):
         st.tuples(st.just("filters"), st.just("add"), st.one_of(ids, names), st.just("--query"), names),
         st.tuples(st.just("filters"), st.just("add"), st.just("alice"), st.just("--query"), st.just("python"),
                   st.just("--source"), ids),
-        st.tuples(st.just("filters"), st.sampled_from(["enable", "disable"]), ids),
+        st.tuples(st.just("filters"), st.sampled_from(["enable", "disable", "remove"]), ids),
+        st.tuples(st.just("users"), st.sampled_from(["enable", "disable"]), st.one_of(st.just("alice"), names)),
         st.tuples(st.just("notifications"), st.just("requeue"), st.just("--id"), ids),
         st.tuples(st.just("notifications"), st.just("list"), st.sampled_from(["--user", "--since"]), names),
         st.tuples(st.just("db"), st.just("downgrade"), names),
@@ -435,3 +436,23 @@ def test_notifications_list_shows_the_latest_with_their_last_error_filtered_by_u
     assert [r["user"] for r in recent] == ["bob"]
     assert_one_line_error(run("notifications", "list", "--user", "carol", env=env), "no user named")
     assert run("notifications", "list", "--since", "yesterday", env=env).returncode == 2
+
+
+def test_users_enable_and_disable_and_filters_remove(engine, db_url):
+    """Management the peers' users take for granted: a user switched off and on, a filter
+    deleted (its notifications stay); an unknown name or id is one line, exit 1."""
+    env = {"DATABASE_URL": db_url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32"}
+    assert run("users", "add", "carol", "--webhook", "http://127.0.0.1:9/hook", env=env).returncode == 0
+    filter_id = run("filters", "add", "carol", "--query", "python", env=env).stdout.strip()
+
+    def enabled() -> bool:
+        with engine.connect() as conn:
+            return conn.execute(sa.select(schema.users.c.enabled).where(schema.users.c.name == "carol")).scalar_one()
+
+    assert run("users", "disable", "carol", env=env).returncode == 0 and not enabled()
+    assert run("users", "enable", "carol", env=env).returncode == 0 and enabled()
+    assert_one_line_error(run("users", "disable", "nobody", env=env), "no user named (or with id) 'nobody'")
+    assert run("filters", "remove", filter_id, env=env).returncode == 0
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(schema.filters)).scalar_one() == 0
+    assert_one_line_error(run("filters", "remove", filter_id, env=env), f"no filter with id {filter_id}")

@@ -240,6 +240,22 @@ def list_filters(conn: sa.Connection) -> list[dict[str, Any]]:
     return [dict(r._mapping) | {"query": r.query or " ".join(r.keywords)} for r in rows]
 
 
+def set_user_enabled(conn: sa.Connection, user: str, enabled: bool) -> None:
+    """Enable or disable a user (by name or id): a disabled user's filters match nothing,
+    and a notification already made for them ends dead when it is tried ("the user is
+    disabled"; `notifications requeue` sends it once the user is enabled again)."""
+    t = schema.users
+    conn.execute(sa.update(t).where(t.c.id == find_user(conn, user)).values(enabled=enabled))
+
+
+def remove_filter(conn: sa.Connection, filter_id: int) -> None:
+    """Delete a filter. The notifications it made stay (their ``filter_id`` becomes NULL:
+    what was sent, was sent); it matches nothing from now on."""
+    t = schema.filters
+    if conn.execute(sa.delete(t).where(t.c.id == filter_id)).rowcount == 0:
+        raise UserError(f"no filter with id {filter_id}")
+
+
 def set_filter_enabled(conn: sa.Connection, filter_id: int, enabled: bool) -> None:
     t = schema.filters
     if conn.execute(sa.update(t).where(t.c.id == filter_id).values(enabled=enabled)).rowcount == 0:

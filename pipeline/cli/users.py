@@ -79,6 +79,26 @@ def users_set(user: str, digest: str | None, quiet: str | None, timezone: str | 
     click.echo(row["delivery"])
 
 
+@users_group.command("enable")
+@click.argument("user")
+def users_enable(user: str) -> None:
+    """Enable a user (by name or id): their filters match again."""
+    from pipeline.catalogue import users
+
+    with common.engine().begin() as conn:
+        users.set_user_enabled(conn, user, True)
+
+
+@users_group.command("disable")
+@click.argument("user")
+def users_disable(user: str) -> None:
+    """Disable a user (by name or id): nothing is matched for them, nothing sent."""
+    from pipeline.catalogue import users
+
+    with common.engine().begin() as conn:
+        users.set_user_enabled(conn, user, False)
+
+
 @users_group.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def users_list(as_json: bool) -> None:
@@ -142,6 +162,16 @@ def filters_list(as_json: bool) -> None:
         click.echo(f"{row['id']:>6}  {row['name']:<20} {row['query']}{limits}")
         if row["failed_at"] is not None:
             click.echo(f"{'':>6}  left out of matching at {row['failed_at']:%Y-%m-%d %H:%M} UTC: {row['error']}")
+
+
+@filters_group.command("remove")
+@click.argument("filter_id", type=common.ID)
+def filters_remove(filter_id: int) -> None:
+    """Delete a filter (the notifications it made stay)."""
+    from pipeline.catalogue import users
+
+    with common.engine().begin() as conn:
+        users.remove_filter(conn, filter_id)
 
 
 @filters_group.command("enable")
