@@ -4,9 +4,10 @@ telemetry, and in `pipeline metrics` after a real pass of the pipeline."""
 
 from __future__ import annotations
 
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from datetime import timedelta
 
+import pytest
 import sqlalchemy as sa
 
 from pipeline.catalogue import users
@@ -15,11 +16,12 @@ from pipeline.listings.processor import Processor
 from pipeline.storage import counters, schema, upkeep
 from tests.claim_workers import count
 from tests.conftest import conformance
-from tests.helpers import add_source, now, worker_processes
+from tests.helpers import add_source, now, wait_until, worker_processes
 from tests.test_cli import run
 from tests.test_collector import collector, rss, serve
 from tests.test_metrics import samples
 from tests.test_notifier import SECRET, notifier
+from tests.test_processor import _session, _waiting
 
 
 @conformance
@@ -35,6 +37,32 @@ def test_processes_adding_at_once_count_exactly_and_a_rollback_counts_nothing(en
     assert found[(counters.FETCH_DURATION.bucket_series, "0.5")] == committed  # 0.3 s: the 0.5 bucket
     assert abs(found[(counters.FETCH_DURATION.sum_series, "")] - 0.3 * committed) < 1e-6
     assert shards <= 3 * counters.SHARDS, "three series, each in at most SHARDS rows"
+
+
+@conformance
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"], indirect=True)
+def test_two_adds_waiting_on_a_third_that_rolls_back_both_count(backend, engine, monkeypatch):
+    """Three transactions add to the same shard of a series never counted before: the
+    first holds its add while the other two, on connections of their own, line up behind
+    it (the test waits for that state), then rolls back. On MariaDB the two deadlocked
+    when the first add had inserted the shard's row (seen in CI); both must commit."""
+    monkeypatch.setattr(counters.random, "randrange", lambda n: 3)
+    counts = {(counters.SOURCES_CLAIMED.name, ""): 1.0}
+
+    def add() -> None:
+        with engine.begin() as conn:
+            counters.add(conn, counts)
+
+    with engine.connect() as first, ThreadPoolExecutor(max_workers=2) as pool:
+        holder = _session(first)
+        counters.add(first, counts)
+        waiters = [pool.submit(add) for _ in range(2)]
+        wait_until("two adds waiting on the first", lambda: _waiting(engine, on=holder) == 2, 120, every=0.2)
+        first.rollback()
+        for waiter in waiters:
+            waiter.result(timeout=120)
+    with engine.connect() as conn:
+        assert counters.totals(conn)[(counters.SOURCES_CLAIMED.name, "")] == 2
 
 
 @conformance

@@ -209,7 +209,10 @@ def _session(conn: sa.Connection) -> int:
 
 
 def _waiting(engine: sa.Engine, *, on: int | None = None) -> int:
-    """How many sessions wait for a lock; ``on``: for one the session ``on`` holds."""
+    """How many sessions wait for a lock; ``on``: for one the session ``on`` holds.
+    Poll it no more often than every 0.1 s: MariaDB refreshes its INNODB_TRX and
+    INNODB_LOCK_WAITS only when they were last read 0.1 s ago or more, so a faster poll
+    reads the first answer for ever."""
     with engine.connect() as conn:
         if engine.dialect.name == "postgresql":
             query = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"

@@ -8,8 +8,11 @@ another worker is not counted, and a retention purge, which deletes old telemetr
 nothing away, so a counter never falls. Each add goes to one of ``SHARDS`` rows per
 series, picked at random, so two workers committing at once seldom wait on one row;
 the rows of one add are written by one statement in key order, and no transaction
-takes another lock after it, so two adds never wait on each other in a circle. A scrape
-sums the shards: at most (series x SHARDS) rows, however much work was counted.
+takes another lock after it, so two adds never wait on each other in a circle. On
+MariaDB an add also never inserts a row: InnoDB deadlocks two transactions waiting on a
+third's new row when the third rolls back, so every shard of a series is created (as 0)
+in a transaction of its own when an add finds its row missing (``_create_shards``).
+A scrape sums the shards: at most (series x SHARDS) rows, however much work was counted.
 
 A histogram is counters too: one per bucket (not cumulative: the scrape cumulates), its
 sum and its count.
@@ -27,7 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from pipeline.core.failures import FailureReason
-from pipeline.queue.claim import MARIADB
+from pipeline.queue.claim import MARIADB, in_transaction
 from pipeline.queue.recordset import json_rows, recordset
 from pipeline.storage import schema
 from pipeline.storage.bulk import on_conflict_insert
@@ -180,8 +183,26 @@ def add(conn: sa.Connection, counts: Mapping[tuple[str, str], float]) -> None:
         return
     if conn.dialect.name == "postgresql":  # one statement, one bound JSON text
         conn.execute(_upsert(conn), {"rows": json_rows(rows)})
-    else:  # an executemany
-        conn.execute(_upsert(conn), rows)
+        return
+    if conn.dialect.name in MARIADB:
+        _create_shards(conn, shard, [(row["name"], row["label"]) for row in rows])
+    conn.execute(_upsert(conn), rows)  # an executemany
+
+
+def _create_shards(conn: sa.Connection, shard: int, series: list[tuple[str, str]]) -> None:
+    """MariaDB: create, as 0, every shard of each of ``series`` whose ``shard`` row is
+    missing, in a transaction of its own, so that the add in ``conn``'s transaction only
+    updates rows. An add that inserted its shard's row deadlocked two others waiting on
+    that row when its transaction rolled back (tests/test_counters.py). A read without
+    locks finds the missing series; a deadlock of the inserts is run again."""
+    t = schema.metric_counts
+    present = {(name, label) for name, label in conn.execute(sa.select(t.c.name, t.c.label).where(
+        t.c.shard == shard, sa.tuple_(t.c.name, t.c.label).in_(series)))}
+    missing = sorted(set(series) - present)
+    if not missing:
+        return
+    zeros = [{"name": name, "label": label, "shard": s, "value": 0.0} for name, label in missing for s in range(SHARDS)]
+    in_transaction(conn.engine, lambda own: own.execute(mysql.insert(t).prefix_with("IGNORE"), zeros))
 
 
 _UPSERTS: dict[str, sa.Insert] = {}
