@@ -456,3 +456,108 @@ def test_users_enable_and_disable_and_filters_remove(engine, db_url):
     with engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(schema.filters)).scalar_one() == 0
     assert_one_line_error(run("filters", "remove", filter_id, env=env), f"no filter with id {filter_id}")
+
+
+def _count(engine: sa.Engine, table: sa.Table, *where: sa.ColumnElement[bool]) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(table).where(*where)).scalar_one())
+
+
+def test_sources_remove_deletes_what_the_source_brought_and_nothing_else(engine, db_url):
+    """A removed source takes its raw rows, listings, their notifications (sent or not),
+    its fetch events and the filters scoped to it; another source's keep theirs. An
+    unknown id among the ids deletes nothing, exit 1, one line."""
+    env = {"DATABASE_URL": db_url}
+    t, li, n, f = schema.sources, schema.listings, schema.notifications, schema.filters
+    with engine.begin() as conn:
+        gone, kept = add_source(conn, "http://127.0.0.1/gone"), add_source(conn, "http://127.0.0.1/kept")
+        user = conn.execute(sa.insert(schema.users).values(name="dora", channel="webhook",
+                                                           channel_url="http://127.0.0.1:9/", secret="s" * 16)
+                            .returning(schema.users.c.id)).scalar_one()
+        for source in (gone, kept):
+            add_raw_rows(conn, source, 2)
+            listing = conn.execute(sa.insert(li).values(source_id=source, source_item_id="a", url="http://127.0.0.1/a",
+                                                        content_hash="h").returning(li.c.id)).scalar_one()
+            conn.execute(sa.insert(n).values(user_id=user, listing_id=listing, channel="webhook"))
+            conn.execute(sa.insert(f).values(user_id=user, keywords=["a"], query="a", source_id=source))
+            conn.execute(sa.insert(schema.ingestion_events).values(source_id=source, event=schema.EVENT_COMPLETED,
+                                                                   success=True))
+    assert_one_line_error(run("sources", "remove", str(gone), "99999", env=env), "no source with id 99999")
+    assert _count(engine, t) == 2
+    result = run("sources", "remove", str(gone), env=env)
+    assert result.returncode == 0, result
+    assert result.stdout.strip() == "1 source removed with 1 listing, 1 notification, 1 filter"
+    for table in (schema.listings_raw, li, schema.ingestion_events, f):
+        assert _count(engine, table, table.c.source_id == gone) == 0, table.name
+        assert _count(engine, table, table.c.source_id == kept) > 0, table.name
+    assert _count(engine, n) == 1 and _count(engine, t) == 1
+
+
+def test_users_remove_and_channel(engine, db_url):
+    """A user removed takes their filters and notifications; another channel takes what
+    is not sent yet, a webhook given again keeps its secret, and a channel the address
+    guard refuses, or none, is one line, exit 1, nothing changed."""
+    env = {"DATABASE_URL": db_url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32"}
+    assert run("users", "add", "erin", "--webhook", "http://127.0.0.1:9/hook", env=env).returncode == 0
+    assert run("filters", "add", "erin", "--query", "python", env=env).returncode == 0
+    u = schema.users
+
+    def channel() -> tuple[str, str, str | None]:
+        with engine.connect() as conn:
+            return tuple(conn.execute(sa.select(u.c.channel, u.c.channel_url, u.c.secret).where(u.c.name == "erin")).one())
+
+    secret = channel()[2]
+    moved = run("users", "channel", "erin", "--webhook", "http://127.0.0.1:10/new", env=env)
+    assert moved.returncode == 0, moved
+    assert moved.stdout.strip() == "webhook http://127.0.0.1/…" and "secret" not in moved.stderr  # as users list shows it
+    assert channel() == ("webhook", "http://127.0.0.1:10/new", secret)
+    assert run("users", "channel", "erin", "--apprise", "json://127.0.0.1:11/", env=env).returncode == 0
+    assert channel() == ("apprise", "json://127.0.0.1:11/", None)
+    assert_one_line_error(run("users", "channel", "erin", "--webhook", "http://10.0.0.1/", env=env), "address guard")
+    assert_one_line_error(run("users", "channel", "erin", env=env), "give exactly one channel")
+    assert channel() == ("apprise", "json://127.0.0.1:11/", None)
+    back = run("users", "channel", "erin", "--webhook", "http://127.0.0.1:12/", env=env)
+    assert "webhook secret (shown once" in back.stderr and channel()[2] not in (None, secret)
+    assert [r["name"] for r in json.loads(run("filters", "list", "--user", "erin", "--json", env=env).stdout)] == ["erin"]
+    with engine.begin() as conn:
+        user = conn.execute(sa.select(u.c.id).where(u.c.name == "erin")).scalar_one()
+        source = add_source(conn)
+        listing = conn.execute(sa.insert(schema.listings).values(
+            source_id=source, source_item_id="a", url="http://127.0.0.1/a", content_hash="h")
+            .returning(schema.listings.c.id)).scalar_one()
+        conn.execute(sa.insert(schema.notifications).values(user_id=user, listing_id=listing, channel="webhook"))
+    removed = run("users", "remove", "erin", env=env)
+    assert removed.stdout.strip() == "user erin removed with 1 filter, 1 notification", removed
+    assert _count(engine, u) == _count(engine, schema.filters) == _count(engine, schema.notifications) == 0
+    assert _count(engine, schema.listings) == 1
+    assert_one_line_error(run("users", "remove", "erin", env=env), "no user named (or with id) 'erin'")
+
+
+@pytest.mark.parametrize("form", ["opml", "yaml", "csv"])
+def test_sources_export_is_what_import_reads_back(engine, db_url, form, tmp_path, sqlite_template):
+    """Every field an import sets survives an export and an import into another database
+    (types, names, intervals, categories, groups, priorities, cadences, options); a URL's
+    password and secret options are left out unless asked for, saying so."""
+    env = {"DATABASE_URL": db_url}
+    for args in (
+        ("http://127.0.0.1/feed", "--name", "Jobs, \"remote\" & <more>", "--category", "jobs", "--priority", "5"),
+        ("http://user:pw@127.0.0.1/private", "--interval", "30", "--group", "shared"),
+        ("http://127.0.0.1/page", "--type", "http", "--config", '{"item": "li.job", "title": "a"}'),
+        ("http://127.0.0.1/adaptive", "--adaptive", "--min-interval", "20", "--max-interval", "600"),
+        ("https://www.youtube.com/channel/UCabcdefghijklmnopqrstuv", "--config", '{"api_key": "k3y"}'),
+    ):
+        assert run("sources", "add", *args, env=env).returncode == 0, args
+    path = tmp_path / f"sources.{form}"
+    written = run("sources", "export", str(path), "--with-secrets", env=env)
+    assert written.returncode == 0 and "5 sources written" in written.stderr, written
+    other = tmp_path / "other.db"
+    other.write_bytes(sqlite_template.read_bytes())
+    other_env = {"DATABASE_URL": f"sqlite:///{other}"}
+    assert run("sources", "import", str(path), env=other_env).stdout.strip() == "5 added, 0 already present"
+    before = run("sources", "export", "--format", "yaml", "--with-secrets", env=env).stdout
+    assert run("sources", "export", "--format", "yaml", "--with-secrets", env=other_env).stdout == before
+    assert "api_key: k3y" in before and "user:pw@" in before
+    public = run("sources", "export", "--format", form, env=env)
+    assert "k3y" not in public.stdout and "pw@" not in public.stdout and "127.0.0.1/private" in public.stdout
+    assert "2 sources written without a URL password or secret options" in public.stderr
+    assert_one_line_error(run("sources", "export", str(tmp_path / "sources.txt"), env=env), "cannot tell the format")

@@ -373,6 +373,9 @@ def _from_opml(text: str, file: str, group_by: str, adaptive_default: bool) -> l
                     "type": kind if kind in list(SourceType) else None,
                     "name": label,
                     "category": child.get("category") or category,
+                    "interval": child.get("interval"),
+                    "group": child.get("group"),
+                    "config": child.get("config"),
                     "priority": child.get("priority"),
                     "adaptive": child.get("adaptive"),
                     "min_interval": child.get("min_interval"),
@@ -451,6 +454,85 @@ def _from_csv(text: str, file: str, group_by: str, adaptive_default: bool) -> li
     except csv.Error as exc:  # a field past the csv module's limit, a NUL in a field
         raise SourceError(f"{file}, line {reader.line_num + 1}: not valid CSV: {exc}") from None
     return _collect(entries, file, group_by, adaptive_default)
+
+
+# What an export writes, in the import's field names and order (``_collect`` reads them).
+EXPORT_FIELDS = ("url", "type", "name", "interval", "category", "group", "priority", "adaptive",
+                 "min_interval", "max_interval", "config")
+EXPORT_FORMATS = ("opml", "yaml", "csv")
+
+
+@dataclass(frozen=True)
+class Export:
+    entries: list[dict[str, Any]]  # one per source, in id order; fields of EXPORT_FIELDS
+    without_secrets: int  # sources whose URL password or secret options were left out
+
+
+def export_sources(conn: sa.Connection, *, secrets: bool = False) -> Export:
+    """Every source as an entry of an import file, so that importing what ``write_sources``
+    makes of them adds the same sources (URL, type, name, interval, category, politeness
+    group, priority, cadence, options). Without ``secrets``, a URL's user info and the
+    options named like secrets (SECRET_KEYS) are left out. Not exported: whether a source
+    is enabled, its health and its history."""
+    t = schema.sources
+    rows = conn.execute(sa.select(
+        t.c.url, t.c.source_type, t.c.name, t.c.fetch_interval_minutes, t.c.config, t.c.politeness_group,
+        t.c.priority, t.c.adaptive_cadence, t.c.min_interval_minutes, t.c.max_interval_minutes,
+    ).order_by(t.c.id))
+    entries, without = [], 0
+    for row in rows:
+        config = dict(row.config or {})
+        category = config.pop("category", None)
+        url = row.url
+        if not secrets:
+            hidden = [key for key in config if any(word in key.lower() for word in SECRET_KEYS)]
+            parts = urlsplit(url)
+            if hidden or parts.username is not None or parts.password is not None:
+                without += 1
+                config = {key: value for key, value in config.items() if key not in hidden}
+                url = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+        entry = {
+            "url": url, "type": row.source_type, "name": row.name, "interval": row.fetch_interval_minutes,
+            "category": category, "group": row.politeness_group, "priority": row.priority or None,
+            "adaptive": row.adaptive_cadence, "min_interval": row.min_interval_minutes,
+            "max_interval": row.max_interval_minutes, "config": config or None,
+        }
+        entries.append({key: value for key, value in entry.items() if value is not None})
+    return Export(entries, without)
+
+
+def write_sources(entries: Sequence[dict[str, Any]], form: str) -> str:
+    """``entries`` (``export_sources``) as the text of an OPML, YAML or CSV file that
+    ``read_source_file`` reads back."""
+    if form == "yaml":
+        return str(yaml.safe_dump({"sources": list(entries)}, sort_keys=False, allow_unicode=True))
+    if form == "csv":
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=EXPORT_FIELDS, lineterminator="\n")
+        writer.writeheader()
+        for entry in entries:
+            writer.writerow({key: _flat(value) for key, value in entry.items()})
+        return out.getvalue()
+    if form == "opml":
+        root = ET.Element("opml", version="2.0")
+        ET.SubElement(ET.SubElement(root, "head"), "title").text = "pipeline sources"
+        body = ET.SubElement(root, "body")
+        for entry in entries:
+            attributes = {"text": entry["name"], "title": entry["name"], "xmlUrl": entry["url"]}
+            attributes |= {key: _flat(value) for key, value in entry.items() if key not in ("url", "name")}
+            ET.SubElement(body, "outline", attributes)
+        ET.indent(root)
+        return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+    raise SourceError(f"unknown format {form!r}: use one of {', '.join(EXPORT_FORMATS)}")
+
+
+def _flat(value: object) -> str:
+    """A field's value as a CSV cell or an OPML attribute: options as JSON."""
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True, ensure_ascii=False)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 # -- the catalogue --------------------------------------------------------------------------
@@ -588,6 +670,26 @@ def set_source(conn: sa.Connection, source_id: int, *, priority: int | str | Non
 
 def disable_source(conn: sa.Connection, source_id: int, reason: str = "disabled by an operator") -> None:
     _update_source(conn, source_id, enabled=False, disabled_reason=reason)
+
+
+def remove_sources(conn: sa.Connection, source_ids: Sequence[int]) -> dict[str, int]:
+    """Delete sources with everything they brought: their raw rows and listings, the
+    notifications of those listings (sent or not: a removed source alerts no more), their
+    fetch events, and the filters scoped to them. All or nothing: an id that names no
+    source is an error and nothing is deleted. Returns how many of each were deleted.
+    A fetch in flight is fenced out: it finds its source gone and stores nothing."""
+    t, f, li, n = schema.sources, schema.filters, schema.listings, schema.notifications
+    require_ids(conn, t, source_ids, "source", SourceError)
+    ids = sorted(set(source_ids))
+    counts = {
+        "sources": len(ids),
+        "listings": conn.execute(sa.select(sa.func.count()).where(li.c.source_id.in_(ids))).scalar_one(),
+        "notifications": conn.execute(sa.select(sa.func.count()).select_from(n.join(li, li.c.id == n.c.listing_id))
+                                      .where(li.c.source_id.in_(ids))).scalar_one(),
+        "filters": conn.execute(sa.select(sa.func.count()).where(f.c.source_id.in_(ids))).scalar_one(),
+    }
+    conn.execute(sa.delete(t).where(t.c.id.in_(ids)))  # the rest by ON DELETE CASCADE
+    return counts
 
 
 def refresh_source(conn: sa.Connection, source_id: int) -> None:

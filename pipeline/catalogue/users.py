@@ -24,7 +24,6 @@ from pipeline.notify.query import QueryError, compile_query, parse, source_terms
 from pipeline.notify.schedule import DeliveryPlan
 from pipeline.storage import schema
 
-
 MIN_SECRET_CHARS = 16  # a webhook secret's shortest
 
 @dataclass(frozen=True)
@@ -63,8 +62,25 @@ def add_user(
     name = name.strip()
     if not name:
         raise UserError("a user needs a name")
-    for field, value, limit in (("name", name, TEXT_CHARS), ("the webhook URL", webhook, URL_CHARS),
-                                ("the Apprise URL", apprise_url, URL_CHARS), ("the secret", secret, TEXT_CHARS)):
+    if problem := text_problem(name, "name", TEXT_CHARS):
+        raise UserError(problem)
+    channel, url, secret, generated = _checked_channel(webhook, secret, apprise_url, guard)
+    t = schema.users
+    if conn.execute(sa.select(t.c.id).where(t.c.name == name)).first() is not None:
+        raise UserError(f"a user named {name!r} exists already")
+    user_id = conn.execute(
+        sa.insert(t).values(name=name, channel=channel, channel_url=url, secret=secret).returning(t.c.id)
+    ).scalar_one()
+    return NewUser(int(user_id), generated)
+
+
+def _checked_channel(
+    webhook: str | None, secret: str | None, apprise_url: str | None, guard: AddressGuard | None,
+) -> tuple[ChannelKind, str, str | None, str | None]:
+    """A user's one channel, validated: its kind, its URL, the webhook's secret (None for
+    Apprise) and that secret again when it was generated (shown once)."""
+    for field, value, limit in (("the webhook URL", webhook, URL_CHARS), ("the Apprise URL", apprise_url, URL_CHARS),
+                                ("the secret", secret, TEXT_CHARS)):
         if value is not None and (problem := text_problem(value, field, limit)):
             raise UserError(problem)
     if (webhook is None) == (apprise_url is None):
@@ -92,13 +108,7 @@ def add_user(
             raise UserError(f"{channel_url(apprise_url)} is not a URL Apprise can send to")
         _check_guard(apprise_url, "Apprise URL", guard)
         channel, url = ChannelKind.APPRISE, apprise_url
-    t = schema.users
-    if conn.execute(sa.select(t.c.id).where(t.c.name == name)).first() is not None:
-        raise UserError(f"a user named {name!r} exists already")
-    user_id = conn.execute(
-        sa.insert(t).values(name=name, channel=channel, channel_url=url, secret=secret).returning(t.c.id)
-    ).scalar_one()
-    return NewUser(int(user_id), generated)
+    return channel, url, secret, generated
 
 
 def rotate_secret(conn: sa.Connection, user: str, secret: str, overlap: timedelta, *, now: datetime | None = None) -> None:
@@ -229,13 +239,15 @@ def list_users(conn: sa.Connection) -> list[dict[str, Any]]:
     ]
 
 
-def list_filters(conn: sa.Connection) -> list[dict[str, Any]]:
+def list_filters(conn: sa.Connection, user: str | None = None) -> list[dict[str, Any]]:
+    """Every filter with its user's name; ``user`` (a name or id): that user's only."""
     f, u = schema.filters, schema.users
-    rows = conn.execute(
-        sa.select(f.c.id, u.c.name, f.c.keywords, f.c.query, f.c.source_id, f.c.category, f.c.changes,
-                  f.c.enabled, f.c.created_at, f.c.error, f.c.failed_at)
-        .join(u, u.c.id == f.c.user_id).order_by(f.c.id)
-    )
+    query = (sa.select(f.c.id, u.c.name, f.c.keywords, f.c.query, f.c.source_id, f.c.category, f.c.changes,
+                       f.c.enabled, f.c.created_at, f.c.error, f.c.failed_at)
+             .join(u, u.c.id == f.c.user_id).order_by(f.c.id))
+    if user is not None:
+        query = query.where(f.c.user_id == find_user(conn, user))
+    rows = conn.execute(query)
     # A filter from before the language shows its keywords as the query they mean.
     return [dict(r._mapping) | {"query": r.query or " ".join(r.keywords)} for r in rows]
 
@@ -246,6 +258,39 @@ def set_user_enabled(conn: sa.Connection, user: str, enabled: bool) -> None:
     disabled"; `notifications requeue` sends it once the user is enabled again)."""
     t = schema.users
     conn.execute(sa.update(t).where(t.c.id == find_user(conn, user)).values(enabled=enabled))
+
+
+def set_channel(
+    conn: sa.Connection, user: str, *, webhook: str | None = None, secret: str | None = None,
+    apprise_url: str | None = None, guard: AddressGuard | None = None,
+) -> str | None:
+    """Give a user another channel (validated as ``add_user`` validates one); the
+    notifications not yet sent go to it. Returns the webhook secret when it was generated
+    (shown once). A webhook given again keeps its secret unless ``secret`` is given."""
+    user_id = find_user(conn, user)
+    t = schema.users
+    old = conn.execute(sa.select(t.c.channel, t.c.channel_url, t.c.secret).where(t.c.id == user_id)).one()
+    if webhook is not None and secret is None and old.channel == ChannelKind.WEBHOOK and old.secret:
+        secret = old.secret  # a new address, the receiver's secret as it was
+    channel, url, secret, generated = _checked_channel(webhook, secret, apprise_url, guard)
+    conn.execute(sa.update(t).where(t.c.id == user_id).values(
+        channel=channel, channel_url=url, secret=secret, previous_secret=None, previous_secret_until=None))
+    return generated
+
+
+def remove_user(conn: sa.Connection, user: str) -> dict[str, int]:
+    """Delete a user (by name or id) with their filters, watches and notifications,
+    sent or not: nothing is matched or sent for them from now on (a notifier sending
+    one of them as this commits is fenced out when it records the send). Returns how
+    many filters and notifications went with them."""
+    user_id = find_user(conn, user)
+    f, n = schema.filters, schema.notifications
+    removed = {
+        "filters": conn.execute(sa.select(sa.func.count()).where(f.c.user_id == user_id)).scalar_one(),
+        "notifications": conn.execute(sa.select(sa.func.count()).where(n.c.user_id == user_id)).scalar_one(),
+    }
+    conn.execute(sa.delete(schema.users).where(schema.users.c.id == user_id))  # the rest by ON DELETE CASCADE
+    return removed
 
 
 def remove_filter(conn: sa.Connection, filter_id: int) -> None:

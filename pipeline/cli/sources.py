@@ -26,7 +26,7 @@ MAX_HELP = BOUND_HELP.format("Longest", "PIPELINE_ADAPTIVE_MAX_MINUTES (1440)")
 
 @click.group("sources", cls=common.HelpGroup)
 def sources_group() -> None:
-    """Add, import, list and steer the sources."""
+    """Add, import, export, list, steer and remove the sources."""
 
 
 @sources_group.command("add")
@@ -224,6 +224,45 @@ def sources_refresh(source_ids: tuple[int, ...]) -> None:
             sources.refresh_source(conn, source_id)
     click.echo(common.counted(len(set(source_ids)), "source") + " due now")
 
+
+@sources_group.command("remove")
+@click.argument("source_ids", type=common.ID, nargs=-1, required=True)
+def sources_remove(source_ids: tuple[int, ...]) -> None:
+    """Delete sources with their listings, those listings' notifications, their fetch
+    history and the filters scoped to them (all or none: an unknown id deletes nothing).
+    To stop fetching and keep the history, use `sources disable`."""
+    with common.engine().begin() as conn:
+        removed = sources.remove_sources(conn, source_ids)
+    click.echo(common.counted(removed["sources"], "source") + " removed with "
+               + ", ".join(common.counted(removed[noun + "s"], noun) for noun in ("listing", "notification", "filter")))
+
+
+@sources_group.command("export")
+@click.argument("file", type=click.Path(path_type=Path, dir_okay=False), required=False)
+@click.option("--format", "form", type=click.Choice(sources.EXPORT_FORMATS),
+              help="The file's format; default: FILE's suffix (.opml, .yaml, .csv), or YAML on standard output.")
+@click.option("--with-secrets", is_flag=True,
+              help="Keep passwords in URLs and secret options (api_key, token, ...); left out by default.")
+def sources_export(file: Path | None, form: str | None, with_secrets: bool) -> None:
+    """Write every source to FILE (or standard output) as `sources import` reads it:
+    URL, type, name, interval, category, politeness group, priority, cadence, options."""
+    if form is None:
+        suffix = file.suffix.lower().lstrip(".") if file is not None else "yaml"
+        form = {"xml": "opml", "yml": "yaml"}.get(suffix, suffix)
+        if form not in sources.EXPORT_FORMATS:
+            raise SourceError(f"cannot tell the format of {file}: give --format or end the file's name"
+                              " in .opml, .yaml or .csv")
+    with common.engine().connect() as conn:
+        export = sources.export_sources(conn, secrets=with_secrets)
+    text = sources.write_sources(export.entries, form)
+    if file is None:
+        click.echo(text, nl=False)
+    else:
+        file.write_text(text, encoding="utf-8")
+        click.echo(f"{common.counted(len(export.entries), 'source')} written to {file}", err=True)
+    if export.without_secrets:
+        click.echo(f"{common.counted(export.without_secrets, 'source')} written without a URL password or"
+                   " secret options: --with-secrets keeps them", err=True)
 
 @click.group("politeness", cls=common.HelpGroup)
 def politeness_group() -> None:

@@ -14,7 +14,7 @@ from pipeline.core.kinds import NotificationStatus
 
 @click.group("users", cls=common.HelpGroup)
 def users_group() -> None:
-    """Add and list the users who receive notifications."""
+    """Add, list, change and remove the users who receive notifications."""
 
 
 @users_group.command("add")
@@ -79,6 +79,44 @@ def users_set(user: str, digest: str | None, quiet: str | None, timezone: str | 
     click.echo(row["delivery"])
 
 
+@users_group.command("channel")
+@click.argument("user")
+@click.option("--webhook", metavar="URL", help="Deliver by signed HTTP POST to this URL.")
+@click.option("--secret-file", type=click.File("r"), metavar="FILE",
+              help="The webhook's secret, from FILE ('-': standard input). Default: the secret in use"
+                   " when the user had a webhook already, else one generated and printed once.")
+@click.option("--apprise", "apprise_url", metavar="URL", help="Deliver through Apprise (any Apprise URL).")
+def users_channel(user: str, webhook: str | None, secret_file: Any, apprise_url: str | None) -> None:
+    """Give USER (a name or id) another channel; what is not sent yet goes to it."""
+    from pipeline.catalogue import users
+    from pipeline.core.settings import Settings
+    from pipeline.net.http import AddressGuard
+
+    secret = (secret_file.read().strip() or None) if secret_file is not None else None
+    guard = AddressGuard(Settings.from_env().allow_networks)
+    with common.engine().begin() as conn:
+        generated = users.set_channel(conn, user, webhook=webhook, secret=secret, apprise_url=apprise_url,
+                                      guard=guard)
+        row = next(r for r in users.list_users(conn) if r["id"] == users.find_user(conn, user))
+    click.echo(f"{row['channel']} {row['target']}")
+    if generated:
+        click.echo(f"webhook secret (shown once; the receiver verifies webhook-signature with it): {generated}",
+                   err=True)
+
+
+@users_group.command("remove")
+@click.argument("user")
+def users_remove(user: str) -> None:
+    """Delete USER (a name or id) with their filters and notifications, sent or not.
+    To stop notifying and keep them, use `users disable`."""
+    from pipeline.catalogue import users
+
+    with common.engine().begin() as conn:
+        removed = users.remove_user(conn, user)
+    click.echo(f"user {user} removed with " + ", ".join(
+        common.counted(removed[noun + "s"], noun) for noun in ("filter", "notification")))
+
+
 @users_group.command("enable")
 @click.argument("user")
 def users_enable(user: str) -> None:
@@ -117,7 +155,7 @@ def users_list(as_json: bool) -> None:
 
 @click.group("filters", cls=common.HelpGroup)
 def filters_group() -> None:
-    """Add, list, enable and disable users' filters."""
+    """Add, list, enable, disable and remove users' filters."""
 
 
 @filters_group.command("add")
@@ -142,13 +180,14 @@ def filters_add(user: str, query: str, source_id: int | None, category: str | No
 
 
 @filters_group.command("list")
+@click.option("--user", help="Only this user's (a name or an id).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def filters_list(as_json: bool) -> None:
+def filters_list(user: str | None, as_json: bool) -> None:
     """Every filter with its user."""
     from pipeline.catalogue import users
 
     with common.engine().connect() as conn:
-        rows = users.list_filters(conn)
+        rows = users.list_filters(conn, user)
     if as_json:
         click.echo(common.as_json(rows))
         return
