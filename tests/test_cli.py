@@ -561,3 +561,55 @@ def test_sources_export_is_what_import_reads_back(engine, db_url, form, tmp_path
     assert "k3y" not in public.stdout and "pw@" not in public.stdout and "127.0.0.1/private" in public.stdout
     assert "2 sources written without a URL password or secret options" in public.stderr
     assert_one_line_error(run("sources", "export", str(tmp_path / "sources.txt"), env=env), "cannot tell the format")
+
+
+def test_users_test_sends_a_signed_test_message_and_says_how_it_went(engine, db_url, receiver):
+    """A test message goes through the user's channel now, signed as every delivery is,
+    with event "test" and a key of its own; a channel that refuses it is exit 1, one line
+    with its error. Nothing is stored."""
+    from pipeline.notify.delivery import verify
+
+    env = {"DATABASE_URL": db_url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32"}
+    secret = "t" * 24
+    assert run("users", "add", "finn", "--webhook", receiver.url("/hook"), "--secret-file", "-",
+               stdin=secret, env=env).returncode == 0
+    sent = run("users", "test", "finn", env=env)
+    assert sent.returncode == 0, sent
+    assert re.fullmatch(r"sent to webhook http://127\.0\.0\.1/… \(test-[0-9a-f]{16}\)", sent.stdout.strip())
+    [request] = receiver.requests
+    body = request["body"]
+    assert verify(secret, body, request["headers"]), "signed with the user's secret"
+    payload = json.loads(body)
+    assert payload["event"] == "test" and payload["idempotency_key"] in sent.stdout
+    receiver.routes["/hook"] = lambda h: h.reply(500, b"down")
+    assert_one_line_error(run("users", "test", "finn", env=env),
+                          "the test message to finn was not delivered: http_5xx: HTTP 500")
+    assert _count(engine, schema.notifications) == 0
+    assert_one_line_error(run("users", "test", "nobody", env=env), "no user named (or with id) 'nobody'")
+
+
+def test_notifications_digest_previews_what_is_held(engine, db_url):
+    """The notifications held for a user's next digest read as the digest will, with when
+    it goes out; nothing held says so; nothing is changed."""
+    env = {"DATABASE_URL": db_url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32"}
+    assert run("users", "add", "gail", "--webhook", "http://127.0.0.1:9/hook", env=env).returncode == 0
+    assert run("notifications", "digest", "gail", env=env).stdout.strip() == "nothing held for gail"
+    n, li = schema.notifications, schema.listings
+    release = now().replace(microsecond=0) + timedelta(hours=3)
+    with engine.begin() as conn:
+        user = conn.execute(sa.select(schema.users.c.id).where(schema.users.c.name == "gail")).scalar_one()
+        source = add_source(conn)
+        for key, title in (("a", "Python developer"), ("b", "Rust <engineer>")):
+            listing = conn.execute(sa.insert(li).values(source_id=source, source_item_id=key, title=title,
+                                                        url=f"http://127.0.0.1/{key}", content_hash="h")
+                                   .returning(li.c.id)).scalar_one()
+            conn.execute(sa.insert(n).values(user_id=user, listing_id=listing, channel="webhook", status="held",
+                                             next_attempt_at=release))
+    shown = run("notifications", "digest", "gail", env=env)
+    assert shown.returncode == 0, shown
+    assert shown.stdout.startswith(f"goes out at {release:%Y-%m-%dT%H:%M:%SZ}\n\n2 new listings\n")
+    assert "- Python developer\n  http://127.0.0.1/a\n- Rust <engineer>\n  http://127.0.0.1/b" in shown.stdout
+    held = json.loads(run("notifications", "digest", "gail", "--json", env=env).stdout)
+    assert [i["listing"]["title"] for i in held["digest"]["items"]] == ["Python developer", "Rust <engineer>"]
+    with engine.connect() as conn:
+        assert set(conn.execute(sa.select(n.c.status, n.c.digest_id)).all()) == {("held", None)}

@@ -1,9 +1,12 @@
 """What an operator does to notifications: list them with their last error, requeue dead
-(or chosen) ones, fenced against a send in flight."""
+(or chosen) ones, fenced against a send in flight; send a user a test message; preview
+the digest a user's held notifications will make."""
 
 from __future__ import annotations
 
-from datetime import datetime
+import secrets
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -11,6 +14,10 @@ import sqlalchemy as sa
 from pipeline.catalogue.known import require_ids
 from pipeline.core.errors import UserError
 from pipeline.core.kinds import NotificationStatus
+from pipeline.core.settings import Settings
+from pipeline.net.http import Fetcher
+from pipeline.notify.delivery import Item, Message, channels
+from pipeline.notify.notifier import load_messages
 from pipeline.queue.claim import UNCLAIMED
 from pipeline.storage import schema
 
@@ -66,3 +73,60 @@ def list_notifications(
     if since is not None:
         query = query.where(n.c.created_at >= since)
     return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def send_test(engine: sa.Engine, settings: Settings, user: str) -> Message:
+    """Send ``user`` (a name or id) a test message through their channel now, as the
+    notifier sends one (signed, through the address guard), and return it; DeliveryError
+    says why the channel refused it. Nothing is stored. The message's event is "test"
+    and its idempotency key ``test-...``, so a receiver tells it from a listing's."""
+    from pipeline.catalogue.users import find_user
+
+    u = schema.users
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(u.c.id, u.c.name, u.c.channel, u.c.channel_url, u.c.secret, u.c.previous_secret,
+                                     u.c.previous_secret_until).where(u.c.id == find_user(conn, user))).one()
+    now = datetime.now(UTC)
+    item = Item(notification_id=0, filter_id=None, keywords=[], query="", event="test", listing={
+        "id": None, "url": None, "title": "Test notification",
+        "summary": f"Sent by `pipeline users test` at {now:%Y-%m-%d %H:%M:%S} UTC: this channel works.",
+        "published_at": now.isoformat(), "source_id": None})
+    overlapping = row.previous_secret_until is not None and row.previous_secret_until > now
+    message = Message(
+        notification_id=0, user_id=row.id, user_name=row.name, channel=row.channel, channel_url=row.channel_url,
+        secret=row.secret, previous_secret=row.previous_secret if overlapping else None, items=(item,),
+        key=f"test-{secrets.token_hex(8)}",
+    )
+    with Fetcher.from_settings(settings) as fetcher:
+        channels(fetcher)[row.channel].send(message)
+    return message
+
+
+@dataclass(frozen=True)
+class HeldDigest:
+    """What a user's next digest holds, as it will read."""
+
+    message: Message | None  # None: nothing is held
+    release_at: datetime | None  # when the first of them is released
+
+
+def preview_digest(engine: sa.Engine, user: str) -> HeldDigest:
+    """The notifications held for ``user``'s next digest (or the end of quiet hours) as
+    one message, as it will read when it goes out; nothing is changed."""
+    from pipeline.catalogue.users import find_user
+
+    n = schema.notifications
+    with engine.connect() as conn:
+        held = conn.execute(
+            sa.select(n.c.id, n.c.next_attempt_at)
+            .where(n.c.user_id == find_user(conn, user), n.c.status == NotificationStatus.HELD, n.c.digest_id.is_(None))
+            .order_by(n.c.id)
+        ).all()
+    messages = load_messages(engine, [r.id for r in held])
+    if not messages:
+        return HeldDigest(None, None)
+    by_id = {m.notification_id: m for m in messages}
+    first = messages[0]
+    items = tuple(by_id[r.id].items[0] for r in held if r.id in by_id)
+    digest = replace(first, notification_id=0, items=items, is_digest=True, key="preview")
+    return HeldDigest(digest, min(r.next_attempt_at for r in held))

@@ -104,6 +104,24 @@ def users_channel(user: str, webhook: str | None, secret_file: Any, apprise_url:
                    err=True)
 
 
+@users_group.command("test")
+@click.argument("user")
+def users_test(user: str) -> None:
+    """Send USER (a name or id) a test message through their channel now and say how it
+    went (exit 1 with the channel's error when it failed). Nothing is stored."""
+    from pipeline.catalogue import notifications
+    from pipeline.core.errors import DeliveryError
+    from pipeline.core.redact import channel_url
+    from pipeline.core.settings import Settings
+
+    settings = Settings.from_env()
+    try:
+        message = notifications.send_test(common.engine(), settings, user)
+    except DeliveryError as exc:
+        raise DeliveryError(f"the test message to {user} was not delivered: {exc}", code=exc.code) from None
+    click.echo(f"sent to {message.channel} {channel_url(message.channel_url)} ({message.idempotency_key})")
+
+
 @users_group.command("remove")
 @click.argument("user")
 def users_remove(user: str) -> None:
@@ -270,6 +288,26 @@ def notifications_list(
         error = f"  last error: {row['last_error']}" if row["last_error"] and row["status"] != "sent" else ""
         click.echo(f"{row['id']:>8}  {row['status']:<7} {when}  {row['user']}  {row['event']}"
                    f" ({common.counted(row['attempts'], 'attempt')}): {row['title']}{error}")
+
+
+@notifications_group.command("digest")
+@click.argument("user")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output: the digest's webhook body.")
+def notifications_digest(user: str, as_json: bool) -> None:
+    """What USER's (a name or id) held notifications will send as their next digest (or
+    at the end of quiet hours), as it will read, and when. Nothing is changed."""
+    from pipeline.catalogue import notifications
+
+    held = notifications.preview_digest(common.engine(), user)
+    if as_json:
+        payload = held.message.payload() if held.message else None
+        click.echo(common.as_json({"release_at": held.release_at, "digest": payload}))
+        return
+    if held.message is None:
+        click.echo(f"nothing held for {user}")
+        return
+    title, body = held.message.text()
+    click.echo(f"goes out at {common.moment(held.release_at)}\n\n{title}\n\n{body}")
 
 
 @notifications_group.command("requeue")

@@ -31,6 +31,7 @@ from standardwebhooks.webhooks import EmptyWebhookSecretError, Webhook, WebhookV
 from pipeline.core.backoff import exponential_delay, not_before
 from pipeline.core.errors import DeliveryError, FetchError
 from pipeline.core.failures import CHANNEL_ERROR, FailureReason
+from pipeline.core.kinds import ChannelKind
 from pipeline.core.redact import channel_secrets, channel_url, scrub
 from pipeline.net.http import USER_AGENT, AddressGuard, Fetcher, guarded_sockets
 from pipeline.notify.schedule import DeliveryPlan
@@ -102,6 +103,7 @@ class Message:
     previous_secret: str | None = field(default=None, repr=False)
     is_digest: bool = False
     plan: DeliveryPlan = field(default_factory=DeliveryPlan, compare=False)
+    key: str | None = None  # an idempotency key of its own: a test or a preview, no notification's
 
     @property
     def listing(self) -> dict[str, Any]:
@@ -109,6 +111,8 @@ class Message:
 
     @property
     def idempotency_key(self) -> str:
+        if self.key:
+            return self.key
         return f"digest-{self.notification_id}" if self.is_digest else f"notification-{self.notification_id}"
 
     def payload(self) -> dict[str, Any]:
@@ -130,7 +134,8 @@ class Message:
             body = "\n\n".join(part for part in (
                 str(listing.get("summary") or "")[:1000],
                 f"Price: {listing['price']}" if listing.get("price") else "", link_line(listing),
-                f"Matched: {item.query} ({self.idempotency_key})") if part)
+                f"Matched: {item.query} ({self.idempotency_key})" if item.query else f"({self.idempotency_key})")
+                if part)
             return item.heading, body
         lines = [f"- {headline(i.event, i.listing)}\n  {link_line(i.listing)}" for i in self.items]
         return (f"{len(self.items)} new listings",
@@ -221,6 +226,11 @@ class AppriseChannel:
                 f"Apprise could not deliver to {channel_url(message.channel_url)} (its log says why)",
                 code=CHANNEL_ERROR,
             )
+
+
+def channels(fetcher: Fetcher) -> dict[str, Channel]:
+    """The channel of each kind, sending through ``fetcher``."""
+    return {ChannelKind.WEBHOOK: WebhookChannel(fetcher), ChannelKind.APPRISE: AppriseChannel(fetcher.guard)}
 
 
 def delivery_retry_at(attempts: int, now: datetime, u: float, retry_after: datetime | None) -> datetime:

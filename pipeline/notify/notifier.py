@@ -31,18 +31,12 @@ from sqlalchemy.engine import Engine
 
 from pipeline.core.errors import DeliveryError, UserError
 from pipeline.core.failures import CHANNEL_BUG, WORKER_STOPPED, FailureReason
-from pipeline.core.kinds import ChannelKind, NotificationStatus
+from pipeline.core.kinds import NotificationStatus
 from pipeline.core.settings import Settings
 from pipeline.core.words import folded
 from pipeline.net.http import Fetcher
-from pipeline.notify.delivery import (
-    AppriseChannel,
-    Channel,
-    Item,
-    Message,
-    WebhookChannel,
-    delivery_retry_at,
-)
+from pipeline.notify import delivery
+from pipeline.notify.delivery import Channel, Item, Message, delivery_retry_at
 from pipeline.notify.matching import Filter, FilterIndex, ListingText, Match
 from pipeline.notify.query import Query, QueryError, compile_query
 from pipeline.notify.schedule import DeliveryPlan
@@ -238,7 +232,7 @@ class Notifier:
         queue = WorkQueue(self.engine, schema.NOTIFICATIONS_DUE, lease_seconds=self.settings.lease_seconds)
         threads = self.settings.concurrency
         with Fetcher.from_settings(self.settings, threads=threads) as fetcher:
-            channels = self.channels or {ChannelKind.WEBHOOK: WebhookChannel(fetcher), ChannelKind.APPRISE: AppriseChannel(fetcher.guard)}
+            channels = self.channels or delivery.channels(fetcher)
             stats.claimed += work_claimed(
                 queue, self.worker, threads=threads, max_rows=max_notifications,
                 batch_size=self.delivery_batch,
@@ -270,7 +264,7 @@ class Notifier:
             ], stats)
         gone = {row["id"] for row in abandoned}
         rows = [row for row in claim.rows if row["id"] not in gone]
-        by_id = {m.notification_id: m for m in _load_messages(self.engine, [r["id"] for r in rows])}
+        by_id = {m.notification_id: m for m in load_messages(self.engine, [r["id"] for r in rows])}
         # Quiet hours began after these were made (or this is a retry): they wait for
         # the end, a notification to join that digest, a digest to go out then.
         now = datetime.now(UTC)
@@ -703,7 +697,7 @@ def _texts(rows: Sequence[Row]) -> Iterator[ListingText]:
         )
 
 
-def _load_messages(engine: Engine, ids: Sequence[int]) -> list[Message]:
+def load_messages(engine: Engine, ids: Sequence[int]) -> list[Message]:
     """The messages of notifications ``ids`` whose user is enabled: each its own item,
     or, for one that carries a digest, every notification of the digest (two queries)."""
     n, u, f, listings, s = schema.notifications, schema.users, schema.filters, schema.listings, schema.sources
