@@ -90,16 +90,37 @@ def _failing_sources() -> dg.AssetChecksDefinition:
     def failing_sources(database: PipelineDatabase) -> dg.AssetCheckResult:
         with database.engine.connect() as conn:
             found = health.failing_sources(conn)
+            which = health.which_sources_fail(conn, SHOWN_FAILING)
         total = sum(found.failing.values())
         return dg.AssetCheckResult(
             passed=total == 0 and found.disabled_by_failures == 0,
             severity=dg.AssetCheckSeverity.WARN,
             description=f"{total} sources failing, {found.disabled_by_failures} disabled by failures",
             metadata={**by_code("failing_", found.failing, (reason.value for reason in FailureReason)),
-                      "failing": total, "disabled_by_failures": found.disabled_by_failures},
+                      "failing": total, "disabled_by_failures": found.disabled_by_failures,
+                      "which": dg.MetadataValue.md(failing_table(which))},
         )
 
     return failing_sources
+
+
+SHOWN_FAILING = 20  # the failing sources the check's table lists, the longest failing first
+
+
+def failing_table(which: list[health.FailingSource]) -> str:
+    """The failing sources as a Markdown table: which, since when, why."""
+    if not which:
+        return "No source is failing."
+
+    def cell(text: object) -> str:
+        return " ".join(str(text).split()).replace("|", "\\|")[:200]
+
+    lines = ["| id | source | failing since | failures | code | last error |", "|---|---|---|---|---|---|"]
+    for s in which:
+        since = f"{s.since:%Y-%m-%d %H:%M} UTC" if s.since else "never fetched well"
+        state = f"{s.failures} (disabled)" if s.disabled else str(s.failures)
+        lines.append(f"| {s.id} | {cell(s.name)} | {since} | {state} | {s.reason or ''} | {cell(s.error or '')} |")
+    return "\n".join(lines)
 
 
 def _schedule_adherence() -> dg.AssetChecksDefinition:

@@ -358,6 +358,26 @@ def test_failing_sources_counts_what_status_counts_from_the_first_failure(engine
     assert collect_status(engine).failing == {"timeout": 1}
 
 
+def test_the_failing_sources_check_says_which_since_when_and_why(engine, db_url):
+    """A count says something fails, not what: the check's table names each failing
+    source (disabled by its failures too), its last good fetch and its last error."""
+    good = now() - timedelta(days=2)
+    with engine.begin() as conn:
+        flaky = add_source(conn, "http://127.0.0.1:9/flaky", name="Flaky | board", consecutive_failures=2,
+                           last_failure_reason="http_5xx", last_success_at=good)
+        add_source(conn, "http://127.0.0.1:9/gone", consecutive_failures=10, last_failure_reason="http_4xx",
+                   enabled=False)
+        add_source(conn, "http://127.0.0.1:9/fine")
+        conn.execute(sa.insert(schema.ingestion_events).values(
+            source_id=flaky, event=schema.EVENT_COMPLETED, success=False, failure_reason="http_5xx",
+            details={"error": "HTTP 503 from 127.0.0.1"}))
+    table = failing_check(db_url).metadata["which"].value
+    lines = table.splitlines()
+    assert len(lines) == 4, table
+    assert "| http://127.0.0.1:9/gone | never fetched well | 10 (disabled) | http_4xx |" in lines[2]
+    assert lines[3] == (f"| {flaky} | Flaky \\| board | {good:%Y-%m-%d %H:%M} UTC | 2 | http_5xx | HTTP 503 from 127.0.0.1 |")
+
+
 def test_a_source_an_operator_disabled_is_not_counted_as_failing(engine, db_url):
     with engine.begin() as conn:
         source = add_source(conn, "http://127.0.0.1:9/x", consecutive_failures=2, last_failure_reason="http_4xx")

@@ -7,7 +7,7 @@ fields and fall back to these values when a field is left unset.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
@@ -38,6 +38,7 @@ DEFAULT_FRESHNESS_MAX_MINUTES = 60
 DEFAULT_LATENESS_MAX_MINUTES = 15
 DEFAULT_INGEST_LINGER_SECONDS = 300
 DEFAULT_BACKFILL_START = date(2025, 1, 1)
+DEFAULT_UI_URL = "http://127.0.0.1:3000"
 DEFAULT_RUN_RETENTION_DAYS = 14  # Dagster runs (and their event logs) kept this long
 # Adaptive cadence (pipeline/core/cadence.py): a source's bounds when it sets none.
 DEFAULT_ADAPTIVE_MIN_MINUTES = 15
@@ -157,6 +158,11 @@ class Settings:
     adaptive_max_minutes: int = DEFAULT_ADAPTIVE_MAX_MINUTES
     alert_limit: int = DEFAULT_ALERT_LIMIT  # alerts a user hears one by one per window
     alert_window_minutes: int = DEFAULT_ALERT_WINDOW_MINUTES
+    # Where the operator hears of failed runs and failing checks (pipeline/notify/operator.py):
+    # an http(s) URL is a webhook signed under the secret, any other an Apprise URL; None: nowhere.
+    operator_alert_url: str | None = field(default=None, repr=False)  # may hold a token
+    operator_alert_secret: str | None = field(default=None, repr=False)
+    ui_url: str = DEFAULT_UI_URL  # the Dagster UI, for the links in those alerts
 
     def max_runs(self, stage: str) -> int:
         """Runs of ``stage`` (one of STAGES) in flight at once: PIPELINE_<STAGE>_MAX_RUNS."""
@@ -215,4 +221,7 @@ class Settings:
             adaptive_max_minutes=_int_env("PIPELINE_ADAPTIVE_MAX_MINUTES", DEFAULT_ADAPTIVE_MAX_MINUTES),
             alert_limit=_int_env("PIPELINE_ALERT_LIMIT", DEFAULT_ALERT_LIMIT),
             alert_window_minutes=_int_env("PIPELINE_ALERT_WINDOW_MINUTES", DEFAULT_ALERT_WINDOW_MINUTES),
+            operator_alert_url=os.environ.get("PIPELINE_OPERATOR_ALERT_URL", "").strip() or None,
+            operator_alert_secret=os.environ.get("PIPELINE_OPERATOR_ALERT_SECRET", "").strip() or None,
+            ui_url=(os.environ.get("PIPELINE_UI_URL", "").strip() or DEFAULT_UI_URL).rstrip("/"),
         )

@@ -173,22 +173,25 @@ class WebhookChannel:
     def send(self, message: Message) -> None:
         if not message.secret:
             raise DeliveryError("the user's webhook has no secret to sign with", code=FailureReason.INVALID_CONFIG)
-        body = message.body()
         secrets = [message.secret] + ([message.previous_secret] if message.previous_secret else [])
+        self.post(message.channel_url, message.body(), message.idempotency_key, secrets)
+
+    def post(self, url: str, body: bytes, key: str, secrets: Sequence[str]) -> None:
+        """POST ``body`` to ``url``, signed under each of ``secrets`` with ``key`` as its
+        webhook-id and idempotency key; DeliveryError when it was refused."""
         headers = {
             "Content-Type": "application/json",
             "User-Agent": USER_AGENT,
-            IDEMPOTENCY_HEADER: message.idempotency_key,
-            **signed_headers(secrets, message.idempotency_key, body, datetime.now(UTC)),
+            IDEMPOTENCY_HEADER: key,
+            **signed_headers(secrets, key, body, datetime.now(UTC)),
         }
         try:
-            self.fetcher.post(message.channel_url, body, headers)
+            self.fetcher.post(url, body, headers)
         except FetchError as exc:
             # A webhook URL can be a credential (chat services put a token in its path):
             # errors show its scheme and host only, and never a part of its path or query
             # that the receiver echoed back ("404 no route for /hook/TOKEN").
-            text = scrub(exc.message.replace(message.channel_url, channel_url(message.channel_url)),
-                         channel_secrets(message.channel_url))
+            text = scrub(exc.message.replace(url, channel_url(url)), channel_secrets(url))
             raise DeliveryError(f"{exc.reason}: {text}", code=exc.reason, retry_after=exc.retry_after) from None
 
 
@@ -201,15 +204,17 @@ class AppriseChannel:
         self.guard = guard
 
     def send(self, message: Message) -> None:
+        self.notify(message.channel_url, *message.text())
+
+    def notify(self, url: str, title: str, body: str) -> None:
+        """Send plain-text ``title`` and ``body`` to the Apprise ``url``; DeliveryError
+        when it was refused."""
         import apprise  # 0.2 s of imports: only where a message goes through Apprise
 
         # async_mode off: Apprise sends in this thread, where the guard is in force.
         notifier = apprise.Apprise(asset=apprise.AppriseAsset(async_mode=False))
-        if not notifier.add(message.channel_url):
-            raise DeliveryError(
-                f"not a usable Apprise URL ({channel_url(message.channel_url)})", code=FailureReason.INVALID_CONFIG
-            )
-        title, body = message.text()
+        if not notifier.add(url):
+            raise DeliveryError(f"not a usable Apprise URL ({channel_url(url)})", code=FailureReason.INVALID_CONFIG)
         with guarded_sockets(self.guard) as refused:
             # The message is plain text (a listing's "<" is its text): Apprise escapes it
             # for a service that takes HTML, so no listing's text is read as markup.
@@ -218,12 +223,12 @@ class AppriseChannel:
             raise DeliveryError(
                 f"{FailureReason.BLOCKED_ADDRESS}: Apprise was refused a connection to"
                 f" {', '.join(dict.fromkeys(refused))} by the address guard"
-                f" ({channel_url(message.channel_url)})",
+                f" ({channel_url(url)})",
                 code=FailureReason.BLOCKED_ADDRESS,
             )
         if not sent:
             raise DeliveryError(
-                f"Apprise could not deliver to {channel_url(message.channel_url)} (its log says why)",
+                f"Apprise could not deliver to {channel_url(url)} (its log says why)",
                 code=CHANNEL_ERROR,
             )
 

@@ -66,6 +66,43 @@ def failing_sources(conn: sa.Connection) -> FailingSources:
     return FailingSources({str(reason): int(n) for reason, n in failing}, int(disabled))
 
 
+@dataclass(frozen=True)
+class FailingSource:
+    id: int
+    name: str
+    reason: str | None  # the failure code of its last fetch
+    failures: int  # in a row
+    since: datetime | None  # its last good fetch (None: never one)
+    disabled: bool  # by its failures
+    error: str | None  # its last failed fetch's error
+
+
+def which_sources_fail(conn: sa.Connection, limit: int = 20) -> list[FailingSource]:
+    """The sources ``failing_sources`` counts, the longest failing first (at most
+    ``limit``), with since when and why: for the UI, where a count alone does not say
+    which source to look at."""
+    from pipeline.core.redact import userinfo
+
+    t, events = schema.sources, schema.ingestion_events
+    rows = conn.execute(
+        sa.select(t.c.id, t.c.name, t.c.last_failure_reason, t.c.consecutive_failures, t.c.last_success_at,
+                  t.c.enabled)
+        .where(sa.or_(sa.and_(t.c.enabled, t.c.consecutive_failures > 0), disabled_by_failures(t)))
+        .order_by(t.c.consecutive_failures.desc(), t.c.id).limit(limit)
+    ).all()
+    found = []
+    for row in rows:  # its last failed fetch, by the events' (source_id, occurred_at) index
+        details = conn.execute(
+            sa.select(events.c.details).where(events.c.source_id == row.id, events.c.event == schema.EVENT_COMPLETED,
+                                              sa.not_(events.c.success))
+            .order_by(events.c.occurred_at.desc()).limit(1)
+        ).scalar()
+        error = details.get("error") if isinstance(details, dict) else None
+        found.append(FailingSource(row.id, userinfo(row.name), row.last_failure_reason, row.consecutive_failures,
+                                   row.last_success_at, not row.enabled, userinfo(str(error)) if error else None))
+    return found
+
+
 def disabled_by_failures(t: sa.Table, policy: BackoffPolicy = DEFAULT_POLICY) -> sa.ColumnElement[bool]:
     """Sources the backoff disabled: off, with as many failures in a row of a permanent
     code as the policy disables at (pipeline/core/backoff.py). An operator's disable
