@@ -3,8 +3,9 @@ or, in an ingest run that lingers, a pass each time sources come due."""
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
+from typing import TypeVar
 
 import dagster as dg
 
@@ -53,26 +54,48 @@ def listings_raw(
 
     with ends_when_terminated():
         done: passes.Pass | None = collect()
-        while config.linger_seconds > 0 and (wait := _due_within(database, deadline)) is not None:
-            if done is not None:
-                # Lingering: this pass's items go through now, as the steps after this
-                # one would take them, before the run waits for the next source.
-                passes.log(context, done)
-                for follow in (passes.process(database, run_id), passes.notify(database, run_id)):
-                    if follow.worked:
-                        passes.log(context, follow)
-                done = None
+        try:
+            while config.linger_seconds > 0 and (wait := _between_passes(
+                    lambda: _due_within(database, deadline))) is not None:
+                if done is not None:
+                    # Lingering: this pass's items go through now, as the steps after this
+                    # one would take them, before the run waits for the next source.
+                    passes.log(context, done)
+                    for follow in (passes.process(database, run_id), passes.notify(database, run_id)):
+                        if follow.worked:
+                            passes.log(context, follow)
+                    done = None
+                    if wait > 0:
+                        context.log.info(f"lingering: the next source is due in {wait:.0f} s")
                 if wait > 0:
-                    context.log.info(f"lingering: the next source is due in {wait:.0f} s")
-            if wait > 0:
-                time.sleep(min(wait, POLL_SECONDS))
-                continue
-            done = collect()
-            if not done.worked:
-                time.sleep(POLL_SECONDS)  # it was due, but another worker took it first
+                    _between_passes(lambda: time.sleep(min(wait, POLL_SECONDS)))
+                    continue
+                done = collect()
+                if not done.worked:  # it was due, but another worker took it first
+                    _between_passes(lambda: time.sleep(POLL_SECONDS))
+        except TerminatedBetweenPasses:
+            context.log.info("terminated while lingering between passes: the run ends here, its work done")
     if done is not None:
         # The last pass is the step's own result; the steps after it process and notify it.
         yield from passes.result(context, done)
+
+
+class TerminatedBetweenPasses(Exception):
+    """A lingering run was terminated while it waited, with no pass in hand."""
+
+
+T = TypeVar("T")
+
+
+def _between_passes(wait: Callable[[], T]) -> T:
+    """``wait()`` (a sleep, or a look at when the next source is due); a termination
+    meanwhile (the UI's Terminate, dev.py's Ctrl-C) raises TerminatedBetweenPasses: with
+    nothing in hand, the run ends cleanly, with no failure event and no red run. A
+    termination within a pass still ends the step failed (``ends_when_terminated``)."""
+    try:
+        return wait()
+    except dg.DagsterExecutionInterruptedError:
+        raise TerminatedBetweenPasses from None
 
 
 def _due_within(database: PipelineDatabase, deadline: float) -> float | None:

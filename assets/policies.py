@@ -47,7 +47,8 @@ def ends_when_terminated() -> Iterator[None]:
     the step at once, failed without a retry, so the run ends CANCELED: Dagster applies
     the step's retry policy to interruptions too, which kept a terminated run waiting to
     retry until its process was killed. The pass's claims come back when their lease
-    runs out; the rows it finished are stored."""
+    runs out; the rows it finished are stored. (A lingering run terminated between passes
+    has nothing in hand and ends cleanly instead: assets/collector.py.)"""
     try:
         yield
     except dg.DagsterExecutionInterruptedError as interrupted:

@@ -72,3 +72,46 @@ def test_while_the_stack_runs_the_launcher_starts_runs_as_dagsters_default_does(
         instance.run_launcher.launch_run(LaunchRunContext(dagster_run=run, workspace=None))
     started = instance.get_run_by_id(run.run_id)
     assert started is not None and started.status == dg.DagsterRunStatus.STARTING
+
+
+def test_a_run_terminated_while_it_lingers_between_passes_ends_without_a_failure(dev_home, engine, db_url):
+    """An `ingest` run waiting for its next source has nothing in hand: a termination then
+    (Ctrl-C, the UI's Terminate) ends it cleanly, with no failure event and no ERROR line;
+    every Ctrl-C of the dev stack once added a red run with a stack trace. Starts the job
+    in a process of its own (`dagster job execute`, which turns a SIGINT into Dagster's
+    interrupt as a run worker does) and waits for the state where it lingers."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from datetime import timedelta
+
+    from tests.helpers import add_source, now, wait_until
+
+    instance, _ = dev_home
+    with engine.begin() as conn:  # due within the linger, not now: the run waits for it
+        add_source(conn, "http://127.0.0.1:9/feed", next_fetch_at=now() + timedelta(minutes=10))
+    config = instance.root_directory + "/ingest.yaml"
+    Path(config).write_text("ops:\n  listings_raw:\n    config:\n      linger_seconds: 1800\n")
+    env = {**os.environ, "DATABASE_URL": db_url, "DAGSTER_HOME": instance.root_directory}
+    job = subprocess.Popen([sys.executable, "-m", "dagster", "job", "execute", "-m", "pipeline.definitions",
+                            "-j", "ingest", "-c", config], cwd=ROOT, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        def messages() -> list[str]:
+            return [e.user_message or e.message or "" for run in instance.get_runs()
+                    for e in instance.all_logs(run.run_id)]
+
+        wait_until("the run to linger", lambda: any(m.startswith("lingering: the next source is due")
+                                                    for m in messages()), timeout=120, every=0.5)
+        job.send_signal(signal.SIGINT)
+        _, stderr = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    [run] = instance.get_runs()
+    events = instance.all_logs(run.run_id)
+    failures = [e.message for e in events if (e.dagster_event and e.dagster_event.is_failure) or e.level >= 40]
+    assert not failures, (failures, stderr[-2000:])
+    assert run.status == dg.DagsterRunStatus.SUCCESS, stderr[-2000:]
+    assert any("terminated while lingering" in (e.user_message or "") for e in events)
