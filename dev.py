@@ -6,7 +6,7 @@
     python3 dev.py test    # the test suite (TEST_DATABASE_URL, else a throwaway PostgreSQL)
 
 Both create .venv/ on first use and reinstall the project when pyproject.toml changes.
-Extra arguments go to pytest (``test``) or to ``dagster dev`` (``up``); ``up --no-demo``
+Extra arguments go to pytest (``test``) or to ``dg dev`` (``up``); ``up --no-demo``
 leaves the demo out.
 """
 
@@ -241,8 +241,10 @@ def up(args: list[str]) -> int:
     try:
         port = args[args.index("-p") + 1] if "-p" in args[:-1] else "3000"  # the last -p wins
         say(f"starting the Dagster UI on http://127.0.0.1:{port} (Ctrl-C stops it)")
+        # `dg dev`, the supported command (`dagster dev` warns it is superseded); given the
+        # workspace file, it starts what `dagster dev` started.
         return run(
-            [str(BIN / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", "3000", *args],
+            [str(BIN / "dg"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", "3000", *args],
             env=env, before_stop=(lambda: stop_runs(dagster_home, env)) if own_instance else None,
             after_exit=(lambda pgid: after_dagster(pgid, env)) if own_instance else kill_group,
         )

@@ -178,6 +178,7 @@ def test_the_run_command_serves_the_ui_and_listings_arrive(quickstart: Quickstar
     data = quickstart.graphql("{ assetNodes { assetKey { path } dependencyKeys { path } } }")
     upstream = {n["assetKey"]["path"][0]: [d["path"][0] for d in n["dependencyKeys"]] for n in data["assetNodes"]}
     assert upstream == {"listings_raw": [], "listings": ["listings_raw"], "notifications": ["listings"]}
+    assert "SupersessionWarning" not in quickstart.log.read_text(errors="replace"), "dev.py runs `dg dev`"
 
 
 def _browser() -> Any:
