@@ -1,31 +1,33 @@
-"""Backfills on demand from the UI (Launchpad, or "Launch backfill" for partitioned jobs).
+"""Backfills on demand from the UI (Jobs, then the Launchpad), each one run over what the
+operator names: no partitions, so no page of days "missing" for jobs that are never
+meant to be complete.
 
 * ``refetch_sources``: re-fetch chosen sources now (config: ``source_ids``).
-* ``reprocess_window``: daily partitions of ``fetched_at``; the raw rows of each chosen
-  day are processed again (after a normaliser change). A listing whose content changes
+* ``reprocess_window``: the raw rows fetched in a window (config: ``since``, ``until``,
+  UTC) are processed again (after a normaliser change). A listing whose content changes
   is matched again, and can never notify anyone twice.
-* ``rematch_window``: daily partitions of ``ingested_at``; the listings of each chosen
-  day are matched again. With ``any_age``, filters created after those listings apply
-  too (the history a new filter does not get by default). Never notifies anyone twice.
+* ``rematch_window``: the listings that arrived in a window are matched again. With
+  ``any_age``, filters created after those listings apply too (the history a new filter
+  does not get by default). Never notifies anyone twice.
 
-Partitions start at PIPELINE_BACKFILL_START (an ISO date, default 2025-01-01).
+`pipeline backfill reprocess|rematch --since --until` does the same from the command line.
 """
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
+
+from datetime import datetime
 
 import dagster as dg
 from pydantic import Field
 
 from assets.policies import STAGE_TAG, run_worker
 from pipeline.catalogue.sources import refetch_sources
-from pipeline.core.errors import SourceError
-from pipeline.core.settings import Settings
+from pipeline.core.errors import SourceError, UserError
+from pipeline.core.inputs import moment, window
 from pipeline.listings.processor import Processor, reopen_window
 from pipeline.notify.notifier import Notifier
 from resources import PipelineDatabase
 
-# end_offset=1: today is a partition too, so today's rows can be re-processed.
-DAYS = dg.DailyPartitionsDefinition(start_date=Settings.from_env().backfill_start.isoformat(), end_offset=1)
 TAGS = {STAGE_TAG: "backfill"}
 
 
@@ -56,42 +58,60 @@ def refetch_sources_job() -> None:
     refetch_chosen_sources()
 
 
-@dg.op(description="Reopen the raw rows fetched on the partition's day, then run a processor pass.")
-def reprocess_raw_rows(context: dg.OpExecutionContext, database: PipelineDatabase) -> None:
-    window = context.partition_time_window
-    reopened = reopen_window(database.engine, window.start, window.end)
+class WindowConfig(dg.Config):
+    # Defaults, so the launchpad opens with the fields to fill in rather than an error.
+    since: str = Field(default="", description="The window's start, UTC: 2026-11-19 or 2026-11-19T08:00.")
+    until: str = Field(default="", description="The window's end (excluded), UTC; default: now.")
+
+    def window(self) -> tuple[datetime, datetime]:
+        """The window asked for; dg.Failure naming what is wrong (nothing was done)."""
+        if not self.since.strip():
+            raise dg.Failure("name the window: since: 2026-11-19 (UTC; until: defaults to now)")
+        try:
+            return window(moment(self.since, "since"), moment(self.until, "until") if self.until.strip() else None)
+        except UserError as exc:
+            raise dg.Failure(str(exc)) from None
+
+
+@dg.op(description="Reopen the raw rows fetched in the window, then process as many as were reopened.")
+def reprocess_raw_rows(context: dg.OpExecutionContext, config: WindowConfig, database: PipelineDatabase) -> None:
+    start, end = config.window()
+    reopened = reopen_window(database.engine, start, end)
     # As many rows as were reopened, oldest first: the window's own rows, not a full live
     # pass (the processor's sensor runs that); what is left is processed there.
     stats = Processor(database.engine, database.settings(), worker=run_worker(context.run.run_id)).run(
         max_rows=reopened
     ) if reopened else None
     totals = stats.as_dict() if stats else {}
-    context.log.info(f"reopened {reopened} raw rows of {window.start:%Y-%m-%d}; processor: {totals}")
+    context.log.info(f"reopened {reopened} raw rows fetched from {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M};"
+                     f" processor: {totals}")
     context.add_output_metadata({"reopened": reopened, **totals})
 
 
-@dg.job(name="reprocess_window", partitions_def=DAYS, tags=TAGS,
-        description="Process again the raw rows fetched on the chosen days.")
+@dg.job(name="reprocess_window", tags=TAGS,
+        description="Process again the raw rows fetched in a window (config: since, until; UTC).")
 def reprocess_window_job() -> None:
     reprocess_raw_rows()
 
 
-class RematchConfig(dg.Config):
+class RematchConfig(WindowConfig):
     any_age: bool = False  # also apply filters created after these listings arrived
 
 
-@dg.op(description="Match the listings that arrived on the partition's day again.")
+@dg.op(description="Match the listings that arrived in the window again.")
 def rematch_listings(context: dg.OpExecutionContext, config: RematchConfig, database: PipelineDatabase) -> None:
-    window = context.partition_time_window
+    start, end = config.window()
     created = Notifier(database.engine, database.settings(), worker=run_worker(context.run.run_id)).rematch(
-        window.start, window.end, any_age=config.any_age
+        start, end, any_age=config.any_age
     )
-    context.log.info(f"{created} new notifications for listings of {window.start:%Y-%m-%d}")
+    context.log.info(f"{created} new notifications for the listings that arrived from {start:%Y-%m-%d %H:%M}"
+                     f" to {end:%Y-%m-%d %H:%M}")
     context.add_output_metadata({"notifications_created": created, "any_age": config.any_age})
 
 
-@dg.job(name="rematch_window", partitions_def=DAYS, tags=TAGS,
-        description="Match again the listings that arrived on the chosen days; never notifies twice.")
+@dg.job(name="rematch_window", tags=TAGS,
+        description="Match again the listings that arrived in a window (config: since, until, any_age);"
+        " never notifies twice.")
 def rematch_window_job() -> None:
     rematch_listings()
 

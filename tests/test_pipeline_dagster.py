@@ -246,7 +246,8 @@ def test_a_reprocess_backfill_touches_exactly_its_window_and_notifies_no_one_twi
         conn.execute(sa.insert(schema.listings_raw).values(
             source_id=source, source_item_id="live", url="http://x/live", content_hash="live",
             raw_json={"title": "Live", "url": "http://x/live"}, fetched_at=now()))
-    result = reprocess_window_job.execute_in_process(resources=resources(db_url), partition_key="2026-11-19")
+    result = reprocess_window_job.execute_in_process(resources=resources(db_url), run_config={
+        "ops": {"reprocess_raw_rows": {"config": {"since": "2026-11-19", "until": "2026-11-20"}}}})
     assert result.success
     with engine.connect() as conn:
         titles = dict(conn.execute(sa.select(schema.listings.c.source_item_id, schema.listings.c.title)).all())
@@ -261,10 +262,23 @@ def test_a_reprocess_backfill_touches_exactly_its_window_and_notifies_no_one_twi
     assert len(sent) == 3, "the re-matched listing notified no one twice"
 
 
-def test_the_backfill_partitions_reach_today():
-    from assets.backfills import DAYS
-
-    assert DAYS.get_last_partition_key() == datetime.now(UTC).strftime("%Y-%m-%d")
+def test_the_window_backfills_are_not_partitioned_and_name_what_is_wrong(db_url):
+    """On-demand jobs are never meant to be complete: partitioned by day they showed 695
+    "missing" partitions. A window they are not given, or cannot read, fails the run
+    before anything is done, saying what to give."""
+    for job in (reprocess_window_job, rematch_window_job):
+        assert job.partitions_def is None, job.name
+    op = {reprocess_window_job: "reprocess_raw_rows", rematch_window_job: "rematch_listings"}
+    for job, config, said in (
+        (reprocess_window_job, {}, "name the window: since: 2026-11-19"),
+        (rematch_window_job, {"since": "19.11.2026"}, "since '19.11.2026' is not a time: write 2026-11-19"),
+        (reprocess_window_job, {"since": "2026-11-20", "until": "2026-11-19"},
+         "since 2026-11-20 00:00 is not before until 2026-11-19 00:00"),
+    ):
+        result = job.execute_in_process(resources=resources(db_url), raise_on_error=False,
+                                        run_config={"ops": {op[job]: {"config": config}}})
+        [failure] = [e for e in result.all_events if e.is_step_failure]
+        assert said in str(failure.step_failure_data.error.message), (job.name, config)
 
 
 def test_refetch_without_sources_fails_naming_what_to_give(db_url):
@@ -286,9 +300,8 @@ def test_a_rematch_backfill_gives_history_only_when_asked_and_never_twice(engine
 
     def rematch(any_age: bool) -> int:
         """Run the backfill for 2026-11-19; how many notifications exist afterwards."""
-        result = rematch_window_job.execute_in_process(
-            resources=resources(db_url), partition_key="2026-11-19",
-            run_config={"ops": {"rematch_listings": {"config": {"any_age": any_age}}}})
+        result = rematch_window_job.execute_in_process(resources=resources(db_url), run_config={
+            "ops": {"rematch_listings": {"config": {"since": "2026-11-19", "until": "2026-11-20", "any_age": any_age}}}})
         assert result.success
         with engine.connect() as conn:
             return int(conn.execute(sa.select(sa.func.count()).select_from(schema.notifications)).scalar_one())

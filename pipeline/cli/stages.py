@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import click
 
 from pipeline.cli import common
+from pipeline.core.errors import UserError
 from pipeline.core.failures import FailureReason
+from pipeline.core.inputs import WHEN_FORMATS, window
 from pipeline.core.settings import Settings
 
 
@@ -121,18 +123,14 @@ def run_once(once: bool, as_json: bool) -> None:
         click.echo(json.dumps({"stage": stage, **totals}) if as_json else f"{stage}: {say(totals)}")
 
 
-_WHEN = click.DateTime(["%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"])
-
-
-def _utc(value: datetime | None) -> datetime:
-    return datetime.now(UTC) if value is None else value.replace(tzinfo=UTC)
+_WHEN = click.DateTime(list(WHEN_FORMATS))
 
 
 def _window(since: datetime, until: datetime | None) -> tuple[datetime, datetime]:
-    start, end = _utc(since), _utc(until)
-    if start >= end:
-        raise click.BadParameter(f"--since {start:%Y-%m-%d %H:%M} is not before --until {end:%Y-%m-%d %H:%M}")
-    return start, end
+    try:
+        return window(since, until)
+    except UserError as exc:
+        raise click.BadParameter(f"--{exc}".replace(" until ", " --until ")) from None
 
 
 

@@ -9,6 +9,9 @@ checked here, with an error naming the field, and never reach the database other
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
+
+from pipeline.core.errors import UserError
 
 TEXT_CHARS = 1000  # a name, a category, a filter's words
 URL_CHARS = 2048  # what browsers and servers commonly accept
@@ -41,3 +44,27 @@ def text_problem(text: str, field: str, limit: int = TEXT_CHARS) -> str | None:
     if _CONTROL.search(text):
         return f"{field} contains a control character (such as NUL)"
     return None
+
+
+# How an operator writes a time of a backfill's window (UTC): a day, or a day and a time.
+WHEN_FORMATS = ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S")
+
+
+def moment(text: str, field: str) -> datetime:
+    """``text`` as a UTC time written in one of WHEN_FORMATS; UserError naming ``field``."""
+    for form in WHEN_FORMATS:
+        try:
+            return datetime.strptime(text.strip(), form).replace(tzinfo=UTC)
+        except ValueError:
+            continue
+    raise UserError(f"{field} {text!r} is not a time: write 2026-11-19 or 2026-11-19T08:00 (UTC)")
+
+
+def window(since: datetime, until: datetime | None) -> tuple[datetime, datetime]:
+    """A backfill's window: from ``since`` to ``until`` (default: now), both UTC (a naive
+    time is UTC); UserError unless since comes first."""
+    start = since if since.tzinfo else since.replace(tzinfo=UTC)
+    end = datetime.now(UTC) if until is None else until if until.tzinfo else until.replace(tzinfo=UTC)
+    if start >= end:
+        raise UserError(f"since {start:%Y-%m-%d %H:%M} is not before until {end:%Y-%m-%d %H:%M}")
+    return start, end

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from datetime import date
 from pathlib import Path
 
 from pipeline.core.cadence import MAX_INTERVAL_MINUTES, MIN_INTERVAL_MINUTES
@@ -37,7 +36,6 @@ DEFAULT_STALE_LEASE_MINUTES = 10
 DEFAULT_FRESHNESS_MAX_MINUTES = 60
 DEFAULT_LATENESS_MAX_MINUTES = 15
 DEFAULT_INGEST_LINGER_SECONDS = 300
-DEFAULT_BACKFILL_START = date(2025, 1, 1)
 DEFAULT_UI_URL = "http://127.0.0.1:3000"
 DEFAULT_RUN_RETENTION_DAYS = 14  # Dagster runs (and their event logs) kept this long
 # Adaptive cadence (pipeline/core/cadence.py): a source's bounds when it sets none.
@@ -100,16 +98,6 @@ def _choice_env(name: str, choices: tuple[str, ...]) -> str:
     return raw
 
 
-def _date_env(name: str, default: date) -> date:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return date.fromisoformat(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a date (YYYY-MM-DD)") from None
-
-
 def _float_env(name: str, default: float) -> float:
     raw = os.environ.get(name, "").strip()
     if not raw:
@@ -150,7 +138,6 @@ class Settings:
     freshness_max_minutes: int = DEFAULT_FRESHNESS_MAX_MINUTES
     # the schedule check warns when the last hour's p95 of fetches' lateness is longer
     lateness_max_minutes: int = DEFAULT_LATENESS_MAX_MINUTES
-    backfill_start: date = DEFAULT_BACKFILL_START
     run_retention_days: int = DEFAULT_RUN_RETENTION_DAYS
     # new sources learn their interval (``sources add`` and imports, unless told)
     adaptive_cadence: bool = False
@@ -214,7 +201,6 @@ class Settings:
             stale_lease_minutes=_int_env("PIPELINE_STALE_LEASE_MINUTES", DEFAULT_STALE_LEASE_MINUTES),
             freshness_max_minutes=_int_env("PIPELINE_FRESHNESS_MAX_MINUTES", DEFAULT_FRESHNESS_MAX_MINUTES),
             lateness_max_minutes=_int_env("PIPELINE_LATENESS_MAX_MINUTES", DEFAULT_LATENESS_MAX_MINUTES),
-            backfill_start=_date_env("PIPELINE_BACKFILL_START", DEFAULT_BACKFILL_START),
             run_retention_days=_int_env("PIPELINE_RUN_RETENTION_DAYS", DEFAULT_RUN_RETENTION_DAYS),
             adaptive_cadence=_choice_env("PIPELINE_ADAPTIVE_CADENCE", ("off", "on")) == "on",
             adaptive_min_minutes=_int_env("PIPELINE_ADAPTIVE_MIN_MINUTES", DEFAULT_ADAPTIVE_MIN_MINUTES),
