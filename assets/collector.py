@@ -60,10 +60,10 @@ def listings_raw(
                 if done is not None:
                     # Lingering: this pass's items go through now, as the steps after this
                     # one would take them, before the run waits for the next source.
-                    passes.log(context, done)
+                    passes.log(context, done, database)
                     for follow in (passes.process(database, run_id), passes.notify(database, run_id)):
                         if follow.worked:
-                            passes.log(context, follow)
+                            passes.log(context, follow, database)
                     done = None
                     if wait > 0:
                         context.log.info(f"lingering: the next source is due in {wait:.0f} s")
@@ -77,7 +77,7 @@ def listings_raw(
             context.log.info("terminated while lingering between passes: the run ends here, its work done")
     if done is not None:
         # The last pass is the step's own result; the steps after it process and notify it.
-        yield from passes.result(context, done)
+        yield from passes.result(context, done, database)
 
 
 class TerminatedBetweenPasses(Exception):

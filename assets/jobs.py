@@ -2,7 +2,9 @@
 
 Named, so the timeline, the Jobs page and the run list say what ran (``ingest``, not
 ``__anonymous_asset_job``). Each runs its steps in the run's own process (no process per
-step) and without the asset checks, which run on their own cadence in ``health_checks``.
+step) and without check steps: a stage's step evaluates its asset's checks itself, after
+the materialisation (assets/passes.py), and ``health_checks`` runs them all on its own
+cadence.
 ``ingest`` is what due sources start: collect, then process and notify what was
 collected, in one run, so an item is delivered seconds after its fetch instead of a
 sensor tick and a run launch later at each hand-off. ``process`` and ``notify`` take the

@@ -34,4 +34,4 @@ def notifications(
     with ends_when_terminated():
         done = passes.notify(database, context.run.run_id, max_listings=config.max_listings,
                              max_notifications=config.max_notifications)
-    yield from passes.result(context, done)
+    yield from passes.result(context, done, database)

@@ -5,6 +5,7 @@ The assets record one pass each; a lingering ``ingest`` run (assets/collector.py
 records many, each as soon as it ends.
 """
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -59,19 +60,61 @@ def notify(
     return Pass(dg.AssetKey("notifications"), metadata, worked=stats.listings_matched + stats.claimed > 0)
 
 
-def result(context: dg.AssetExecutionContext, done: Pass) -> Iterator[dg.MaterializeResult[None]]:
-    """The step's own record of its pass: a pass that did work materialises the asset; an
-    empty one records an observation instead, so the asset's history shows work done
-    and its plots still get a point per run (the asset is ``output_required=False``)."""
+def result(
+    context: dg.AssetExecutionContext, done: Pass, database: PipelineDatabase
+) -> Iterator[dg.MaterializeResult[None]]:
+    """The step's own record of its pass: a pass that did work materialises the asset
+    (and its checks are evaluated after it); an empty one records an observation
+    instead, so the asset's history shows work done and its plots still get a point per
+    run (the asset is ``output_required=False``)."""
     context.log.info(f"{done.asset.to_user_string()} pass: {done.metadata}")
     if done.worked:
         yield dg.MaterializeResult(metadata=dict(done.metadata))
+        evaluate_checks(context, database, done.asset)
     else:
-        log(context, done)
+        log(context, done, database)
 
 
-def log(context: dg.AssetExecutionContext, done: Pass) -> None:
+def log(context: dg.AssetExecutionContext, done: Pass, database: PipelineDatabase) -> None:
     """A pass recorded as an event of the run (a lingering run's passes before its last,
     and the passes it makes of the stages after it): the same record as ``result``."""
     event = dg.AssetMaterialization if done.worked else dg.AssetObservation
     context.log_event(event(asset_key=done.asset, metadata=dict(done.metadata)))
+    if done.worked:
+        evaluate_checks(context, database, done.asset)
+
+
+# A run evaluates an asset's checks after it materialises the asset, and again after a
+# later materialisation once this long has passed (a lingering run materialises often).
+CHECKS_EVERY_SECONDS = 60.0
+_evaluated: dict[tuple[str, dg.AssetKey], float] = {}  # (run id, asset) -> when, monotonic
+
+
+def evaluate_checks(context: dg.AssetExecutionContext, database: PipelineDatabase, asset: dg.AssetKey) -> None:
+    """``asset``'s checks, evaluated in this run after its materialisation: Dagster's UI
+    shows a check's result for the latest materialisation only when it was evaluated in
+    the same run or after it, so checks evaluated only by ``health_checks`` every 15
+    minutes read "Not evaluated" beside each new materialisation. Each check is one
+    cheap query (assets/checks.py); one that raises is logged and left to
+    ``health_checks``, never failing the stage's step."""
+    from assets.checks import ASSET_CHECKS  # they import assets/policies.py, as this module does
+
+    key, now = (context.run.run_id, asset), time.monotonic()
+    if now - _evaluated.get(key, -CHECKS_EVERY_SECONDS) < CHECKS_EVERY_SECONDS:
+        return
+    if len(_evaluated) > 1000:  # a code server's process outlives many runs
+        _evaluated.clear()
+    _evaluated[key] = now
+    for definition in ASSET_CHECKS:
+        for check in definition.check_keys:
+            if check.asset_key != asset:
+                continue
+            try:
+                found = definition(database=database)
+            except Exception as exc:  # noqa: BLE001 (a check's failure is logged, the pass stands)
+                context.log.warning(f"check {check.name} of {asset.to_user_string()} not evaluated: {exc}")
+                continue
+            context.log_event(dg.AssetCheckEvaluation(
+                asset_key=asset, check_name=check.name, passed=found.passed, severity=found.severity,
+                description=found.description, metadata=found.metadata,
+            ))

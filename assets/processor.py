@@ -32,4 +32,4 @@ def listings(
 ) -> Iterator[dg.MaterializeResult[None]]:
     with ends_when_terminated():
         done = passes.process(database, context.run.run_id, max_rows=config.max_rows)
-    yield from passes.result(context, done)
+    yield from passes.result(context, done, database)

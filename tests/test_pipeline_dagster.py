@@ -371,6 +371,29 @@ def test_failing_sources_counts_what_status_counts_from_the_first_failure(engine
     assert collect_status(engine).failing == {"timeout": 1}
 
 
+def test_a_stage_run_evaluates_its_asset_s_checks_after_materialising_it(engine, db_url):
+    """Dagster's UI shows a check's result beside the latest materialisation only when the
+    check ran in the same run or after it: evaluated by `health_checks` alone every 15
+    minutes, every check read "Not Evaluated" beside each minute's new materialisation.
+    A run evaluates its asset's checks after materialising it; a run with nothing to do
+    (an observation) evaluates none."""
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1:9/x")
+        conn.execute(sa.insert(schema.listings_raw).values(
+            source_id=source, source_item_id="a", url="http://x/a", raw_json={"title": "A", "url": "http://x/a"},
+            content_hash="h"))
+    with dg.DagsterInstance.ephemeral() as instance:
+        worked = dg.materialize([listings], instance=instance, resources=resources(db_url))
+        events = [e.event_type_value for e in worked.all_events
+                  if e.event_type in (dg.DagsterEventType.ASSET_MATERIALIZATION,
+                                      dg.DagsterEventType.ASSET_CHECK_EVALUATION)]
+        assert events == ["ASSET_MATERIALIZATION"] + ["ASSET_CHECK_EVALUATION"] * 3, events
+        assert checks_of(worked) == {"listings:expired_leases_reclaimed": True, "listings:freshness": True,
+                                     "listings:given_up_raw_rows": True}
+        idle = dg.materialize([listings], instance=instance, resources=resources(db_url))
+        assert not idle.get_asset_check_evaluations() and not idle.asset_materializations_for_node("listings")
+
+
 def test_the_failing_sources_check_says_which_since_when_and_why(engine, db_url):
     """A count says something fails, not what: the check's table names each failing
     source (disabled by its failures too), its last good fetch and its last error."""
@@ -447,7 +470,8 @@ def test_one_ingest_run_collects_processes_and_notifies(engine, db_url, server, 
     materialized = [e.asset_key.to_user_string()
                     for e in result.get_asset_materialization_events()]
     assert materialized == ["listings_raw", "listings", "notifications"]
-    assert not result.get_asset_check_evaluations(), "the checks run on their own schedule"
+    every_check = {f"{k.asset_key.to_user_string()}:{k.name}" for c in ASSET_CHECKS for k in c.check_keys}
+    assert set(checks_of(result)) == every_check, "each asset's checks, after its materialisation, in its step"
     assert [json.loads(r["body"])["listing"]["title"] for r in server.requests if r["method"] == "POST"] == [
         "Python developer"]
 

@@ -179,6 +179,24 @@ def test_the_run_command_serves_the_ui_and_listings_arrive(quickstart: Quickstar
     upstream = {n["assetKey"]["path"][0]: [d["path"][0] for d in n["dependencyKeys"]] for n in data["assetNodes"]}
     assert upstream == {"listings_raw": [], "listings": ["listings_raw"], "notifications": ["listings"]}
     assert "SupersessionWarning" not in quickstart.log.read_text(errors="replace"), "dev.py runs `dg dev`"
+    # The UI shows each check's result beside the latest materialisation, never "Not
+    # Evaluated" (which it showed for all of them before the stage runs evaluated them).
+    wait_until("every asset check evaluated for its asset's latest materialisation",
+               lambda: not _unevaluated_checks(quickstart), timeout=120, every=2)
+
+
+def _unevaluated_checks(quickstart: Quickstart) -> list[str]:
+    """The checks the UI would show as "Not Evaluated" beside their asset's latest
+    materialisation (its Checks tab reads the same field)."""
+    unevaluated = []
+    for asset in ASSETS:
+        data = quickstart.graphql(
+            f'{{ assetNodeOrError(assetKey: {{path: ["{asset}"]}}) {{ ... on AssetNode {{ assetChecksOrError {{'
+            " ... on AssetChecks { checks { name executionForLatestMaterialization { status } } } } } } }")
+        checks = data["assetNodeOrError"]["assetChecksOrError"]["checks"]
+        assert checks, asset
+        unevaluated += [f"{asset}:{c['name']}" for c in checks if c["executionForLatestMaterialization"] is None]
+    return unevaluated
 
 
 def _browser() -> Any:
