@@ -208,12 +208,14 @@ def _check_config_values(config: dict[str, Any], where: str) -> None:
             raise SourceError(f"{where}{problem}")
 
 
+def is_secret(key: str) -> bool:
+    """Is an adapter option named ``key`` a secret (SECRET_KEYS: an API key, a token...)?"""
+    return any(word in key.lower() for word in SECRET_KEYS)
+
+
 def public_config(config: dict[str, Any] | None) -> dict[str, Any]:
     """``config`` with secret values (API keys and the like) hidden, for display."""
-    return {
-        key: "***" if any(word in key.lower() for word in SECRET_KEYS) else value
-        for key, value in (config or {}).items()
-    }
+    return {key: "***" if is_secret(key) else value for key, value in (config or {}).items()}
 
 
 def check_priority(priority: int | str | None, where: str = "") -> int:
@@ -485,7 +487,7 @@ def export_sources(conn: sa.Connection, *, secrets: bool = False) -> Export:
         category = config.pop("category", None)
         url = row.url
         if not secrets:
-            hidden = [key for key in config if any(word in key.lower() for word in SECRET_KEYS)]
+            hidden = [key for key in config if is_secret(key)]
             parts = urlsplit(url)
             if hidden or parts.username is not None or parts.password is not None:
                 without += 1

@@ -56,20 +56,23 @@ class HelpGroup(click.Group):
                 formatter.write_dl(rows)
 
 
+def _utc(value: datetime) -> datetime:
+    """``value`` in UTC (a naive time, as SQLite returns them, is UTC already)."""
+    return (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC)
+
+
 def as_json(value: Any) -> str:
     """``value`` as the JSON every --json prints: times in ISO 8601, UTC
     ("2026-11-27T09:00:00.123456+00:00"), as ``status --json`` has them."""
     def encode(item: Any) -> Any:
-        if isinstance(item, datetime):
-            return (item if item.tzinfo else item.replace(tzinfo=UTC)).astimezone(UTC).isoformat()
-        return str(item)
+        return _utc(item).isoformat() if isinstance(item, datetime) else str(item)
 
     return json.dumps(value, indent=2, default=encode)
 
 
 def moment(value: datetime) -> str:
     """A time as the human-readable listings print it: ISO 8601 to the second, UTC."""
-    return (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _utc(value).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def counted(count: int, noun: str) -> str:
