@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import click
 import sqlalchemy as sa
 
-from pipeline.core.inputs import MAX_ID
+from pipeline.core.inputs import MAX_ID, utc
 from pipeline.core.settings import Settings
 from pipeline.storage import db, migrate
 
@@ -56,23 +56,18 @@ class HelpGroup(click.Group):
                 formatter.write_dl(rows)
 
 
-def _utc(value: datetime) -> datetime:
-    """``value`` in UTC (a naive time, as SQLite returns them, is UTC already)."""
-    return (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC)
-
-
 def as_json(value: Any) -> str:
     """``value`` as the JSON every --json prints: times in ISO 8601, UTC
     ("2026-11-27T09:00:00.123456+00:00"), as ``status --json`` has them."""
     def encode(item: Any) -> Any:
-        return _utc(item).isoformat() if isinstance(item, datetime) else str(item)
+        return utc(item).isoformat() if isinstance(item, datetime) else str(item)
 
     return json.dumps(value, indent=2, default=encode)
 
 
 def moment(value: datetime) -> str:
     """A time as the human-readable listings print it: ISO 8601 to the second, UTC."""
-    return _utc(value).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return utc(value).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def counted(count: int, noun: str) -> str:

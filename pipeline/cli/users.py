@@ -3,12 +3,13 @@ requeueing notifications."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import click
 
 from pipeline.cli import common
+from pipeline.core.inputs import utc
 from pipeline.core.kinds import NotificationStatus
 
 
@@ -277,7 +278,7 @@ def notifications_list(
             moment = datetime.fromisoformat(since.strip())
         except ValueError:
             raise click.UsageError(f"--since {since!r} is not a date or time (ISO 8601: 2026-11-27T08:00)") from None
-        moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+        moment = utc(moment)
     with common.engine().connect() as conn:
         rows = notifications.list_notifications(conn, user=user, status=status, since=moment, limit=limit)
     if as_json:

@@ -60,11 +60,16 @@ def moment(text: str, field: str) -> datetime:
     raise UserError(f"{field} {text!r} is not a time: write 2026-11-19 or 2026-11-19T08:00 (UTC)")
 
 
+def utc(value: datetime) -> datetime:
+    """``value`` in UTC; a naive time (as SQLite returns them, as an operator types them)
+    is UTC already."""
+    return (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC)
+
+
 def window(since: datetime, until: datetime | None) -> tuple[datetime, datetime]:
     """A backfill's window: from ``since`` to ``until`` (default: now), both UTC (a naive
     time is UTC); UserError unless since comes first."""
-    start = since if since.tzinfo else since.replace(tzinfo=UTC)
-    end = datetime.now(UTC) if until is None else until if until.tzinfo else until.replace(tzinfo=UTC)
+    start, end = utc(since), datetime.now(UTC) if until is None else utc(until)
     if start >= end:
         raise UserError(f"since {start:%Y-%m-%d %H:%M} is not before until {end:%Y-%m-%d %H:%M}")
     return start, end

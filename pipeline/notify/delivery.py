@@ -124,7 +124,7 @@ class Message:
 
     def body(self) -> bytes:
         """The JSON body: the same bytes on every attempt, so a re-send is byte-identical."""
-        return json.dumps(self.payload(), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        return json_body(self.payload())
 
     def text(self) -> tuple[str, str]:
         """A title and a plain-text body, for channels that are not JSON (Apprise)."""
@@ -140,6 +140,18 @@ class Message:
         lines = [f"- {headline(i.event, i.listing)}\n  {link_line(i.listing)}" for i in self.items]
         return (f"{len(self.items)} new listings",
                 "\n".join(lines) + f"\n\n({self.idempotency_key})")
+
+
+def json_body(payload: Mapping[str, Any]) -> bytes:
+    """A webhook's body: ``payload`` as compact JSON with sorted keys, the same bytes for
+    the same payload (a re-send is byte-identical)."""
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def overlapping_secret(previous: str | None, until: datetime | None, now: datetime) -> str | None:
+    """The secret a rotation replaced, while its overlap lasts (it signs beside the new
+    one, ``users set --secret-file``); None once the overlap is over."""
+    return previous if until is not None and until > now else None
 
 
 def signed_headers(secrets: Sequence[str], message_id: str, body: bytes, at: datetime) -> dict[str, str]:

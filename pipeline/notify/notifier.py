@@ -729,7 +729,7 @@ def load_messages(engine: Engine, ids: Sequence[int]) -> list[Message]:
         Message(
             notification_id=r.id, user_id=r.user_id, user_name=r.name, channel=r.channel,
             channel_url=r.channel_url, secret=r.secret, items=(_item(r), *members.get(r.id, ())),
-            previous_secret=r.previous_secret if r.previous_secret_until and r.previous_secret_until > now else None,
+            previous_secret=delivery.overlapping_secret(r.previous_secret, r.previous_secret_until, now),
             is_digest=r.digest_id == r.id, plan=delivery_plan(r.user_id, r.digest, r.quiet_hours, r.timezone),
         )
         for r in rows

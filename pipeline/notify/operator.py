@@ -12,7 +12,6 @@ that alert is sent, so a receiver drops a repeat.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,7 +20,7 @@ from pipeline.core.errors import DeliveryError
 from pipeline.core.failures import FailureReason
 from pipeline.core.settings import Settings
 from pipeline.net.http import Fetcher
-from pipeline.notify.delivery import AppriseChannel, WebhookChannel
+from pipeline.notify.delivery import AppriseChannel, WebhookChannel, json_body
 
 RUN_FAILED, CHECK_FAILING, CHECK_PASSING = "run_failed", "check_failing", "check_passing"
 
@@ -36,9 +35,8 @@ class OperatorAlert:
     details: dict[str, Any] = field(default_factory=dict)
 
     def body(self) -> bytes:
-        payload = {"idempotency_key": self.key, "event": self.event, "title": self.title, "text": self.text,
-                   "link": self.link, "details": self.details}
-        return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        return json_body({"idempotency_key": self.key, "event": self.event, "title": self.title, "text": self.text,
+                          "link": self.link, "details": self.details})
 
     def message(self) -> str:
         """The text with its link, for a channel that is not JSON."""
