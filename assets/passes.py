@@ -12,6 +12,7 @@ from typing import Any
 
 import dagster as dg
 
+from assets.checks import ASSET_CHECKS
 from assets.policies import by_code, run_worker
 from pipeline.core.failures import DELIVERY_CODES, FailureReason
 from pipeline.fetching.collector import Collector
@@ -97,10 +98,8 @@ def evaluate_checks(context: dg.AssetExecutionContext, database: PipelineDatabas
     minutes read "Not evaluated" beside each new materialisation. Each check is one
     cheap query (assets/checks.py); one that raises is logged and left to
     ``health_checks``, never failing the stage's step."""
-    from assets.checks import ASSET_CHECKS  # they import assets/policies.py, as this module does
-
     key, now = (context.run.run_id, asset), time.monotonic()
-    if now - _evaluated.get(key, -CHECKS_EVERY_SECONDS) < CHECKS_EVERY_SECONDS:
+    if key in _evaluated and now - _evaluated[key] < CHECKS_EVERY_SECONDS:
         return
     if len(_evaluated) > 1000:  # a code server's process outlives many runs
         _evaluated.clear()

@@ -35,6 +35,7 @@ from pipeline.fetching.registry import adapter_for
 from pipeline.queue.claim import UNCLAIMED
 from pipeline.storage import schema
 from pipeline.storage.bulk import insert_ignoring_conflicts
+from pipeline.storage.health import fetch_error
 
 # Bounds on an entry's adapter options (the other fields: pipeline/core/inputs.py).
 CONFIG_CHARS = 64 * 1024
@@ -617,8 +618,7 @@ def show_source(conn: sa.Connection, source_id: int) -> dict[str, Any]:
         .where(events.c.source_id == source_id, events.c.event == schema.EVENT_COMPLETED)
         .order_by(events.c.occurred_at.desc()).limit(SHOWN_RECENT)).mappings()]
     for fetch in source["recent_fetches"]:
-        details = fetch.pop("details") or {}
-        fetch["error"] = redact.userinfo(str(details["error"])) if isinstance(details, dict) and details.get("error") else None
+        fetch["error"] = fetch_error(fetch.pop("details"))
     return source
 
 

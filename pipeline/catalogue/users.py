@@ -225,10 +225,14 @@ def describe_delivery(digest: str | None, quiet: str | None, timezone: str | Non
     return ", ".join(parts)
 
 
-def list_users(conn: sa.Connection) -> list[dict[str, Any]]:
+def list_users(conn: sa.Connection, user: str | None = None) -> list[dict[str, Any]]:
+    """Every user with their channel and delivery settings; ``user`` (a name or id): that one only."""
     t = schema.users
-    rows = conn.execute(sa.select(t.c.id, t.c.name, t.c.channel, t.c.channel_url, t.c.enabled, t.c.digest,
-                                  t.c.quiet_hours, t.c.timezone).order_by(t.c.id))
+    query = sa.select(t.c.id, t.c.name, t.c.channel, t.c.channel_url, t.c.enabled, t.c.digest,
+                      t.c.quiet_hours, t.c.timezone).order_by(t.c.id)
+    if user is not None:
+        query = query.where(t.c.id == find_user(conn, user))
+    rows = conn.execute(query)
     return [
         {"id": r.id, "name": r.name, "channel": r.channel,
          "target": channel_url(r.channel_url),  # webhook paths can hold tokens too

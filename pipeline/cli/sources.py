@@ -264,6 +264,7 @@ def sources_export(file: Path | None, form: str | None, with_secrets: bool) -> N
         click.echo(f"{common.counted(export.without_secrets, 'source')} written without a URL password or"
                    " secret options: --with-secrets keeps them", err=True)
 
+
 @click.group("politeness", cls=common.HelpGroup)
 def politeness_group() -> None:
     """Per-group limits on fetches: how many at once, how far apart (across all workers)."""

@@ -76,7 +76,7 @@ def users_set(user: str, digest: str | None, quiet: str | None, timezone: str | 
             click.echo(f"new secret in use; the old one signs beside it for {overlap_hours:g} h", err=True)
         if digest is not None or quiet is not None or timezone is not None:
             users.set_delivery(conn, user, digest=digest, quiet=quiet, timezone=timezone)
-        row = next(r for r in users.list_users(conn) if r["id"] == users.find_user(conn, user))
+        [row] = users.list_users(conn, user)
     click.echo(row["delivery"])
 
 
@@ -98,7 +98,7 @@ def users_channel(user: str, webhook: str | None, secret_file: Any, apprise_url:
     with common.engine().begin() as conn:
         generated = users.set_channel(conn, user, webhook=webhook, secret=secret, apprise_url=apprise_url,
                                       guard=guard)
-        row = next(r for r in users.list_users(conn) if r["id"] == users.find_user(conn, user))
+        [row] = users.list_users(conn, user)
     click.echo(f"{row['channel']} {row['target']}")
     if generated:
         click.echo(f"webhook secret (shown once; the receiver verifies webhook-signature with it): {generated}",

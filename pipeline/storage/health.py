@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from pipeline.core.backoff import BackoffPolicy
 from pipeline.core.failures import PERMANENT
 from pipeline.core.kinds import NotificationStatus
+from pipeline.core.redact import userinfo
 from pipeline.queue.claim import QueueSpec
 from pipeline.storage import schema
 
@@ -50,6 +51,17 @@ class FailingSources:
     disabled_by_failures: int  # sources the backoff disabled
 
 
+def _failing(t: sa.Table) -> sa.ColumnElement[bool]:
+    """Enabled sources whose last fetch failed (an operator's disable hides the rest)."""
+    return sa.and_(t.c.enabled, t.c.consecutive_failures > 0)
+
+
+def fetch_error(details: object) -> str | None:
+    """A completed fetch's error, as its event's details hold it, never with a password."""
+    error = details.get("error") if isinstance(details, dict) else None
+    return userinfo(str(error)) if error else None
+
+
 def failing_sources(conn: sa.Connection) -> FailingSources:
     """Enabled sources whose last fetch failed, by failure code (what `pipeline status`
     shows, and the asset check warns of); and the sources their failures disabled. A
@@ -57,7 +69,7 @@ def failing_sources(conn: sa.Connection) -> FailingSources:
     t = schema.sources
     failing = conn.execute(
         sa.select(t.c.last_failure_reason, sa.func.count())
-        .where(t.c.enabled, t.c.consecutive_failures > 0)
+        .where(_failing(t))
         .group_by(t.c.last_failure_reason)
     ).all()
     disabled = conn.execute(
@@ -81,13 +93,11 @@ def which_sources_fail(conn: sa.Connection, limit: int = 20) -> list[FailingSour
     """The sources ``failing_sources`` counts, the longest failing first (at most
     ``limit``), with since when and why: for the UI, where a count alone does not say
     which source to look at."""
-    from pipeline.core.redact import userinfo
-
     t, events = schema.sources, schema.ingestion_events
     rows = conn.execute(
         sa.select(t.c.id, t.c.name, t.c.last_failure_reason, t.c.consecutive_failures, t.c.last_success_at,
                   t.c.enabled)
-        .where(sa.or_(sa.and_(t.c.enabled, t.c.consecutive_failures > 0), disabled_by_failures(t)))
+        .where(sa.or_(_failing(t), disabled_by_failures(t)))
         .order_by(t.c.consecutive_failures.desc(), t.c.id).limit(limit)
     ).all()
     found = []
@@ -97,9 +107,8 @@ def which_sources_fail(conn: sa.Connection, limit: int = 20) -> list[FailingSour
                                               sa.not_(events.c.success))
             .order_by(events.c.occurred_at.desc()).limit(1)
         ).scalar()
-        error = details.get("error") if isinstance(details, dict) else None
         found.append(FailingSource(row.id, userinfo(row.name), row.last_failure_reason, row.consecutive_failures,
-                                   row.last_success_at, not row.enabled, userinfo(str(error)) if error else None))
+                                   row.last_success_at, not row.enabled, fetch_error(details)))
     return found
 
 
