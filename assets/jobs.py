@@ -1,10 +1,10 @@
 """The named jobs the sensors launch, and the health checks' job.
 
 Named, so the timeline, the Jobs page and the run list say what ran (``ingest``, not
-``__anonymous_asset_job``). Each runs its steps in the run's own process (no process per
-step) and without check steps: a stage's step evaluates its asset's checks itself, after
-the materialisation (assets/passes.py), and ``health_checks`` runs them all on its own
-cadence.
+``__anonymous_asset_job``). Each is one step (assets/stages.py) selecting the stages it
+runs, in the run's own process, without check steps: the step evaluates each asset's
+checks itself, after the materialisation (assets/passes.py), and ``health_checks`` runs
+them all on its own cadence.
 ``ingest`` is what due sources start: collect, then process and notify what was
 collected, in one run, so an item is delivered seconds after its fetch instead of a
 sensor tick and a run launch later at each hand-off. ``process`` and ``notify`` take the
@@ -16,13 +16,11 @@ from typing import Any
 
 import dagster as dg
 
-from assets.collector import listings_raw
-from assets.notifier import notifications
 from assets.policies import STAGE_TAG
-from assets.processor import listings
+from assets.stages import LISTINGS, LISTINGS_RAW, NOTIFICATIONS
 
 
-def _stage_job(name: str, asset: dg.AssetsDefinition, stage: str, description: str) -> Any:  # Dagster keeps the class private
+def _stage_job(name: str, asset: dg.AssetKey, stage: str, description: str) -> Any:  # Dagster keeps the class private
     return dg.define_asset_job(
         name=name,
         selection=dg.AssetSelection.assets(asset).without_checks(),
@@ -34,16 +32,16 @@ def _stage_job(name: str, asset: dg.AssetsDefinition, stage: str, description: s
 
 ingest_job = dg.define_asset_job(
     name="ingest",
-    selection=dg.AssetSelection.assets(listings_raw, listings, notifications).without_checks(),
+    selection=dg.AssetSelection.assets(LISTINGS_RAW, LISTINGS, NOTIFICATIONS).without_checks(),
     executor_def=dg.in_process_executor,
     tags={STAGE_TAG: "collector"},  # the collector's runs: its sensor counts them
     description="Collect the due sources, then process and notify what was collected, in one run.",
 )
-collect_job = _stage_job("collect", listings_raw, "collector",
+collect_job = _stage_job("collect", LISTINGS_RAW, "collector",
                          "One collector pass: fetch the due sources, store their new and changed items.")
-process_job = _stage_job("process", listings, "processor",
+process_job = _stage_job("process", LISTINGS, "processor",
                          "One processor pass: raw rows become listings until none waits.")
-notify_job = _stage_job("notify", notifications, "notifier",
+notify_job = _stage_job("notify", NOTIFICATIONS, "notifier",
                         "One notifier pass: match new listings, deliver the due notifications.")
 
 health_checks_job = dg.define_asset_job(

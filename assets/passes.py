@@ -1,12 +1,12 @@
 """Each stage's pass as a run records it: the pass itself (pipeline/), its totals as
 metadata (failure codes zero-filled, so plots have no gaps) and whether it did work.
 
-The assets record one pass each; a lingering ``ingest`` run (assets/collector.py)
+A run records one pass per stage it runs; a lingering ``ingest`` run (assets/stages.py)
 records many, each as soon as it ends.
 """
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,26 @@ from resources import PipelineDatabase
 class Pass:
     asset: dg.AssetKey
     metadata: dict[str, Any]
-    worked: bool  # claimed something: a materialisation; else an observation
+    worked: bool  # claimed something
+    # Changed its asset: the collector stored items; the processor and the notifier
+    # changed theirs whenever they worked (claimed rows are processed or matched).
+    changed: bool
+
+
+def materialises(chain: Sequence[Pass]) -> list[bool]:
+    """Which passes of ``chain`` (stages run one after another in a run, in pipeline
+    order) record a materialisation, the others an observation: one that changed its
+    asset, and every one after it in the chain, which has just taken that change in
+    (the processor after a collection that stored items, whatever it claimed). So an
+    asset is never older than the one upstream of it unless work is waiting for it:
+    a collector pass that stored nothing (fetched, unchanged) made the UI call
+    ``listings`` "Unsynced" until the next new item.
+    """
+    taken_in, marks = False, []
+    for done in chain:
+        taken_in = taken_in or done.changed
+        marks.append(taken_in)
+    return marks
 
 
 def collect(
@@ -39,13 +58,13 @@ def collect(
     totals = stats.as_dict()
     metadata = {k: v for k, v in totals.items() if v is not None and k != "failed_by_reason"}
     metadata.update(by_code("failed_", stats.failed, (reason.value for reason in FailureReason)))
-    return Pass(dg.AssetKey("listings_raw"), metadata, worked=stats.claimed > 0)
+    return Pass(dg.AssetKey("listings_raw"), metadata, worked=stats.claimed > 0, changed=stats.items_new > 0)
 
 
 def process(database: PipelineDatabase, run_id: str, *, max_rows: int | None = None) -> Pass:
     with recorded(database.engine, "processor"):
         stats = Processor(database.engine, database.settings(), worker=run_worker(run_id)).run(max_rows=max_rows)
-    return Pass(dg.AssetKey("listings"), stats.as_dict(), worked=stats.claimed > 0)
+    return Pass(dg.AssetKey("listings"), stats.as_dict(), worked=stats.claimed > 0, changed=stats.claimed > 0)
 
 
 def notify(
@@ -58,31 +77,36 @@ def notify(
         )
     metadata = {k: v for k, v in stats.as_dict().items() if k != "errors"}
     metadata.update(by_code("errors_", stats.errors, DELIVERY_CODES))
-    return Pass(dg.AssetKey("notifications"), metadata, worked=stats.listings_matched + stats.claimed > 0)
+    worked = stats.listings_matched + stats.claimed > 0
+    return Pass(dg.AssetKey("notifications"), metadata, worked=worked, changed=worked)
 
 
-def result(
-    context: dg.AssetExecutionContext, done: Pass, database: PipelineDatabase
+def results(
+    context: dg.AssetExecutionContext, chain: Sequence[Pass], database: PipelineDatabase
 ) -> Iterator[dg.MaterializeResult[None]]:
-    """The step's own record of its pass: a pass that did work materialises the asset
-    (and its checks are evaluated after it); an empty one records an observation
-    instead, so the asset's history shows work done and its plots still get a point per
-    run (the asset is ``output_required=False``)."""
-    context.log.info(f"{done.asset.to_user_string()} pass: {done.metadata}")
-    if done.worked:
-        yield dg.MaterializeResult(metadata=dict(done.metadata))
-        evaluate_checks(context, database, done.asset)
-    else:
-        log(context, done, database)
+    """The step's own record of its last passes (``chain``, in pipeline order): each
+    that ``materialises`` is the step's result for its asset (its checks evaluated after
+    it); the others record an observation instead, so the asset's history shows what
+    changed it and its plots still get a point per run (the assets are skippable)."""
+    for done, materialised in zip(chain, materialises(chain), strict=True):
+        context.log.info(f"{done.asset.to_user_string()} pass: {done.metadata}")
+        if materialised:
+            yield dg.MaterializeResult(asset_key=done.asset, metadata=dict(done.metadata))
+            evaluate_checks(context, database, done.asset)
+        else:
+            context.log_event(dg.AssetObservation(asset_key=done.asset, metadata=dict(done.metadata)))
 
 
-def log(context: dg.AssetExecutionContext, done: Pass, database: PipelineDatabase) -> None:
-    """A pass recorded as an event of the run (a lingering run's passes before its last,
-    and the passes it makes of the stages after it): the same record as ``result``."""
-    event = dg.AssetMaterialization if done.worked else dg.AssetObservation
-    context.log_event(event(asset_key=done.asset, metadata=dict(done.metadata)))
-    if done.worked:
-        evaluate_checks(context, database, done.asset)
+def log(context: dg.AssetExecutionContext, chain: Sequence[Pass], database: PipelineDatabase) -> None:
+    """Passes recorded as events of the run (a lingering run's passes before its last):
+    the same records as ``results``, but a pass that neither worked nor materialises is
+    left out (a lingering run makes many)."""
+    for done, materialised in zip(chain, materialises(chain), strict=True):
+        if materialised:
+            context.log_event(dg.AssetMaterialization(asset_key=done.asset, metadata=dict(done.metadata)))
+            evaluate_checks(context, database, done.asset)
+        elif done.worked:
+            context.log_event(dg.AssetObservation(asset_key=done.asset, metadata=dict(done.metadata)))
 
 
 # A run evaluates an asset's checks after it materialises the asset, and again after a

@@ -48,7 +48,7 @@ def ends_when_terminated() -> Iterator[None]:
     the step's retry policy to interruptions too, which kept a terminated run waiting to
     retry until its process was killed. The pass's claims come back when their lease
     runs out; the rows it finished are stored. (A lingering run terminated between passes
-    has nothing in hand and ends cleanly instead: assets/collector.py.)"""
+    has nothing under way and ends cleanly instead: assets/stages.py.)"""
     try:
         yield
     except dg.DagsterExecutionInterruptedError as interrupted:

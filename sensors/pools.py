@@ -16,14 +16,12 @@ import sys
 
 import dagster as dg
 
-from assets.collector import listings_raw
-from assets.notifier import notifications
-from assets.processor import listings
+from assets import ASSETS
 
 
 def pools() -> list[str]:
-    """The pools the stage assets run in (declared on each asset)."""
-    return sorted({str(asset.op.pool) for asset in (listings_raw, listings, notifications) if asset.op.pool})
+    """The pools the assets' steps run in (declared on each)."""
+    return sorted({str(asset.op.pool) for asset in ASSETS if asset.op.pool})
 
 
 def create_missing(instance: dg.DagsterInstance) -> dict[str, int]:

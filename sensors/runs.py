@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 import dagster as dg
 
 from assets.policies import LINGER_TAG, STAGE_TAG, run_worker
+from assets.stages import STAGES_OP
 from pipeline.core.settings import Settings
 from pipeline.queue.claim import QueueSpec
 from pipeline.storage import health
@@ -136,7 +137,7 @@ def _runs(context: dg.SensorEvaluationContext, database: PipelineDatabase, filte
     stays STARTED for ever under the default run launcher, which cannot check a run
     worker's health). A run lingers while its LINGER_TAG is still ahead; one that holds
     no lease is waiting, and takes the work as it comes due within seconds
-    (assets/collector.py): another run would only wait beside it, while a lingering run
+    (assets/stages.py): another run would only wait beside it, while a lingering run
     busy with a long pass leaves room for another, up to the stage's limit."""
     quiet_limit = database.settings().stale_lease_minutes * 60
     found = _Runs()
@@ -202,6 +203,6 @@ def _request_if_work(
     return dg.RunRequest(
         run_key=f"{run_key_prefix}-{tick}",
         tags={**tags, LINGER_TAG: until.isoformat(timespec="seconds")},
-        run_config={"ops": {"listings_raw": {"config": {"linger_seconds": linger_seconds}}}},
+        run_config={"ops": {STAGES_OP: {"config": {"linger_seconds": linger_seconds}}}},
     )
 

@@ -315,14 +315,12 @@ def test_a_postgresql_restart_under_load_loses_nothing(tmp_path):
 
 def test_a_postgresql_restart_fails_a_dagster_step_and_its_retry_policy_recovers(monkeypatch):
     """The assets as Dagster runs them, with their own RetryPolicy: PostgreSQL goes down
-    while the collector step is fetching (one feed answers only once the server is down),
+    while the stages step is fetching (one feed answers only once the server is down),
     so the step's writes fail; the step is retried after the policy's backoff and the run
     succeeds. Later runs (as the sensors would request them) find nothing lost."""
     import dagster as dg
 
-    from assets.collector import listings_raw
-    from assets.notifier import notifications
-    from assets.processor import listings
+    from assets.stages import stage_assets
     from resources import PipelineDatabase
 
     monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
@@ -343,7 +341,7 @@ def test_a_postgresql_restart_fails_a_dagster_step_and_its_retry_policy_recovers
         with restartable_postgres() as pg:
             sources = 30
             seed(pg.engine, site, sources)
-            assets = [listings_raw, listings, notifications]
+            assets = [stage_assets]
             resources = {"database": PipelineDatabase(database_url=pg.url)}
             restarter = threading.Thread(
                 target=lambda: fetching.wait(60) and pg.restart(down_seconds=2, while_down=down.set))
@@ -351,15 +349,15 @@ def test_a_postgresql_restart_fails_a_dagster_step_and_its_retry_policy_recovers
             first = dg.materialize(assets, resources=resources, raise_on_error=False)
             restarter.join()
             events = [(e.step_key, e.event_type_value) for e in first.all_events if e.step_key]
-            assert ("listings_raw", "STEP_UP_FOR_RETRY") in events, events
+            assert ("stages", "STEP_UP_FOR_RETRY") in events, events
             assert first.success, [e.message for e in first.all_events if e.is_failure]
             runs = 1
             while not done(pg.engine, sources, len(site.expected(sources))):
                 assert runs < 10, "later runs drain what is left"
                 assert dg.materialize(assets, resources=resources).success
                 runs += 1
-            retried = events.count(("listings_raw", "STEP_UP_FOR_RETRY"))
-            print(f"listings_raw retried {retried} time(s) by its RetryPolicy; {runs} runs in all")
+            retried = events.count(("stages", "STEP_UP_FOR_RETRY"))
+            print(f"the stages step retried {retried} time(s) by its RetryPolicy; {runs} runs in all")
             check(pg.engine, site, sources)
     finally:
         site.server.stop()

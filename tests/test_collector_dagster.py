@@ -1,4 +1,4 @@
-"""The collector in Dagster: the listings_raw asset and due_sources_sensor."""
+"""The collector in Dagster: the listings_raw stage and due_sources_sensor."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import dagster as dg
 import pytest
 from dagster._core.storage.dagster_run import DagsterRun
 
-from assets.collector import listings_raw
 from assets.policies import LINGER_TAG, run_worker
+from assets.stages import STAGES_OP, stage_assets
 from resources import PipelineDatabase
 from sensors import runs
 from sensors.due_sources import STAGE_TAG, due_sources_sensor
@@ -27,6 +27,24 @@ def server():
     srv.stop()
 
 
+def materialize(db_url: str, *keys: str, **kwargs) -> dg.ExecuteInProcessResult:
+    """The stages named (all three when none is), as a job selecting them runs them."""
+    return dg.materialize([stage_assets], selection=list(keys) or None,
+                          resources={"database": PipelineDatabase(database_url=db_url)}, **kwargs)
+
+
+def made(result: dg.ExecuteInProcessResult, asset: str, kind=dg.AssetMaterialization) -> list:
+    """The materialisations (or observations) of ``asset`` the run recorded."""
+    recorded = (result.asset_materializations_for_node(STAGES_OP) if kind is dg.AssetMaterialization
+                else result.asset_observations_for_node(STAGES_OP))
+    return [m for m in recorded if m.asset_key == dg.AssetKey(asset)]
+
+
+def metadata_of(result: dg.ExecuteInProcessResult, asset: str, kind=dg.AssetMaterialization) -> dict:
+    [materialization] = made(result, asset, kind)
+    return {k: v.value for k, v in materialization.metadata.items()}
+
+
 def test_the_asset_runs_a_collector_pass_and_reports_its_totals(engine, db_url, server, monkeypatch):
     monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
     serve(server, "/feed", rss([("a", "A"), ("b", "B")]))
@@ -34,20 +52,12 @@ def test_the_asset_runs_a_collector_pass_and_reports_its_totals(engine, db_url, 
     with engine.begin() as conn:
         add_source(conn, server.url("/feed"))
         add_source(conn, server.url("/down"))
-    result = dg.materialize([listings_raw], resources={"database": PipelineDatabase(database_url=db_url)})
+    result = materialize(db_url, "listings_raw")
     assert result.success, "a failing source does not fail the step"
-    [materialization] = result.asset_materializations_for_node("listings_raw")
-    metadata = {k: v.value for k, v in materialization.metadata.items()}
+    metadata = metadata_of(result, "listings_raw")
     assert (metadata["claimed"], metadata["fetched"], metadata["failed"]) == (2, 1, 1)
     assert (metadata["items_new"], metadata["failed_http_5xx"]) == (2, 1)
     assert metadata["fetch_latency_p50_ms"] >= 0 and metadata["fetch_latency_p95_ms"] >= 0
-
-
-def test_the_asset_declares_its_retry_policy_and_pool():
-    spec = listings_raw.get_asset_spec()
-    assert listings_raw.op.retry_policy.backoff is dg.Backoff.EXPONENTIAL
-    assert listings_raw.op.retry_policy.jitter is dg.Jitter.PLUS_MINUS
-    assert listings_raw.op.pool == "collector" and spec.key == dg.AssetKey("listings_raw")
 
 
 def evaluate(instance: dg.DagsterInstance, db_url: str, cursor: str | None = None):
@@ -148,11 +158,10 @@ def test_the_sensor_asks_for_no_run_while_one_of_its_stage_has_not_started(engin
 
 
 def test_an_empty_pass_records_an_observation_not_a_materialisation(engine, db_url):
-    result = dg.materialize([listings_raw], resources={"database": PipelineDatabase(database_url=db_url)})
+    result = materialize(db_url, "listings_raw")
     assert result.success
-    assert result.asset_materializations_for_node("listings_raw") == []
-    [observation] = result.asset_observations_for_node("listings_raw")
-    metadata = {k: v.value for k, v in observation.metadata.items()}
+    assert made(result, "listings_raw") == []
+    metadata = metadata_of(result, "listings_raw", dg.AssetObservation)
     assert metadata["claimed"] == 0 and metadata["failed_timeout"] == 0, "every failure code, zero-filled"
 
 
@@ -192,7 +201,7 @@ def test_the_sensor_starts_lingering_ingest_runs_and_leaves_due_sources_to_one_t
     with dg.DagsterInstance.ephemeral() as instance:
         request, _ = evaluate(instance, db_url)
         assert isinstance(request, dg.RunRequest)
-        assert request.run_config == {"ops": {"listings_raw": {"config": {"linger_seconds": 300}}}}
+        assert request.run_config == {"ops": {STAGES_OP: {"config": {"linger_seconds": 300}}}}
         until = request.tags[LINGER_TAG]
         assert datetime.fromisoformat(until) > datetime.now(UTC)
         instance.add_run(DagsterRun(job_name="ingest", run_id="r1", status=dg.DagsterRunStatus.STARTED,

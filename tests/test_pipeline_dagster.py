@@ -12,10 +12,8 @@ from dagster._core.storage.dagster_run import DagsterRun
 
 from assets import ASSET_CHECKS
 from assets.backfills import refetch_sources_job, rematch_window_job, reprocess_window_job
-from assets.collector import listings_raw
-from assets.notifier import notifications
 from assets.policies import LINGER_TAG, STAGE_TAG, stage_kinds
-from assets.processor import listings
+from assets.stages import STAGES_OP, stage_assets
 from pipeline.catalogue import sources, users
 from pipeline.storage import schema
 from pipeline.storage.status import collect_status
@@ -26,7 +24,7 @@ from tests.conftest import conformance
 from tests.helpers import add_source, now
 from tests.http_server import LocalServer
 from tests.test_collector import rss, serve
-from tests.test_collector_dagster import unwrap
+from tests.test_collector_dagster import made, materialize, metadata_of, unwrap
 
 SECRET = "receiver-shared-secret-0123"
 
@@ -43,11 +41,6 @@ def resources(db_url: str) -> dict:
     return {"database": PipelineDatabase(database_url=db_url)}
 
 
-def metadata_of(result: dg.ExecuteInProcessResult, asset: str) -> dict:
-    [materialization] = result.asset_materializations_for_node(asset)
-    return {k: v.value for k, v in materialization.metadata.items()}
-
-
 def checks_of(result: dg.ExecuteInProcessResult) -> dict[str, bool]:
     return {f"{e.asset_key.to_user_string()}:{e.check_name}": e.passed
             for e in result.get_asset_check_evaluations()}
@@ -60,7 +53,7 @@ def test_the_three_assets_carry_a_listing_from_feed_to_receiver(engine, db_url, 
         add_source(conn, server.url("/feed"))
         users.add_user(conn, "alice", webhook=server.url("/hook"), secret=SECRET)
         users.add_filter(conn, "alice", "python")
-    result = dg.materialize([listings_raw, listings, notifications, *ASSET_CHECKS], resources=resources(db_url))
+    result = dg.materialize([stage_assets, *ASSET_CHECKS], resources=resources(db_url))
     assert result.success
     assert metadata_of(result, "listings_raw")["items_new"] == 2
     assert metadata_of(result, "listings")["inserted"] == 2
@@ -80,9 +73,8 @@ def test_the_three_assets_carry_a_listing_from_feed_to_receiver(engine, db_url, 
 
 
 def test_the_assets_declare_retry_policies_and_pools():
-    for asset, pool in ((listings, "processor"), (notifications, "notifier")):
-        assert asset.op.retry_policy.backoff is dg.Backoff.EXPONENTIAL
-        assert asset.op.retry_policy.jitter is dg.Jitter.PLUS_MINUS and asset.op.pool == pool
+    assert stage_assets.op.retry_policy.backoff is dg.Backoff.EXPONENTIAL
+    assert stage_assets.op.retry_policy.jitter is dg.Jitter.PLUS_MINUS and stage_assets.op.pool == "stages"
 
 
 @pytest.mark.parametrize(("url", "kind"), [
@@ -91,8 +83,8 @@ def test_the_assets_declare_retry_policies_and_pools():
 ])
 def test_each_stage_shows_the_database_it_runs_on(monkeypatch, url, kind):
     """The assets' kinds named PostgreSQL on the embedded SQLite."""
-    for asset in (listings_raw, listings, notifications):  # read when the definitions loaded, in this env
-        assert asset.specs_by_key[asset.key].kinds == stage_kinds()
+    for spec in stage_assets.specs:  # read when the definitions loaded, in this env
+        assert spec.kinds == stage_kinds()
     monkeypatch.setenv("DATABASE_URL", url)
     assert stage_kinds() == {"python", kind}
     monkeypatch.delenv("DATABASE_URL")
@@ -238,7 +230,7 @@ def test_a_reprocess_backfill_touches_exactly_its_window_and_notifies_no_one_twi
             conn.execute(sa.insert(schema.listings_raw).values(
                 source_id=source, source_item_id=f"d{d}", url=f"http://x/{d}", content_hash=str(d),
                 raw_json={"title": f"<b>Python</b> job {d}", "url": f"http://x/{d}"}, fetched_at=day(d)))
-    dg.materialize([listings, notifications], resources=resources(db_url))
+    materialize(db_url, "listings", "notifications")
     with engine.begin() as conn:  # as an older normaliser would have left them
         conn.execute(sa.update(schema.listings).values(title="stale"))
         processed = dict(conn.execute(sa.select(schema.listings_raw.c.source_item_id, schema.listings_raw.c.processed_at)).all())
@@ -257,7 +249,7 @@ def test_a_reprocess_backfill_touches_exactly_its_window_and_notifies_no_one_twi
     assert after["d18"] == processed["d18"] and after["d20"] == processed["d20"] and after["d19"] > processed["d19"]
     with engine.begin() as conn:
         conn.execute(sa.delete(schema.listings_raw).where(schema.listings_raw.c.source_item_id == "live"))
-    dg.materialize([notifications], resources=resources(db_url))  # the changed listing is matched again
+    materialize(db_url, "notifications")  # the changed listing is matched again
     sent = [json.loads(r["body"])["listing"]["title"] for r in server.requests if r["method"] == "POST"]
     assert len(sent) == 3, "the re-matched listing notified no one twice"
 
@@ -383,15 +375,15 @@ def test_a_stage_run_evaluates_its_asset_s_checks_after_materialising_it(engine,
             source_id=source, source_item_id="a", url="http://x/a", raw_json={"title": "A", "url": "http://x/a"},
             content_hash="h"))
     with dg.DagsterInstance.ephemeral() as instance:
-        worked = dg.materialize([listings], instance=instance, resources=resources(db_url))
+        worked = materialize(db_url, "listings", instance=instance)
         events = [e.event_type_value for e in worked.all_events
                   if e.event_type in (dg.DagsterEventType.ASSET_MATERIALIZATION,
                                       dg.DagsterEventType.ASSET_CHECK_EVALUATION)]
         assert events == ["ASSET_MATERIALIZATION"] + ["ASSET_CHECK_EVALUATION"] * 3, events
         assert checks_of(worked) == {"listings:expired_leases_reclaimed": True, "listings:freshness": True,
                                      "listings:given_up_raw_rows": True}
-        idle = dg.materialize([listings], instance=instance, resources=resources(db_url))
-        assert not idle.get_asset_check_evaluations() and not idle.asset_materializations_for_node("listings")
+        idle = materialize(db_url, "listings", instance=instance)
+        assert not idle.get_asset_check_evaluations() and not made(idle, "listings")
 
 
 def test_the_failing_sources_check_says_which_since_when_and_why(engine, db_url):
@@ -489,8 +481,30 @@ def one_due_now_and_one_in_2_s(engine: sa.Engine, server: LocalServer, first: st
 def ingest_lingering(db_url: str, seconds: int, tags: dict[str, str] | None = None) -> dg.ExecuteInProcessResult:
     from pipeline.definitions import defs
 
-    config = {"ops": {"listings_raw": {"config": {"linger_seconds": seconds}}}}
+    config = {"ops": {STAGES_OP: {"config": {"linger_seconds": seconds}}}}
     return defs.resolve_job_def("ingest").execute_in_process(run_config=config, resources=resources(db_url), tags=tags)
+
+
+def a_delivered_then_b_moved(engine: sa.Engine, server: LocalServer, *, to: timedelta) -> None:
+    """Source /a due now, /b due in 400 s (within a 600 s linger), each with one item that
+    alice's filter matches; when /a's item is delivered, /b's next fetch moves to ``to``
+    from then."""
+    serve(server, "/a", rss([("a", "Python developer")]))
+    serve(server, "/b", rss([("b", "Python engineer")]))
+    with engine.begin() as conn:
+        add_source(conn, server.url("/a"))
+        second = add_source(conn, server.url("/b"), next_fetch_at=now() + timedelta(seconds=400))
+        users.add_user(conn, "alice", webhook=server.url("/hook"), secret=SECRET)
+        users.add_filter(conn, "alice", "python")
+
+    def delivered_then_b_moved(h) -> None:
+        if h.body and b"Python developer" in h.body:  # the first pass's delivery
+            with engine.begin() as conn:
+                conn.execute(sa.update(schema.sources).where(schema.sources.c.id == second)
+                             .values(next_fetch_at=now() + to))
+        h.reply(204)
+
+    server.routes["/hook"] = delivered_then_b_moved
 
 
 def test_a_lingering_ingest_run_takes_sources_as_they_come_due(engine, db_url, server, monkeypatch):
@@ -499,24 +513,9 @@ def test_a_lingering_ingest_run_takes_sources_as_they_come_due(engine, db_url, s
     notifies it too, and ends when no source comes due within its linger: one run
     instead of one per fetch, each item delivered by the pass that fetched it."""
     monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
-    serve(server, "/a", rss([("a", "Python developer")]))
-    serve(server, "/b", rss([("b", "Python engineer")]))
-    with engine.begin() as conn:
-        add_source(conn, server.url("/a"))
-        # Due within the linger, but not before the first pass is delivered: its
-        # delivery makes /b due (a state, not a moment, however slow the machine).
-        second = add_source(conn, server.url("/b"), next_fetch_at=now() + timedelta(seconds=400))
-        users.add_user(conn, "alice", webhook=server.url("/hook"), secret=SECRET)
-        users.add_filter(conn, "alice", "python")
-
-    def delivered_then_b_due(h) -> None:
-        if h.body and b"Python developer" in h.body:  # the first pass's delivery
-            with engine.begin() as conn:
-                conn.execute(sa.update(schema.sources).where(schema.sources.c.id == second)
-                             .values(next_fetch_at=now()))
-        h.reply(204)
-
-    server.routes["/hook"] = delivered_then_b_due
+    # Due within the linger, but not before the first pass is delivered: its delivery
+    # makes /b due (a state, not a moment, however slow the machine).
+    a_delivered_then_b_moved(engine, server, to=timedelta(0))
     result = ingest_lingering(db_url, 600)
     assert result.success
     materialized = [e.asset_key.to_user_string() for e in result.get_asset_materialization_events()]
@@ -525,6 +524,76 @@ def test_a_lingering_ingest_run_takes_sources_as_they_come_due(engine, db_url, s
     assert delivered == ["Python developer", "Python engineer"]
     fetches = [r["path"] for r in server.requests if r["method"] == "GET"]
     assert fetches == ["/a", "/b"], "each source once: their next fetch is an hour away, past the linger"
+
+
+def test_a_lingering_run_whose_next_source_another_worker_took_ends_with_no_skipped_step(
+        engine, db_url, server, monkeypatch):
+    """The run view tells the truth: every materialisation comes from the step that
+    defines its asset, and a healthy run has no skipped step. Before, the collector's step
+    made the listings and notifications passes of a lingering run itself; when the source
+    it waited for was taken by another worker (two lingering runs share the sources), it
+    ended with nothing in hand and the two steps after it were SKIPPED ("due to skipped
+    dependencies"). Waits one poll (made 0.1 s here) after the source leaves."""
+    import assets.stages
+
+    monkeypatch.setattr(assets.stages, "POLL_SECONDS", 0.1)
+    monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
+    # /b is due within the linger: the run waits for it after its first pass, and
+    # meanwhile another worker's fetch moves it an hour on.
+    a_delivered_then_b_moved(engine, server, to=timedelta(hours=1))
+    result = ingest_lingering(db_url, 600)
+    assert result.success
+    steps = {e.step_key: e.event_type_value for e in result.all_events
+             if e.event_type in (dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_SKIPPED,
+                                 dg.DagsterEventType.STEP_FAILURE)}
+    assert set(steps.values()) == {"STEP_SUCCESS"}, steps
+    from pipeline.definitions import defs
+
+    made = [(e.asset_key.to_user_string(), e.step_key) for e in result.all_events
+            if e.event_type is dg.DagsterEventType.ASSET_MATERIALIZATION]
+    assert [asset for asset, _ in made] == ["listings_raw", "listings", "notifications"]
+    for asset, step in made:
+        assert step == defs.resolve_assets_def(asset).op.name, f"{asset} materialised by step {step}"
+    assert [r["path"] for r in server.requests if r["method"] == "GET"] == ["/a"]
+
+
+def test_a_fetch_that_stores_nothing_new_leaves_no_asset_older_than_the_one_above_it(
+        engine, db_url, server, monkeypatch):
+    """`listings` showed "Unsynced" in the UI: each collector pass that fetched a feed
+    and found nothing new materialised `listings_raw`, and the processor, with nothing
+    to take, did not materialise `listings` after it. A pass that stores nothing records
+    an observation; the stages after one that stored items materialise, having taken
+    them in."""
+    from pipeline.definitions import defs
+
+    monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
+    serve(server, "/feed", rss([("a", "Python developer")]))
+    with engine.begin() as conn:
+        source = add_source(conn, server.url("/feed"))
+    ingest = defs.resolve_job_def("ingest")
+    first = ingest.execute_in_process(resources=resources(db_url))
+    assert [e.asset_key.to_user_string() for e in first.get_asset_materialization_events()] == [
+        "listings_raw", "listings", "notifications"], "items stored: all three, in pipeline order"
+    with engine.begin() as conn:  # due again; the feed has not changed
+        conn.execute(sa.update(schema.sources).where(schema.sources.c.id == source).values(next_fetch_at=now()))
+    again = ingest.execute_in_process(resources=resources(db_url))
+    assert again.get_asset_materialization_events() == []
+    assert metadata_of(again, "listings_raw", dg.AssetObservation)["fetched"] == 1, "the fetch, observed"
+    assert {a for a in ("listings", "notifications") if made(again, a, dg.AssetObservation)} == {
+        "listings", "notifications"}
+
+
+def test_which_passes_of_a_run_materialise():
+    """A pass that changed its asset, and every pass after it in the run's chain."""
+    from assets.passes import Pass, materialises
+
+    def chain(*changed: bool) -> list[Pass]:
+        return [Pass(dg.AssetKey(str(i)), {}, worked=True, changed=c) for i, c in enumerate(changed)]
+
+    assert materialises(chain(False, False, False)) == [False, False, False]
+    assert materialises(chain(True, False, False)) == [True, True, True], "the processor took the items in"
+    assert materialises(chain(False, True, False)) == [False, True, True]
+    assert materialises(chain(False, False, True)) == [False, False, True]
 
 
 def test_an_ingest_run_lingers_no_longer_than_its_tag_says(engine, db_url, server, monkeypatch):

@@ -25,10 +25,10 @@ def instance(pg_databases, tmp_path, monkeypatch):
 
 def test_every_stage_pool_is_created_with_the_default_limit_and_a_set_one_is_kept(instance):
     storage = instance.event_log_storage
-    assert pools.pools() == ["collector", "notifier", "processor"]
+    assert pools.pools() == ["stages"]
     assert storage.get_concurrency_keys() == set()
-    storage.set_concurrency_slots("processor", 7)  # an operator's own limit
-    assert pools.create_missing(instance) == {"collector": 4, "notifier": 4}
-    limits = {key: storage.get_concurrency_info(key).slot_count for key in storage.get_concurrency_keys()}
-    assert limits == {"collector": 4, "notifier": 4, "processor": 7}
+    assert pools.create_missing(instance) == {"stages": 10}
     assert pools.create_missing(instance) == {}, "a second call changes nothing"
+    storage.set_concurrency_slots("stages", 7)  # an operator's own limit
+    assert pools.create_missing(instance) == {}
+    assert storage.get_concurrency_info("stages").slot_count == 7

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -88,6 +89,23 @@ class Quickstart:
     def runs(self) -> int:
         data = self.graphql("{ runsOrError { ... on Runs { count } } }")
         return int(data["runsOrError"]["count"])
+
+    def lingering(self, at_least: float) -> bool:
+        """Whether the one active run is an ingest run waiting between passes, its next
+        source at least ``at_least`` seconds away: its newest event is the collector's
+        "lingering: the next source is due in N s", logged less than N - ``at_least``
+        seconds ago."""
+        data = self.graphql("{ runsOrError(filter: {statuses: [QUEUED, STARTING, STARTED]}) { ... on Runs {"
+                            " results { pipelineName eventConnection { events {"
+                            " ... on MessageEvent { message timestamp } } } } } } }")
+        active = data["runsOrError"]["results"]
+        if len(active) != 1 or active[0]["pipelineName"] != "ingest":
+            return False
+        events = [e for e in active[0]["eventConnection"]["events"] if e]
+        if not events or not (found := re.fullmatch(r"lingering: the next source is due in (\d+) s",
+                                                     events[-1]["message"])):
+            return False
+        return int(found[1]) - (time.time() - int(events[-1]["timestamp"]) / 1000) >= at_least
 
     def deliveries(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.demo_port}/deliveries.json", timeout=5) as r:
@@ -329,8 +347,13 @@ def _dismiss_welcome(browser: Any) -> None:
 
 
 def test_ctrl_c_stops_everything_and_a_restart_carries_on(quickstart: Quickstart) -> None:
-    """Processes: `dev.py up`, stopped with Ctrl-C and started again."""
+    """Processes: `dev.py up`, stopped with Ctrl-C while an ingest run lingers (waited
+    for: the state in which a clean stop used to leave a red run), and started again. The
+    runs it leaves tell the truth: each ended SUCCESS, no step skipped, no failure event."""
+    import dagster as dg
+
     wait_until("the UI", quickstart.location_loaded, timeout=180)
+    wait_until("an ingest run lingering between passes", lambda: quickstart.lingering(10), timeout=180, every=1)
     listings = quickstart.count(schema.listings)
     delivered = quickstart.deliveries()["total"]
     runs = quickstart.runs()
@@ -338,6 +361,15 @@ def test_ctrl_c_stops_everything_and_a_restart_carries_on(quickstart: Quickstart
     assert quickstart.interrupt() == 0, quickstart.tail()
     assert "Dagster services shut down" in quickstart.tail()
     wait_until("every process of the group to exit", lambda: not quickstart.alive(), timeout=30, every=1)
+    with dg.DagsterInstance.from_config(str(quickstart.state / "dagster")) as instance:
+        ended = {f"{r.dagster_run.job_name} {r.dagster_run.run_id}": r.dagster_run.status
+                 for r in instance.get_run_records()}
+        failures = _failures(instance)
+        skipped = [f"{e.dagster_event.step_key} in {e.run_id}" for r in instance.get_run_records()
+                   for e in instance.all_logs(r.dagster_run.run_id, of_type=dg.DagsterEventType.STEP_SKIPPED)]
+    assert any(name.startswith("ingest ") for name in ended), ended
+    assert set(ended.values()) == {dg.DagsterRunStatus.SUCCESS}, (ended, failures)
+    assert not skipped, "a healthy run has no skipped step"
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{quickstart.demo_port}/", timeout=2)
 

@@ -17,9 +17,7 @@ import pytest
 import sqlalchemy as sa
 
 from assets import ASSET_CHECKS
-from assets.collector import listings_raw
-from assets.notifier import notifications
-from assets.processor import listings
+from assets.stages import stage_assets
 from pipeline.catalogue import users
 from pipeline.core import redact
 from pipeline.core.errors import FetchError
@@ -130,7 +128,7 @@ def test_secrets_never_reach_logs_run_metadata_telemetry_or_listings(engine, db_
         users.add_user(conn, "alice", webhook=server.url(f"/hook/{WEBHOOK_TOKEN}"), secret=WEBHOOK_SECRET)
         users.add_filter(conn, "alice", "python")
     caplog.set_level(logging.DEBUG)
-    result = dg.materialize([listings_raw, listings, notifications, *ASSET_CHECKS],
+    result = dg.materialize([stage_assets, *ASSET_CHECKS],
                             resources={"database": PipelineDatabase(database_url=url)})
     assert result.success
     server.stop()
@@ -197,7 +195,7 @@ def test_every_value_travels_as_a_bound_parameter(engine, db_url, monkeypatch):
             add_source(conn, server.url("/feed"), name=HOSTILE)
             users.add_user(conn, HOSTILE, webhook=server.url("/hook"), secret="s" * 16)
             users.add_filter(conn, HOSTILE, "python", category=HOSTILE)
-        result = dg.materialize([listings_raw, listings, notifications],
+        result = dg.materialize([stage_assets],
                                 resources={"database": PipelineDatabase(database_url=db_url)})
     finally:
         sa.event.remove(sa.engine.Engine, "before_cursor_execute", capture)

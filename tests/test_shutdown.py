@@ -92,7 +92,7 @@ def test_a_run_terminated_while_it_lingers_between_passes_ends_without_a_failure
     with engine.begin() as conn:  # due within the linger, not now: the run waits for it
         add_source(conn, "http://127.0.0.1:9/feed", next_fetch_at=now() + timedelta(minutes=10))
     config = instance.root_directory + "/ingest.yaml"
-    Path(config).write_text("ops:\n  listings_raw:\n    config:\n      linger_seconds: 1800\n")
+    Path(config).write_text("ops:\n  stages:\n    config:\n      linger_seconds: 1800\n")
     env = {**os.environ, "DATABASE_URL": db_url, "DAGSTER_HOME": instance.root_directory}
     job = subprocess.Popen([sys.executable, "-m", "dagster", "job", "execute", "-m", "pipeline.definitions",
                             "-j", "ingest", "-c", config], cwd=ROOT, env=env,

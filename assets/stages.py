@@ -1,0 +1,173 @@
+"""The pipeline's three assets, ``listings_raw`` (collector), ``listings`` (processor) and
+``notifications`` (notifier), defined by one step that can run any of them.
+
+One step, because an ``ingest`` run works all three in turn and, when it lingers, again
+each time sources come due: with an asset per step, the collector's step had to make the
+other two assets' passes itself and the steps after it were skipped, so the run view
+showed neither who made what nor a healthy run. Here the step is the one op of all three
+assets (a subsettable ``multi_asset``): a job selects the stages it runs (``ingest`` all
+three, ``collect``/``process``/``notify`` one), and every materialisation comes from the
+step that defines its asset. The passes themselves are assets/passes.py; the logic is in
+``pipeline``.
+"""
+# No "from __future__ import annotations": Dagster reads these annotations at runtime.
+
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import TypeVar
+
+import dagster as dg
+
+from assets import passes
+from assets.policies import LINGER_TAG, STEP_RETRY, ends_when_terminated, stage_kinds
+from pipeline.storage.status import next_due_in
+from resources import PipelineDatabase
+
+LISTINGS_RAW = dg.AssetKey("listings_raw")
+LISTINGS = dg.AssetKey("listings")
+NOTIFICATIONS = dg.AssetKey("notifications")
+STAGE_KEYS = (LISTINGS_RAW, LISTINGS, NOTIFICATIONS)  # in the order a run works them
+STAGES_OP = "stages"  # the step's name: a run's config for it is {"ops": {STAGES_OP: {"config": ...}}}
+
+# A lingering run looks for due sources at least this often (one refreshed by hand).
+POLL_SECONDS = 5.0
+
+
+class StageConfig(dg.Config):
+    # listings_raw
+    max_sources: int | None = None  # claim at most this many sources in a pass
+    concurrency: int | None = None  # fetches at once; default PIPELINE_CONCURRENCY
+    # Keep taking sources as they come due for this long (ingest runs the sensor starts:
+    # PIPELINE_INGEST_LINGER_SECONDS), processing and notifying after each pass.
+    linger_seconds: int = 0
+    # listings
+    max_rows: int | None = None  # claim at most this many raw rows in this run
+    # notifications
+    max_listings: int | None = None  # match at most this many listings in this run
+    max_notifications: int | None = None  # deliver at most this many notifications
+
+
+def _spec(key: dg.AssetKey, deps: list[dg.AssetKey], description: str) -> dg.AssetSpec:
+    # skippable: a pass that changes nothing records an observation (assets/passes.py).
+    return dg.AssetSpec(key, deps=deps, group_name="pipeline", kinds=stage_kinds(), owners=["team:pipeline"],
+                        description=description, skippable=True)
+
+
+@dg.multi_asset(
+    name=STAGES_OP,
+    specs=[
+        _spec(LISTINGS_RAW, [], "Raw items of due sources: fetches every due source once, stores new "
+              "and changed items, reschedules each source (cadence or backoff). A pass that stores no "
+              "item records an observation (its fetches in its metadata), not a materialisation. An "
+              "ingest run lingers: while a source comes due within its linger, it processes and "
+              "notifies what it collected, waits for that source and collects again, one run instead "
+              "of one per fetch."),
+        _spec(LISTINGS, [LISTINGS_RAW], "Listings normalised from raw rows: claims unprocessed raw rows "
+              "oldest first, upserts their listings and marks them processed, batch by batch. A pass "
+              "that claims no row records an observation, not a materialisation, unless it follows "
+              "a collection that stored items in the same run (it has taken them in)."),
+        _spec(NOTIFICATIONS, [LISTINGS], "Notifications of matching listings: matches listings not "
+              "matched yet against every enabled filter (one per user and listing), then delivers the "
+              "due ones. A pass that matches and delivers nothing records an observation, not a "
+              "materialisation, unless it follows one that changed the listings in the same run."),
+    ],
+    can_subset=True,
+    # Steps of the stages at once across all runs (deploy/dagster.yaml's default limit);
+    # each stage's runs are capped by the run queue's pipeline/stage limits.
+    pool="stages",
+    retry_policy=STEP_RETRY,
+)
+def stage_assets(
+    context: dg.AssetExecutionContext, config: StageConfig, database: PipelineDatabase
+) -> Iterator[dg.MaterializeResult[None]]:
+    run_id = context.run.run_id
+    selected = context.selected_asset_keys
+    follow: list[Callable[[], passes.Pass]] = []  # the stages after the collector, in order
+    if LISTINGS in selected:
+        follow.append(lambda: passes.process(database, run_id, max_rows=config.max_rows))
+    if NOTIFICATIONS in selected:
+        follow.append(lambda: passes.notify(database, run_id, max_listings=config.max_listings,
+                                            max_notifications=config.max_notifications))
+    with ends_when_terminated():
+        chain: list[passes.Pass] = []
+        if LISTINGS_RAW in selected:
+            try:
+                done = _collect(context, config, database, follow)
+            except TerminatedBetweenPasses as stopped:
+                context.log.info("terminated while lingering between passes: the run ends here, its work done")
+                if stopped.in_hand is not None:
+                    yield from passes.results(context, [stopped.in_hand], database)
+                return
+            if done is None:
+                return  # a lingering run's last pass was recorded and followed as it ended
+            chain.append(done)
+        chain += [stage() for stage in follow]
+        yield from passes.results(context, chain, database)
+
+
+def _collect(
+    context: dg.AssetExecutionContext, config: StageConfig, database: PipelineDatabase,
+    follow: list[Callable[[], passes.Pass]],
+) -> passes.Pass | None:
+    """A collector pass; in a run that lingers, a pass each time sources come due until its
+    linger ends, each but the last recorded and followed by ``follow`` (process, notify)
+    at once. The pass left for the step to record as its result, or None when every pass
+    was recorded already."""
+    run_id = context.run.run_id
+    deadline = time.monotonic() + config.linger_seconds
+    if until := context.run.tags.get(LINGER_TAG):
+        # Requested by the sensor: linger no longer than the tag it reads says.
+        deadline = min(deadline, time.monotonic() + datetime.fromisoformat(until).timestamp() - time.time())
+
+    def collect() -> passes.Pass:
+        return passes.collect(database, run_id, max_sources=config.max_sources, concurrency=config.concurrency)
+
+    done: passes.Pass | None = collect()
+    while config.linger_seconds > 0 and (wait := _between_passes(done, lambda: _due_within(database, deadline))) is not None:
+        if done is not None:
+            # Lingering: this pass's items go through now, before the run waits for the
+            # next source.
+            passes.log(context, [done, *(stage() for stage in follow)], database)
+            done = None
+            if wait > 0:
+                context.log.info(f"lingering: the next source is due in {wait:.0f} s")
+        if wait > 0:
+            _between_passes(None, lambda: time.sleep(min(wait, POLL_SECONDS)))
+            continue
+        done = collect()
+        if not done.worked:  # it was due, but another worker took it first
+            _between_passes(done, lambda: time.sleep(POLL_SECONDS))
+    return done
+
+
+class TerminatedBetweenPasses(Exception):
+    """A lingering run was terminated while it waited, between passes; ``in_hand`` is the
+    pass it had made and not recorded yet, if any."""
+
+    def __init__(self, in_hand: passes.Pass | None) -> None:
+        super().__init__("terminated between passes")
+        self.in_hand = in_hand
+
+
+T = TypeVar("T")
+
+
+def _between_passes(in_hand: passes.Pass | None, wait: Callable[[], T]) -> T:
+    """``wait()`` (a sleep, or a look at when the next source is due); a termination
+    meanwhile (the UI's Terminate, dev.py's Ctrl-C) raises TerminatedBetweenPasses: no
+    pass is under way, so the run records what it has and ends cleanly, with no failure
+    event and no red run. A termination within a pass still ends the step failed
+    (``ends_when_terminated``)."""
+    try:
+        return wait()
+    except dg.DagsterExecutionInterruptedError:
+        raise TerminatedBetweenPasses(in_hand) from None
+
+
+def _due_within(database: PipelineDatabase, deadline: float) -> float | None:
+    """Seconds until the next source comes due, when that is before ``deadline``
+    (monotonic); None when none comes due before it."""
+    with database.engine.connect() as conn:
+        due_in = next_due_in(conn)
+    return due_in if due_in is not None and due_in <= deadline - time.monotonic() else None
