@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -88,7 +89,7 @@ def test_a_match_is_delivered_once_signed_and_keyed(engine, receiver, source_id)
     assert not verify("another-secret-entirely", body, headers)
     assert headers[ID_HEADER] == headers["Idempotency-Key"] and headers[SIGNATURE_HEADER].startswith("v1,")
     [row] = notifications(engine)
-    assert headers["Idempotency-Key"] == f"notification-{row['id']}"
+    assert re.fullmatch(rf"notification-{alice}-[0-9a-f]{{32}}", headers["Idempotency-Key"])
     payload = json.loads(body)
     assert payload["user"] == {"id": alice, "name": "alice"}
     assert payload["filter"]["id"] in (filter_id, filter_id + 1) and payload["notification_id"] == row["id"]
@@ -218,7 +219,8 @@ def test_a_digest_holds_the_matches_then_sends_them_in_one_signed_message(engine
     assert verify(SECRET, digest["body"], digest["headers"])
     payload = json.loads(digest["body"])
     head = min(n["id"] for n in held)
-    assert digest["headers"]["Idempotency-Key"] == payload["idempotency_key"] == f"digest-{head}"
+    assert digest["headers"]["Idempotency-Key"] == payload["idempotency_key"]
+    assert re.fullmatch(rf"digest-{payload['user']['id']}-[0-9a-f]{{32}}", payload["idempotency_key"])
     assert [item["listing"]["id"] for item in payload["items"]] == ids
     assert {n["status"] for n in notifications(engine)} == {"sent"}
     assert all(n["digest_id"] == head for n in notifications(engine) if n["user_id"] == payload["user"]["id"])
@@ -715,3 +717,22 @@ def test_a_filters_category_is_compared_as_the_languages_category_scope(engine, 
     processor(engine).run()
     assert notifier(engine).run().sent == 2
     assert sorted(json.loads(p["body"])["user"]["name"] for p in posts(receiver)) == ["alice", "bob"]
+
+
+def test_an_idempotency_key_is_made_from_what_a_message_tells_not_from_its_row():
+    """Row ids are handed out again after a restore from a backup (tests/test_backup.py):
+    the key of a message is its user's and its items' identities (item key and full
+    event), so the same notification keeps its key under any id and two different ones
+    never share one."""
+    from pipeline.notify.delivery import Item, Message
+
+    def message(notification_id: int, *identities: str, user: int = 1, digest: bool = False) -> str:
+        items = tuple(Item(notification_id=notification_id + i, filter_id=None, keywords=[], query="", listing={},
+                           identity=identity) for i, identity in enumerate(identities))
+        return Message(notification_id=notification_id, user_id=user, user_name="u", channel="webhook",
+                       channel_url="http://127.0.0.1/hook", secret=None, items=items, is_digest=digest).idempotency_key
+
+    assert message(3, "k1 new") == message(4, "k1 new"), "the same notification, another id"
+    assert len({message(3, "k1 new"), message(3, "k2 new"), message(3, "k1 changed:ab12"),
+                message(3, "k1 new", user=2), message(3, "k1 new", digest=True)}) == 5
+    assert message(7, "k1 new", "k2 new", digest=True) == message(9, "k2 new", "k1 new", digest=True)

@@ -1,8 +1,10 @@
 """Delivering a notification: the message, its signature, and the channels that send it.
 
-Every message carries its notification id as an idempotency key: delivery is
-at-least-once (a worker that dies after sending and before recording it lets another
-worker send again once the lease runs out), and a receiver drops a repeat by that id.
+Every message carries an idempotency key made from what it tells (its user, its items'
+identities and events: ``Message.idempotency_key``): delivery is at-least-once (a worker
+that dies after sending and before recording it lets another worker send again once the
+lease runs out; a database restored from a backup sends again what was sent after it),
+and a receiver drops a repeat by that key.
 
 * ``webhook``: ``POST`` of the JSON body below, signed as the Standard Webhooks
   specification says (``webhook-id``: the notification's idempotency key, the same on
@@ -20,6 +22,7 @@ A failed send raises ``DeliveryError``; pipeline/notify/notifier.py backs it off
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +58,10 @@ class Item:
     # summary, published_at (ISO 8601), source_id; price if any
     listing: dict[str, Any]
     event: str = "new"  # new, changed or gone (pipeline/storage/watches.py)
+    # What the notification tells, whatever its row: the listing's item key
+    # (pipeline/core/urls.py) and its full event (``changed:<version>``); its idempotency
+    # key is made from it (``Message.idempotency_key``).
+    identity: str = ""
 
     def payload(self) -> dict[str, Any]:
         return {"notification_id": self.notification_id, "event": self.event,
@@ -111,9 +118,17 @@ class Message:
 
     @property
     def idempotency_key(self) -> str:
+        """The same for every send of this message, and never the same for another
+        one: made from what it tells (its user and its items' identities), not from the
+        notification's row id. Ids are handed out again after the database is restored
+        from a backup (its sequences go back with it): a receiver that drops repeats by
+        key then dropped a different notification that got a used id, while the
+        notifications it had already received came again under new ones."""
         if self.key:
             return self.key
-        return f"digest-{self.notification_id}" if self.is_digest else f"notification-{self.notification_id}"
+        kind = "digest" if self.is_digest else "notification"
+        told = "\n".join(sorted(item.identity or f"notification:{item.notification_id}" for item in self.items))
+        return f"{kind}-{self.user_id}-{hashlib.sha256(told.encode()).hexdigest()[:32]}"
 
     def payload(self) -> dict[str, Any]:
         user = {"id": self.user_id, "name": self.user_name}

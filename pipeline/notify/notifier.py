@@ -702,7 +702,8 @@ def load_messages(engine: Engine, ids: Sequence[int]) -> list[Message]:
     or, for one that carries a digest, every notification of the digest (two queries)."""
     n, u, f, listings, s = schema.notifications, schema.users, schema.filters, schema.listings, schema.sources
     item_columns = (
-        n.c.event, f.c.id.label("filter_id"), f.c.keywords, f.c.query, listings.c.id.label("listing_id"), listings.c.url,
+        n.c.event, f.c.id.label("filter_id"), f.c.keywords, f.c.query, listings.c.id.label("listing_id"),
+        listings.c.item_key, listings.c.url,
         listings.c.title, listings.c.summary, listings.c.published_at, listings.c.source_id, listings.c.price,
         s.c.site_url,
     )
@@ -749,4 +750,5 @@ def _item(r: Any) -> Item:  # a row with the item columns
             **({} if r.url else {"site_url": r.site_url}),
         },
         event=watches.event_kind(r.event),
+        identity=f"{r.item_key or f'listing:{r.listing_id}'} {r.event}",
     )
