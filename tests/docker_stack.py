@@ -215,6 +215,37 @@ def build_image(docker: Docker, base: str) -> float:
     return time.monotonic() - started
 
 
+# The images of the Compose file's other services, as their official images are laid out
+# (prom/prometheus: /bin/prometheus its entrypoint; caddy: caddy on PATH), made of this
+# machine's Debian binaries on the base image, there being no registry to pull from.
+PROMETHEUS_IMAGE = "listings-pipeline-prometheus:test"
+CADDY_IMAGE = "listings-pipeline-caddy:test"
+
+
+def prometheus_image(docker: Docker, base: str) -> str:
+    return _binaries_image(docker, base, PROMETHEUS_IMAGE, "prometheus", ["prometheus", "promtool"],
+                           'RUN mkdir -p /prometheus\nENTRYPOINT ["/bin/prometheus"]\n')
+
+
+def caddy_image(docker: Docker, base: str) -> str:
+    return _binaries_image(docker, base, CADDY_IMAGE, "caddy", ["caddy"], "")
+
+
+def _binaries_image(docker: Docker, base: str, tag: str, package: str, binaries: list[str], tail: str) -> str:
+    """``tag``: ``base`` with this machine's ``binaries`` (of Debian's ``package``, which
+    CI installs) in /bin."""
+    found = [shutil.which(name) for name in binaries]
+    if None in found:
+        raise NoDocker(f"the image {tag} is built from this machine's {', '.join(binaries)}, which are "
+                       f"not installed (Debian: apt-get install {package})")
+    with tempfile.TemporaryDirectory() as context:
+        for binary in found:
+            shutil.copy(str(binary), context)
+        Path(context, "Dockerfile").write_text(f"FROM {base}\nCOPY {' '.join(binaries)} /bin/\n{tail}")
+        docker("build", "--quiet", "--network", "host", "-t", tag, context, timeout=600)
+    return tag
+
+
 def compose_command() -> list[str]:
     """``docker-compose`` (Compose v1, Debian's docker-compose) or ``docker compose`` (v2)."""
     if shutil.which("docker-compose"):

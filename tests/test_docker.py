@@ -4,7 +4,9 @@ a container that the daemon's DockerRunLauncher starts (deploy/docker/dagster.ya
 
 (a) the runs that collect, process and notify are containers of the image; (b) with the
 collector's run limit at 3 and 600 sources, three collector runs hold claims at once
-and every source is fetched exactly once, counted at the feed server; (c) a run
+and every source is fetched exactly once, counted at the feed server, while every
+service reports itself healthy and Prometheus scrapes the pipeline's metrics and holds
+its alert rules (deploy/prometheus); (c) a run
 container killed mid-pass (``docker kill``) loses nothing: its claims are taken again
 after their lease, every item is stored and notified once, and Dagster marks the run
 failed; (d) nothing is left running afterwards.
@@ -16,13 +18,17 @@ why, where none can be had, unless PIPELINE_REQUIRE_DOCKER=1 (CI) makes that a f
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import threading
+import urllib.parse
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
@@ -45,6 +51,7 @@ LATE = 40  # (c): added later; one run holding some of them is killed
 MAX_RUNS = 3
 LEASE_SECONDS = 15
 CONCURRENCY = 4  # fetches at once per run: 600 sources keep three runs busy
+LOGIN = ("operator", "the-ui-password")  # the proxy's (deploy/proxy/Caddyfile)
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +79,74 @@ def image(docker: Docker) -> str:
     build_seconds = docker_stack.build_image(docker, base)
     print(f"base image {base}: {base_seconds:.1f} s; project image: {build_seconds:.1f} s")
     return docker_stack.IMAGE
+
+
+@pytest.fixture(scope="module")
+def service_images(docker: Docker, image: str) -> dict[str, str]:
+    """The images of the prometheus and proxy services (tests/docker_stack.py)."""
+    base = docker_stack.base_image(docker)[0]
+    try:
+        return {"PIPELINE_PROMETHEUS_IMAGE": docker_stack.prometheus_image(docker, base),
+                "PIPELINE_PROXY_IMAGE": docker_stack.caddy_image(docker, base)}
+    except NoDocker as e:
+        if os.environ.get("PIPELINE_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"PIPELINE_REQUIRE_DOCKER=1 but {e}")
+        pytest.skip(str(e))
+
+
+def prometheus_config(folder: Path, metrics_port: int) -> Path:
+    """deploy/prometheus, its scrape target on ``metrics_port`` (what
+    PIPELINE_PROMETHEUS_CONFIG is for)."""
+    folder.mkdir()
+    source = ROOT / "deploy" / "prometheus"
+    (folder / "alerts.yml").write_text((source / "alerts.yml").read_text())
+    config = (source / "prometheus.yml").read_text()
+    assert '"127.0.0.1:9464"' in config
+    (folder / "prometheus.yml").write_text(config.replace('"127.0.0.1:9464"', f'"127.0.0.1:{metrics_port}"'))
+    return folder
+
+
+def prometheus_api(port: int, query: str) -> Any:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/{query}", timeout=10) as response:
+        return json.loads(response.read())["data"]
+
+
+def unhealthy(docker: Docker, project: str) -> dict[str, str]:
+    """The project's containers whose healthcheck does not say healthy (yet), and what it says."""
+    ids = docker("ps", "-aq", "--filter", f"label=com.docker.compose.project={project}").split()
+    states = dict(line.split(" ", 1) for line in docker(
+        "inspect", "--format", "{{.Name}} {{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}}",
+        *ids).split("\n") if line) if ids else {}
+    return {name: state for name, state in states.items() if state != "healthy"} if len(states) == 6 else {
+        "services": f"{len(states)} of 6 created"}
+
+
+def through_proxy(port: int, path: str, login: tuple[str, str] | None, ca: str) -> int:
+    """The status of a GET of ``path`` through the proxy, its certificate verified
+    against ``ca`` (Caddy's own CA, PEM), with ``login`` or without one."""
+    import base64
+    import ssl
+    import urllib.error
+
+    request = urllib.request.Request(f"https://localhost:{port}{path}")
+    if login:
+        request.add_header("Authorization", "Basic " + base64.b64encode(":".join(login).encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=ssl.create_default_context(cadata=ca)) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses a TCP socket listens on at ``port`` on this host (/proc/net/tcp)."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:
+            found.add(".".join(str(int(address[i:i + 2], 16)) for i in (6, 4, 2, 0)))
+    return found
 
 
 class GatedSite(Site):
@@ -133,7 +208,7 @@ def live_holders(engine: sa.Engine, *where: sa.ColumnElement[bool]) -> dict[str,
 
 
 def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_container(
-        docker, image, pg_databases, tmp_path, monkeypatch):
+        docker, image, service_images, pg_databases, tmp_path, monkeypatch):
     """The Compose stack and its run containers, with databases of its own (minutes)."""
     site = GatedSite()
     server_db = pg_databases.url("postgres")
@@ -150,6 +225,13 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
         "DOCKER_SOCKET": docker.host.removeprefix("unix://"),
         "PIPELINE_CODE_LOCATION_PORT": str(free_port()),
         "PIPELINE_UI_PORT": str(free_port()),
+        **service_images,
+        "PIPELINE_PROXY_SITE": f"https://localhost:{(proxy_port := free_port())}",
+        "PIPELINE_PROXY_HEALTH_PORT": str(free_port()),
+        "PIPELINE_PROXY_PASSWORD_HASH": subprocess.run(
+            ["caddy", "hash-password", "--plaintext", LOGIN[1]], capture_output=True, text=True, check=True).stdout.strip(),
+        "PIPELINE_PROMETHEUS_PORT": str(prometheus_port := free_port()),
+        "PIPELINE_METRICS_PORT": str(metrics_port := free_port()),
         "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32",
         **UNLIMITED,  # every delivery counted one by one (tests/test_chaos.py)
         "PIPELINE_SENSOR_INTERVAL_SECONDS": "5",
@@ -162,6 +244,7 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
     # Every source is on 127.0.0.1, one politeness group: let it take all three runs' fetches.
     subprocess.run([sys.executable, "-m", "pipeline.cli", "politeness", "set", "*", "--max-in-flight", "100",
                     "--interval", "0"], env={**os.environ, "DATABASE_URL": pipeline_db}, check=True)
+    env["PIPELINE_PROMETHEUS_CONFIG"] = str(prometheus_config(tmp_path / "prometheus", metrics_port))
     stack = Stack(docker, env, tmp_path / "compose.log")
     monkeypatch.setenv("DAGSTER_POSTGRES_URL", env["DAGSTER_POSTGRES_URL"])
     home = tmp_path / "dagster_home"
@@ -178,6 +261,23 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
                    300)
         assert set(site.requests) == set(range(SOURCES))
         assert set(site.requests.values()) == {1}, "every source fetched exactly once, counted at the server"
+        wait_until("every service healthy", lambda: not unhealthy(docker, stack.project), 300, every=2)
+        enabled = 'pipeline_sources{state="enabled"}'
+        scraped = wait_until("Prometheus to have scraped the pipeline's metrics", lambda: prometheus_api(
+            prometheus_port, f"query?query={urllib.parse.quote(enabled)}")["result"], 120, every=2)
+        assert scraped[0]["value"][1] == str(SOURCES)
+        [target] = prometheus_api(prometheus_port, "targets")["activeTargets"]
+        assert target["health"] == "up" and target["labels"]["job"] == "listings-pipeline"
+        loaded = {rule["name"] for group in prometheus_api(prometheus_port, "rules")["groups"] for rule in group["rules"]}
+        assert len(loaded) == 7 and "PipelineCollectorsBehind" in loaded, loaded
+        # The UI: on loopback only, and through the proxy with the login only.
+        assert listening_addresses(int(env["PIPELINE_UI_PORT"])) == {"127.0.0.1"}
+        [proxy] = docker("ps", "-q", "--filter", f"label=com.docker.compose.project={stack.project}",
+                         "--filter", "label=com.docker.compose.service=proxy").split()
+        ca = docker("exec", proxy, "cat", "/data/caddy/pki/authorities/local/root.crt")
+        assert through_proxy(proxy_port, "/server_info", None, ca) == 401
+        assert through_proxy(proxy_port, "/server_info", ("operator", "wrong"), ca) == 401
+        assert through_proxy(proxy_port, "/server_info", LOGIN, ca) == 200
         runs = {run_worker(r.dagster_run.run_id): r for r in instance.get_run_records()}
         assert set(holders) <= set(runs), f"the claims' holders are Dagster runs: {holders}"
 
@@ -250,7 +350,7 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
         site.gates[0].set()
         site.gates[1].set()
         try:
-            stack.compose("down", "-t", "30")
+            stack.compose("down", "-v", "-t", "30")
         finally:
             leftover = docker("ps", "-aq", "--filter", "label=dagster/run_id").split()
             running = running_run_containers(docker)

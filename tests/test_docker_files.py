@@ -63,10 +63,34 @@ def test_the_settings_passed_to_services_and_run_containers_are_the_pipelines():
     # A run container gets what the daemon has: each name the launcher passes must be set there.
     assert set(launcher["env_vars"]) <= set(environment)
     assert {"DATABASE_URL", "DAGSTER_POSTGRES_URL"} <= set(launcher["env_vars"])
-    for service in compose["services"].values():
+    for name, service in compose["services"].items():
         assert service["network_mode"] == "host"
-        assert service["image"] == "${PIPELINE_IMAGE:-listings-pipeline:latest}"
+        if name not in ("prometheus", "proxy"):
+            assert service["image"] == "${PIPELINE_IMAGE:-listings-pipeline:latest}"
     assert launcher["container_kwargs"]["network_mode"] == "host"
+
+
+def test_every_service_listens_on_loopback_has_a_healthcheck_and_waits_for_what_it_needs():
+    """The webserver listened on 0.0.0.0 with host networking and no login: the UI was
+    open to the network. Every service now listens on 127.0.0.1 (a reverse proxy or a
+    tunnel reaches the UI), reports its health, and starts once what it needs is healthy."""
+    services = load(DEPLOY / "docker-compose.yaml")["services"]
+    for name, service in services.items():
+        command = " ".join(service["command"]) if isinstance(service["command"], list) else service["command"]
+        assert "0.0.0.0" not in command, name
+        if name not in ("daemon", "proxy"):  # the others listen, on loopback
+            assert "127.0.0.1" in command, name
+        assert service["healthcheck"]["test"], name
+        for needed in service.get("depends_on", {}):
+            assert service["depends_on"][needed] == {"condition": "service_healthy"}, (name, needed)
+    assert set(services["webserver"]["depends_on"]) == set(services["daemon"]["depends_on"]) == {"code"}
+    assert set(services["prometheus"]["depends_on"]) == {"metrics"}
+    # The proxy is the one door from the network: it listens where its site says, and
+    # only with a login (its password hash is required) and TLS.
+    assert set(services["proxy"]["depends_on"]) == {"webserver"}
+    assert ":?" in services["proxy"]["environment"]["PIPELINE_PROXY_PASSWORD_HASH"]
+    caddyfile = (DEPLOY / "proxy" / "Caddyfile").read_text()
+    assert "basicauth" in caddyfile and "tls {$PIPELINE_PROXY_TLS:internal}" in caddyfile
 
 
 def test_the_dockerfile_builds_on_the_usual_python_image_by_default():
