@@ -550,16 +550,23 @@ def test_a_receiver_on_a_blocked_address_is_never_contacted(engine, receiver, so
     assert "blocked_address" in notifications(engine)[0]["last_error"] and posts(receiver) == []
 
 
+def apprise_user(conn: sa.Connection, receiver: LocalServer, query: str, options: str = "") -> None:
+    """carol, told through Apprise's JSON service at ``receiver`` (``options``: its URL's
+    query), with one filter."""
+    users.add_user(conn, "carol", apprise_url=f"json://127.0.0.1:{receiver.port}/hook{options}")
+    users.add_filter(conn, "carol", query)
+
+
 def test_apprise_delivers_through_its_own_url(engine, receiver, source_id):
     with engine.begin() as conn:
-        users.add_user(conn, "carol", apprise_url=f"json://127.0.0.1:{receiver.port}/hook")
-        users.add_filter(conn, "carol", "python")
+        apprise_user(conn, receiver, "python")
         add_listing(conn, source_id, "a", "Python developer", summary="remote")
     assert notifier(engine).run().sent == 1
     [sent] = posts(receiver)
     payload = json.loads(sent["body"])
     assert payload["title"] == "Python developer"
-    assert "http://127.0.0.1/a" in payload["message"] and "notification-1" in payload["message"]
+    assert "http://127.0.0.1/a" in payload["message"]
+    assert re.search(r"\(notification-\d+-[0-9a-f]{32}\)", payload["message"]), "its idempotency key"
 
 
 def test_a_listing_s_text_is_never_markup_for_an_apprise_service_that_takes_html(engine, receiver, source_id):
@@ -567,8 +574,7 @@ def test_a_listing_s_text_is_never_markup_for_an_apprise_service_that_takes_html
     a service whose messages are HTML (here Apprise's JSON service told ``format=html``)
     receives it escaped, so it reads as written and runs nothing."""
     with engine.begin() as conn:
-        users.add_user(conn, "carol", apprise_url=f"json://127.0.0.1:{receiver.port}/hook?format=html")
-        users.add_filter(conn, "carol", "python")
+        apprise_user(conn, receiver, "python", "?format=html")
         add_listing(conn, source_id, "a", "Python A<B", summary="<script>alert(1)</script> & more")
     assert notifier(engine).run().sent == 1
     [sent] = posts(receiver)
@@ -578,9 +584,8 @@ def test_a_listing_s_text_is_never_markup_for_an_apprise_service_that_takes_html
 
 def test_an_apprise_digest_is_one_message_listing_the_matches(engine, receiver, source_id):
     with engine.begin() as conn:
-        users.add_user(conn, "carol", apprise_url=f"json://127.0.0.1:{receiver.port}/hook")
+        apprise_user(conn, receiver, '"python developer"')
         users.set_delivery(conn, "carol", digest="1h")
-        users.add_filter(conn, "carol", '"python developer"')
         add_listing(conn, source_id, "a", "Python developer")
         add_listing(conn, source_id, "b", "Senior Python developer")
     late = notifier(engine)

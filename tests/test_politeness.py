@@ -34,9 +34,11 @@ pytestmark = conformance
 class Host:
     """A feed host that records when each request arrived and how many it served at once."""
 
-    def __init__(self, server: LocalServer, answer_seconds: float) -> None:
+    def __init__(self, server: LocalServer, answer_seconds: float,
+                 hold_until: Callable[[], bool] | None = None) -> None:
         self.server = server
         self.answer_seconds = answer_seconds
+        self.hold_until = hold_until  # answers wait until this state is reached once (60 s at most)
         self.arrivals: list[float] = []
         self.paths: list[str] = []
         self.active = 0
@@ -50,6 +52,9 @@ class Host:
             self.active += 1
             self.peak = max(self.peak, self.active)
         try:
+            if (hold := self.hold_until) is not None:
+                wait_until("the state the host holds its answers for", hold, timeout=60, every=0.05)
+                self.hold_until = None  # reached: later answers do not wait
             time.sleep(self.answer_seconds)  # the feed's own latency
         finally:
             # Counted out before the answer leaves: the client cannot finish (and free its
@@ -127,10 +132,19 @@ def set_group(engine: sa.Engine, name: str, max_in_flight: int, interval: float)
 @pytest.mark.slow
 def test_a_hundred_sources_on_one_host_three_collectors_stay_within_the_groups_limits(engine, db_url, host_server):
     """Three collector processes contend for one group's room; the spacing alone makes
-    it last at least 100 x 0.1 s."""
+    it last at least 100 x 0.1 s. The host holds its answers until two collectors hold
+    claims, so they share the work however slowly the processes start."""
     # Each feed answers in 0.45 s and the group allows 4 at once, 0.1 s apart: without
-    # the cap, 0.45 / 0.1 = 4.5 would be in flight, so both limits bind in turn.
-    host = Host(host_server, answer_seconds=0.45)
+    # the cap, 0.45 / 0.1 = 4.5 would be in flight, so both limits bind in turn. Two
+    # fetches at once per collector: the first cannot take all four places while the
+    # host holds its answers, and three take six.
+    def two_collectors_hold_claims() -> bool:
+        s = schema.sources
+        with engine.connect() as conn:
+            return conn.execute(sa.select(sa.func.count(sa.distinct(s.c.claimed_by)))
+                                .where(s.c.locked_until > now())).scalar_one() >= 2
+
+    host = Host(host_server, answer_seconds=0.45, hold_until=two_collectors_hold_claims)
     ids = add_feeds(engine, host_server, host, 100)
     set_group(engine, "127.0.0.1", max_in_flight=4, interval=0.1)
     log = record_group_claims(engine)
@@ -139,7 +153,7 @@ def test_a_hundred_sources_on_one_host_three_collectors_stay_within_the_groups_l
         "PIPELINE_HTTP_TIMEOUT_SECONDS": "10", "PIPELINE_LEASE_SECONDS": "60",
     }
     collectors = [
-        subprocess.Popen([sys.executable, "-m", "pipeline.cli", "collect", "--json"], env=env,
+        subprocess.Popen([sys.executable, "-m", "pipeline.cli", "collect", "--json", "--concurrency", "2"], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(3)
     ]

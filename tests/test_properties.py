@@ -23,13 +23,14 @@ from pipeline.core.urls import (
     canonical_host,
     canonical_url,
     item_key,
+    joined_link,
     story_url,
     web_url,
     web_urls,
 )
 from pipeline.core.words import _PART, WORD, normalised
 from pipeline.fetching.base import markup as as_markup
-from pipeline.fetching.rss import _absolute, _absolute_parsed
+from pipeline.fetching.rss import _absolute
 from pipeline.listings.normalize import (
     CATEGORY_CHARS,
     MAX_CATEGORIES,
@@ -291,7 +292,7 @@ def test_an_items_link_kept_without_a_parse_is_what_urljoin_gives(feed_url, pref
     as urljoin and the scheme check (pipeline/fetching/rss.py), or the same error."""
     link = prefix + rest
     try:
-        expected: str | type[Exception] = _absolute_parsed(link, feed_url)
+        expected: str | type[Exception] = joined_link(link, feed_url)
     except ValueError:
         expected = ValueError
     try:

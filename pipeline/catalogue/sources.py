@@ -573,14 +573,17 @@ def import_sources(
     return ImportResult(added=added, present=len(unique) - added)
 
 
-def list_sources(conn: sa.Connection, *, source_id: int | None = None) -> list[dict[str, Any]]:
-    """Every source (or the one ``source_id`` names) with its schedule and health."""
+def list_sources(
+    conn: sa.Connection, *, source_id: int | None = None, more: Sequence[sa.Column[Any]] = ()
+) -> list[dict[str, Any]]:
+    """Every source (or the one ``source_id`` names) with its schedule and health, and
+    the columns ``more`` names."""
     t = schema.sources
     columns = [
         t.c.id, t.c.name, t.c.url, t.c.source_type, t.c.enabled, t.c.fetch_interval_minutes,
         t.c.next_fetch_at, t.c.last_success_at, t.c.consecutive_failures,
         t.c.last_failure_reason, t.c.disabled_reason, t.c.priority, t.c.politeness_group, t.c.config,
-        t.c.adaptive_cadence, t.c.min_interval_minutes, t.c.max_interval_minutes,
+        t.c.adaptive_cadence, t.c.min_interval_minutes, t.c.max_interval_minutes, *more,
     ]
     query = sa.select(*columns).order_by(t.c.id)
     if source_id is not None:
@@ -601,12 +604,10 @@ def show_source(conn: sa.Connection, source_id: int) -> dict[str, Any]:
     its site and last fetch), how many listings it has, its latest listings and its
     latest completed fetches with their outcome (each read by an index)."""
     t, listings, events = schema.sources, schema.listings, schema.ingestion_events
-    found = list_sources(conn, source_id=source_id)
+    found = list_sources(conn, source_id=source_id, more=(t.c.last_fetched_at, t.c.site_url))
     if not found:
         raise SourceError(f"no source with id {source_id}")
     source = found[0]
-    extra = conn.execute(sa.select(t.c.last_fetched_at, t.c.site_url).where(t.c.id == source_id)).one()
-    source.update(last_fetched_at=extra.last_fetched_at, site_url=extra.site_url)
     source["listings"] = conn.execute(
         sa.select(sa.func.count()).select_from(listings).where(listings.c.source_id == source_id)).scalar_one()
     source["recent_listings"] = [dict(r) for r in conn.execute(

@@ -15,7 +15,7 @@ import hashlib
 import ipaddress
 import re
 import socket
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urljoin, urlsplit, urlunsplit
 
 import tldextract
 
@@ -65,6 +65,14 @@ def canonical_host(hostname: str) -> str | None:
     if len(ascii_host) > 253 or not all(_LABEL.match(label) for label in labels):
         return None
     return ascii_host
+
+
+def joined_link(link: str, base: str) -> str:
+    """A feed's link as an absolute http(s) URL: resolved against ``base`` (the feed's
+    URL) when relative, or "" for none: javascript:, data:, mailto: ... never become a
+    listing's or a site's link."""
+    absolute = urljoin(base, link) if link else ""
+    return absolute if urlsplit(absolute).scheme in ("http", "https") else ""
 
 
 def web_url(value: object) -> str | None:

@@ -52,12 +52,11 @@ def _from_ebcdic(body: bytes, content_type: str | None) -> tuple[bytes, str | No
     """An EBCDIC document as UTF-8, by the code page its declaration names (cp037 when it
     names none Python knows): a detector reads cp500 as cp037 (their brackets differ),
     and what it reads must be what every later check (the entity guard) sees."""
-    head = body[:200].decode("cp037", errors="replace")
-    named = re.match(r"""<\?xml[^>]*?encoding\s*=\s*["']([A-Za-z0-9._:-]+)["']""", head)
+    named = _XML_ENCODING.match(body[:200].decode("cp037", errors="replace").encode())
     encoding = "cp037"
     if named:
         try:
-            encoding = codecs.lookup(named.group(1)).name
+            encoding = codecs.lookup(named.group(2).decode()).name
         except LookupError:
             pass
     return _utf8(body.decode(encoding, errors="replace"), content_type)

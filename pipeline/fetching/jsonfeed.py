@@ -15,10 +15,10 @@ import hashlib
 import json
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urljoin, urlsplit
 
 from pipeline.core.errors import FetchError
 from pipeline.core.failures import FailureReason
+from pipeline.core.urls import joined_link
 from pipeline.fetching.base import Item, Parsed, markup
 
 VERSION_PREFIX = "https://jsonfeed.org/version/"
@@ -45,8 +45,7 @@ def parse_json_feed(body: bytes, feed_url: str) -> Parsed:
     entries = document.get("items")
     if not isinstance(entries, list):
         raise FetchError(FailureReason.PARSE_ERROR, "a JSON Feed without an items list")
-    home = urljoin(feed_url, _text(document.get("home_page_url")))
-    site = home if _text(document.get("home_page_url")) and urlsplit(home).scheme in ("http", "https") else None
+    site = joined_link(_text(document.get("home_page_url")), feed_url) or None
     return Parsed([_item(entry, feed_url) for entry in entries if isinstance(entry, dict)], site_url=site)
 
 
@@ -76,9 +75,7 @@ def _author(entry: dict[str, Any]) -> str | None:
 
 def _item(entry: dict[str, Any], feed_url: str) -> Item:
     link = _text(entry.get("url")) or _text(entry.get("external_url"))
-    absolute = urljoin(feed_url, link) if link else ""
-    if urlsplit(absolute).scheme not in ("http", "https"):
-        absolute = ""  # javascript:, data:, mailto: ... never become a listing's link
+    absolute = joined_link(link, feed_url)
     tags = entry.get("tags")
     html = _text(entry.get("content_html"))
     read = {

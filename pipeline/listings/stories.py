@@ -144,18 +144,15 @@ class Marks:
     def of(cls, listing: Listing, source_url: str | None = None) -> Marks:
         """A listing's marks, taken from its content; ``source_url``: its source's."""
         title = own_title(listing.title, listing.url)
-        offsite = source_url is not None and listing.canonical_url is not None and not same_site(
-            listing.canonical_url, source_url)
         return cls(url_key(listing.canonical_url), fingerprint(title, listing.summary), frozenset(text_words(title)),
-                   offsite)
+                   _offsite(listing.canonical_url, source_url))
 
     @classmethod
     def stored(cls, story_key: int | None, simhash: int | None, title: str, url: str,
                source_url: str | None = None) -> Marks:
         """A stored listing's marks, from its row (and its source's URL)."""
         return cls(story_key, None if simhash is None else from_signed(simhash),
-                   frozenset(text_words(own_title(title, url))),
-                   source_url is not None and bool(url) and not same_site(url, source_url))
+                   frozenset(text_words(own_title(title, url))), _offsite(url, source_url))
 
     @functools.cached_property
     def keys(self) -> dict[str, int]:
@@ -169,6 +166,11 @@ class Marks:
         """Its fingerprint and keys, as the listing's row stores them."""
         return {"simhash": None if self.fingerprint is None else to_signed(self.fingerprint),
                 **dict.fromkeys(schema.STORY_KEYS), **self.keys}
+
+
+def _offsite(url: str | None, source_url: str | None) -> bool:
+    """A listing's link is on another site than its source's (``Marks.offsite``)."""
+    return source_url is not None and bool(url) and not same_site(str(url), source_url)
 
 
 @dataclass(frozen=True)
