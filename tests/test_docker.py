@@ -341,6 +341,12 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
             inspected = docker("inspect", "--format", "{{.Config.Image}} {{index .Config.Labels \"dagster/run_id\"}}",
                                run.tags["docker/container_id"]).split()
             assert inspected == [image, run.run_id]
+            if run.status == dg.DagsterRunStatus.SUCCESS:
+                # Where a run container's own output goes (docs/deployment.md): its log,
+                # kept with the exited container.
+                logs = subprocess.run(["docker", "logs", run.tags["docker/container_id"]], env=docker.env,
+                                      capture_output=True, text=True, check=True, timeout=60)
+                assert run.run_id in logs.stdout + logs.stderr, f"run {run.run_id}'s container log"
         container_runs = {r.dagster_run.run_id for r in records}
         for asset in ("listings_raw", "listings", "notifications"):
             event = instance.get_latest_materialization_event(dg.AssetKey(asset))
