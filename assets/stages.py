@@ -27,7 +27,6 @@ from resources import PipelineDatabase
 LISTINGS_RAW = dg.AssetKey("listings_raw")
 LISTINGS = dg.AssetKey("listings")
 NOTIFICATIONS = dg.AssetKey("notifications")
-STAGE_KEYS = (LISTINGS_RAW, LISTINGS, NOTIFICATIONS)  # in the order a run works them
 STAGES_OP = "stages"  # the step's name: a run's config for it is {"ops": {STAGES_OP: {"config": ...}}}
 
 # A lingering run looks for due sources at least this often (one refreshed by hand).

@@ -112,10 +112,9 @@ def check_alerts(context: dg.SensorEvaluationContext, database: PipelineDatabase
     if not evaluations:
         return dg.SkipReason("no asset check evaluated since the last look")
     changed = changes(state["failing"], evaluations)
-    for evaluation in changed:
-        operator.send(settings, check_alert(evaluation, settings))
     failing = set(state["failing"])
-    for evaluation in changed:
+    for evaluation in changed:  # a send that fails fails the tick: the cursor stays
+        operator.send(settings, check_alert(evaluation, settings))
         (failing.add if not evaluation.passed else failing.discard)(evaluation.check)
     context.update_cursor(json.dumps({"after": evaluations[-1].storage_id, "failing": sorted(failing)}))
     return dg.SkipReason(f"{len(evaluations)} check results read, {len(changed)} alerts sent;"

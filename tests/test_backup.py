@@ -10,7 +10,9 @@ the embedded server the suite may have started.
 
 from __future__ import annotations
 
+import json
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -37,8 +39,6 @@ RESTORE = "pg_restore --no-owner --exit-on-error --dbname=$PGURL pipeline.dump"
 def postgres_tool(name: str, engine: sa.Engine) -> str:
     """``name`` (pg_dump, pg_restore) of the server's major version: pg_dump refuses a
     newer server, and a newer one writes settings an older server does not know."""
-    import shutil
-
     with engine.connect() as conn:
         major = int(conn.exec_driver_sql("SHOW server_version_num").scalar_one()) // 10000
     candidates = [shutil.which(name)]
@@ -68,8 +68,6 @@ class Receiver:
         server.routes["/hook"] = self.hook
 
     def hook(self, h: Handler) -> None:
-        import json
-
         key = h.headers["Idempotency-Key"]
         if key in self.keys:
             self.dropped += 1

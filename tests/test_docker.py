@@ -33,6 +33,7 @@ from typing import Any
 import dagster as dg
 import pytest
 import sqlalchemy as sa
+import yaml
 
 from assets.policies import run_worker
 from pipeline.storage import db, schema
@@ -117,8 +118,9 @@ def unhealthy(docker: Docker, project: str) -> dict[str, str]:
     states = dict(line.split(" ", 1) for line in docker(
         "inspect", "--format", "{{.Name}} {{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}}",
         *ids).split("\n") if line) if ids else {}
-    return {name: state for name, state in states.items() if state != "healthy"} if len(states) == 6 else {
-        "services": f"{len(states)} of 6 created"}
+    services = len(yaml.safe_load((ROOT / "deploy" / "docker-compose.yaml").read_text())["services"])
+    return {name: state for name, state in states.items() if state != "healthy"} if len(states) == services else {
+        "services": f"{len(states)} of {services} created"}
 
 
 def through_proxy(port: int, path: str, login: tuple[str, str] | None, ca: str) -> int:
