@@ -220,9 +220,15 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
     dagster_db = pg_databases.url(pg_databases.create())
     engine = db.create_engine(pipeline_db)
     seed(engine, site, SOURCES)
+    # The secrets are files in a folder of their own (deploy/docker-compose.yaml), never
+    # the containers' environment.
+    secrets = {"DATABASE_URL": tcp_url(pipeline_db, proxy),
+               "DAGSTER_POSTGRES_URL": tcp_url(dagster_db, proxy, driver="postgresql+psycopg2")}
+    (tmp_path / "secrets").mkdir(mode=0o700)
+    for name, value in secrets.items():
+        (tmp_path / "secrets" / name).write_text(value + "\n")
     env = {
-        "DATABASE_URL": tcp_url(pipeline_db, proxy),
-        "DAGSTER_POSTGRES_URL": tcp_url(dagster_db, proxy, driver="postgresql+psycopg2"),
+        "PIPELINE_SECRETS_DIR": str(tmp_path / "secrets"),
         "PIPELINE_IMAGE": image,
         "DOCKER_SOCKET": docker.host.removeprefix("unix://"),
         "PIPELINE_CODE_LOCATION_PORT": str(free_port()),
@@ -248,7 +254,7 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
                     "--interval", "0"], env={**os.environ, "DATABASE_URL": pipeline_db}, check=True)
     env["PIPELINE_PROMETHEUS_CONFIG"] = str(prometheus_config(tmp_path / "prometheus", metrics_port))
     stack = Stack(docker, env, tmp_path / "compose.log")
-    monkeypatch.setenv("DAGSTER_POSTGRES_URL", env["DAGSTER_POSTGRES_URL"])
+    monkeypatch.setenv("DAGSTER_POSTGRES_URL", secrets["DAGSTER_POSTGRES_URL"])
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text((ROOT / "deploy" / "dagster.yaml").read_text())
@@ -349,6 +355,14 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
                 logs = subprocess.run(["docker", "logs", run.tags["docker/container_id"]], env=docker.env,
                                       capture_output=True, text=True, check=True, timeout=60)
                 assert run.run_id in logs.stdout + logs.stderr, f"run {run.run_id}'s container log"
+        # No container, service or run, holds a secret in its configuration (`docker
+        # inspect`): each read them from the mounted folder.
+        services = docker("ps", "-aq", "--filter", f"label=com.docker.compose.project={stack.project}").split()
+        run_containers = [r.dagster_run.tags["docker/container_id"] for r in records if r.start_time is not None]
+        assert services and run_containers
+        for container in services + run_containers:
+            configured = docker("inspect", container)
+            assert not [name for name, value in secrets.items() if value in configured], container
         container_runs = {r.dagster_run.run_id for r in records}
         for asset in ("listings_raw", "listings", "notifications"):
             event = instance.get_latest_materialization_event(dg.AssetKey(asset))

@@ -5,11 +5,13 @@ the run launcher pass on is one the pipeline reads."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import yaml
 
+from pipeline.core import secret_files
 from pipeline.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,22 +54,47 @@ def test_the_settings_passed_to_services_and_run_containers_are_the_pipelines():
     compose = load(DEPLOY / "docker-compose.yaml")
     environment = compose["x-pipeline-environment"]
     launcher = load(DEPLOY / "docker" / "dagster.yaml")["run_launcher"]["config"]
-    passed = {n for n in environment if n.startswith("PIPELINE_") or n == "DATABASE_URL"} - {
-        "PIPELINE_CODE_LOCATION_HOST", "PIPELINE_CODE_LOCATION_PORT"}  # the workspace's, not settings
+    plain = settings_names() - set(secret_files.SECRETS)
+    passed = {n for n in environment if n.startswith("PIPELINE_")} - {
+        "PIPELINE_CODE_LOCATION_HOST", "PIPELINE_CODE_LOCATION_PORT",  # the workspace's, not settings
+        secret_files.FOLDER_SETTING}
     # Every setting reaches the services and every run container, and nothing else does
-    # (the retention, backfill and adaptive-cadence settings once reached neither).
-    assert passed == settings_names(), (
-        f"not passed: {sorted(settings_names() - passed)}; not settings: {sorted(passed - settings_names())}")
-    assert set(launcher["env_vars"]) - {"DAGSTER_POSTGRES_URL"} == settings_names(), (
-        f"not passed to runs: {sorted(settings_names() - set(launcher['env_vars']))}")
+    # (the retention, backfill and adaptive-cadence settings once reached neither); the
+    # secrets reach them as files.
+    assert passed == plain, f"not passed: {sorted(plain - passed)}; not settings: {sorted(passed - plain)}"
+    assert set(launcher["env_vars"]) == plain | {secret_files.FOLDER_SETTING}, (
+        f"not passed to runs: {sorted(plain - set(launcher['env_vars']))}")
     # A run container gets what the daemon has: each name the launcher passes must be set there.
     assert set(launcher["env_vars"]) <= set(environment)
-    assert {"DATABASE_URL", "DAGSTER_POSTGRES_URL"} <= set(launcher["env_vars"])
     for name, service in compose["services"].items():
         assert service["network_mode"] == "host"
         if name not in ("prometheus", "proxy"):
             assert service["image"] == "${PIPELINE_IMAGE:-listings-pipeline:latest}"
     assert launcher["container_kwargs"]["network_mode"] == "host"
+
+
+def test_no_secret_is_in_a_containers_environment_each_reads_them_from_the_mounted_folder():
+    """DATABASE_URL and DAGSTER_POSTGRES_URL (with their passwords) and the operator alert
+    channel were plain environment: in every service's and every run container's
+    `docker inspect`. Now each container of the image, run containers too, mounts the
+    secrets' folder where PIPELINE_SECRETS_DIR says, and its entrypoint reads them."""
+    compose = load(DEPLOY / "docker-compose.yaml")
+    launcher = load(DEPLOY / "docker" / "dagster.yaml")["run_launcher"]["config"]
+    mount = f"{secret_files.MOUNT}:ro"
+    assert compose["x-pipeline-environment"][secret_files.FOLDER_SETTING] == secret_files.MOUNT
+    for name, service in compose["services"].items():
+        assert not set(secret_files.SECRETS) & set(service.get("environment") or {}), name
+        if service["image"].startswith("${PIPELINE_IMAGE"):
+            [volume] = [v for v in service["volumes"] if v.endswith(mount)]
+            assert volume.startswith("${PIPELINE_SECRETS_DIR:?"), (name, volume)
+    assert not set(secret_files.SECRETS) & set(launcher["env_vars"])
+    command = compose["services"]["code"]["command"]
+    context = json.loads(command[command.index("--container-context") + 1])
+    assert context["docker"]["container_kwargs"]["volumes"] == ["${PIPELINE_SECRETS_DIR}" + ":" + mount]
+    # A healthcheck does not pass through the entrypoint: the one reading Dagster's storage says so.
+    assert compose["services"]["daemon"]["healthcheck"]["test"][1:5] == [
+        "python", "-m", "pipeline.core.secret_files", "dagster-daemon"]
+    assert 'ENTRYPOINT ["python", "-m", "pipeline.core.secret_files"]' in (DEPLOY / "Dockerfile").read_text()
 
 
 def test_every_service_listens_on_loopback_has_a_healthcheck_and_waits_for_what_it_needs():

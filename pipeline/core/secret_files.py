@@ -1,0 +1,99 @@
+"""Secrets from files: the settings that hold passwords and tokens, read from a folder
+instead of the process environment.
+
+A container's environment is readable by anyone who may run ``docker inspect`` (and is
+copied into every run container Dagster starts), so the Compose stack keeps its secrets
+in files: ``PIPELINE_SECRETS_DIR`` names a folder holding one file per secret, named
+after its variable (``DATABASE_URL``, ``DAGSTER_POSTGRES_URL``, ...), mounted read-only.
+The project's image runs every command through this module (its ENTRYPOINT): it sets
+each secret from its file, then becomes the command (``exec``), so Dagster, which reads
+``DAGSTER_POSTGRES_URL`` from its environment itself, and the pipeline's settings see
+the values without them ever being in the container's configuration.
+
+    python -m pipeline.core.secret_files dagster-daemon run -w workspace.yaml
+
+With ``PIPELINE_SECRETS_DIR`` unset the command runs unchanged (plain environment, as in
+development). Every mistake stops the command with one line naming it: a folder that is
+missing, a file that is empty or unreadable, a file whose name is no secret (a typo would
+otherwise leave a setting at its default), a secret set both in the environment and in a
+file, and a folder without ``DATABASE_URL`` (the pipeline would otherwise quietly use
+an embedded SQLite file inside the container).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import MutableMapping, Sequence
+from pathlib import Path
+
+from pipeline.core.errors import ConfigError
+
+FOLDER_SETTING = "PIPELINE_SECRETS_DIR"
+# The settings that hold credentials: database URLs with their passwords, the operator
+# alert channel (Apprise URLs carry tokens) and its signing secret.
+SECRETS = (
+    "DATABASE_URL",
+    "DAGSTER_POSTGRES_URL",
+    "PIPELINE_OPERATOR_ALERT_URL",
+    "PIPELINE_OPERATOR_ALERT_SECRET",
+)
+REQUIRED = ("DATABASE_URL",)
+# Where the Compose stack mounts the folder in every container, run containers too.
+MOUNT = "/run/secrets/listings-pipeline"
+
+
+def load(environ: MutableMapping[str, str]) -> list[str]:
+    """Set each secret found in ``environ[PIPELINE_SECRETS_DIR]`` in ``environ``; the names set.
+
+    Hidden entries (Kubernetes' ``..data`` links, editors' dotfiles) are not secrets and are
+    passed over.
+    """
+    configured = environ.get(FOLDER_SETTING, "").strip()
+    if not configured:
+        return []
+    folder = Path(configured)
+    if not folder.is_dir():
+        raise ConfigError(f"{FOLDER_SETTING}={configured}: no such folder")
+    found: dict[str, str] = {}
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith("."):
+            continue
+        if path.name not in SECRETS:
+            raise ConfigError(
+                f"{FOLDER_SETTING}={configured} holds {path.name!r}, which is no secret setting"
+                f" (the files are named after their settings: {', '.join(SECRETS)})")
+        try:
+            value = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read {path}: {exc}") from None
+        if not value:
+            raise ConfigError(f"{path} is empty")
+        if environ.get(path.name, "").strip():
+            raise ConfigError(
+                f"{path.name} is set in the environment and in {path}: set it in one place")
+        found[path.name] = value
+    missing = [name for name in REQUIRED if name not in found and not environ.get(name, "").strip()]
+    if missing:
+        raise ConfigError(f"{FOLDER_SETTING}={configured} has no {', '.join(missing)}")
+    environ.update(found)
+    return sorted(found)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Load the secrets into this process's environment, then become ``argv``."""
+    command = list(sys.argv[1:] if argv is None else argv)
+    if not command:
+        sys.exit("usage: python -m pipeline.core.secret_files COMMAND [ARG...]")
+    try:
+        load(os.environ)
+    except ConfigError as exc:
+        sys.exit(f"error: {exc}")
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        sys.exit(f"error: cannot run {command[0]}: {exc.strerror}")
+
+
+if __name__ == "__main__":
+    main()
