@@ -557,9 +557,24 @@ def test_a_claim_that_lost_a_race_is_tried_again_soon_then_less_often():
 def test_driver_errors_reach_the_caller_as_sqlalchemys_and_a_broken_connection_leaves_the_pool(pg_engine):
     """The claim and completion sent by psycopg itself fail as every other statement
     does (sa.exc.DBAPIError, which the stages and retry policies handle), and a
-    connection the server dropped is not lent again."""
-    engine = db.create_engine(pg_engine.url.render_as_string(hide_password=False), pool_size=1)
+    connection the server dropped is not lent again, nor is any other the pool held then
+    (a server restart drops them all)."""
+    engine = db.create_engine(pg_engine.url.render_as_string(hide_password=False), pool_size=2)
     try:
+        # Two connections in the pool, both dropped by the server: after the driver's
+        # error, no statement meets the other one.
+        with engine.connect() as first, engine.connect() as second:
+            backends = [c.exec_driver_sql("SELECT pg_backend_pid()").scalar_one() for c in (first, second)]
+        with pg_engine.connect() as admin:
+            for pid in backends:
+                admin.exec_driver_sql(f"SELECT pg_terminate_backend({pid})")
+        with pytest.raises(sa.exc.OperationalError) as caught:
+            raw_queue(engine, Strategy.POSTGRES).claim("a", 1)
+        assert caught.value.connection_invalidated
+        with engine.connect() as first, engine.connect() as second:
+            assert not {c.exec_driver_sql("SELECT pg_backend_pid()").scalar_one() for c in (first, second)} & set(backends)
+        engine.dispose()
+        engine = db.create_engine(pg_engine.url.render_as_string(hide_password=False), pool_size=1)
         with engine.begin() as conn:
             add_raw_rows(conn, add_source(conn), 3)
         queue = raw_queue(engine, Strategy.POSTGRES)

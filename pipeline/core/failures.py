@@ -1,4 +1,4 @@
-"""The failure taxonomy of a fetch (DESIGN.md "Scheduling and backoff"), defined once.
+"""The failure taxonomy of a fetch, defined once.
 
 An adapter raises ``FetchError(reason, message)`` (pipeline/core/errors.py); the collector
 records the reason as the source's ``last_failure_reason`` and backs off by it

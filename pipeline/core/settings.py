@@ -1,4 +1,4 @@
-"""Settings from the environment, with the defaults of ../shared/DESIGN.md ("Settings").
+"""Settings from the environment, with their defaults (README, "Configuration").
 
 Every setting is an environment variable; the Dagster resources expose the same names as
 fields and fall back to these values when a field is left unset.

@@ -1,5 +1,4 @@
-"""What a whole word is, for filters and the texts they match (DESIGN.md "Filters and
-delivery"): one definition, used by the filter language and the matcher alike."""
+"""What a whole word is, for filters and the texts they match: one definition, used by the filter language and the matcher alike."""
 
 from __future__ import annotations
 

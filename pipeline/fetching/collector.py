@@ -355,7 +355,7 @@ class Collector:
 
 
 def _log(event_row: Mapping[str, Any]) -> None:
-    """The event as one structured (JSON) log line, as DESIGN.md "Telemetry" asks (not
+    """The event as one structured (JSON) log line, beside its ``ingestion_events`` row (not
     even formatted when nothing logs INFO)."""
     if log.isEnabledFor(logging.INFO):
         log.info(json.dumps(dict(event_row), default=lambda v: v.isoformat() if isinstance(v, datetime) else str(v)))

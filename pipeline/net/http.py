@@ -1,4 +1,4 @@
-"""Fetching a URL the way DESIGN.md ("HTTP") asks, for feeds, pages and webhooks alike;
+"""Fetching a URL, for feeds, pages and webhooks alike;
 every failure is a ``FetchError`` with a code of the taxonomy.
 
 httpx's transport (a kept-alive connection pool per thread), an SSRF guard on the address

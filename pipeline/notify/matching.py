@@ -1,4 +1,4 @@
-"""Which filters match a listing (DESIGN.md "Filters and delivery"), set-based.
+"""Which filters match a listing, set-based.
 
 A filter matches a listing when its expression (pipeline/notify/query.py) holds for it:
 by default every word appears, case-insensitively, as a whole word in its title or

@@ -1,4 +1,4 @@
-"""The filter language (DESIGN.md "Filters and delivery"): parsed once, at ``filters add``
+"""The filter language (README, "Filters"): parsed once, at ``filters add``
 and when the notifier loads filters, and compiled to clauses the set-based matcher files
 by one of their words (pipeline/notify/matching.py).
 

@@ -1,5 +1,5 @@
 """When a user hears about a match: at once, or in a digest, and never in quiet hours
-(DESIGN.md "Filters and delivery"; docs/runbook.md, Digests and quiet hours). Pure: the
+(docs/runbook.md, Digests and quiet hours). Pure: the
 clock is an argument.
 
 A user's delivery plan is three settings, each written as the CLI takes it:

@@ -4,7 +4,7 @@ A claim marks up to ``limit`` ready rows with a lease (``locked_until``), the cl
 worker (``claimed_by``) and a fresh fencing token (``claim_token``), and returns them in
 their post-claim state. Completion, release and lease extension are fenced by token and
 worker: a worker whose lease expired and whose rows were claimed again changes nothing.
-The SQL for each database is described in ../shared/DESIGN.md ("The claim primitive").
+The SQL each database runs is in pipeline/queue/sql/, rendered (tests/test_golden_sql.py).
 
 Indexes: every queue has two partial indexes built from the same predicates the claim
 uses (``QueueSpec.indexes``): a *free* index over ready rows with no lease, and a *leased*
@@ -479,9 +479,12 @@ class WorkQueue:
         except dbapi_error as exc:
             broken = bool(pg.closed or pg.broken or self.engine.dialect.is_disconnect(exc, pg, None))
             if broken:
-                # As SQLAlchemy does on a disconnect: every connection of the pool made
-                # before this one is stale too (a server restart), and is replaced.
-                self.engine.pool._invalidate(raw, exc)
+                # As SQLAlchemy does on a disconnect: this connection leaves the pool, and
+                # every other the pool holds is stale too (a server restart): the engine
+                # starts a new pool (the old one's idle connections are closed now, those
+                # lent out when they come back).
+                raw.invalidate(exc)
+                self.engine.dispose()
             raise sa.exc.DBAPIError.instance(
                 None, None, exc, dbapi_error, hide_parameters=True, connection_invalidated=broken
             ) from exc
@@ -925,7 +928,7 @@ class WorkQueue:
         if statement is None:
             t, dialect = self.spec.table, self.engine.dialect
             # The columns' own conversions (UTC times, JSON), as SQLAlchemy applies them.
-            convert = {name: t.c[name].type._cached_bind_processor(dialect) for name in key}
+            convert = {name: t.c[name].type.dialect_impl(dialect).bind_processor(dialect) for name in key}
             statement = self._fenced_sql[key] = self._driver_sql(self._fenced_statement(key), convert)
         return statement
 

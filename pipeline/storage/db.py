@@ -75,7 +75,7 @@ def _configure_sqlite(engine: Engine) -> None:
 def _configure_postgres(engine: Engine) -> None:
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        # Every timestamp is UTC (DESIGN.md "Databases"): timestamptz values then come
+        # Every timestamp is UTC (schema.UTCDateTime): timestamptz values then come
         # back from the driver already in UTC, whatever the server's default zone.
         # No JIT: the pipeline's statements are short, and compiling one took longer
         # than running it (37 ms against 18 for a batch's story lookup, bench/RESULTS.md).

@@ -1,7 +1,8 @@
 """The pipeline's tables as SQLAlchemy Core metadata: the one definition the code queries.
 
 Alembic migrations (migrations/versions) create the same schema; tests/test_migrations.py
-fails when the two drift. Names are public: see ../shared/DESIGN.md ("Schema").
+fails when the two drift. Names are public: the CLI, the runbook's SQL and operators'
+queries use them.
 """
 
 from __future__ import annotations
@@ -492,7 +493,7 @@ worker_state = sa.Table(
 
 
 def _due(now: sa.ColumnElement[datetime]) -> sa.ColumnElement[bool]:
-    # The due predicate of DESIGN.md "Scheduling": NULL means due now.
+    # A source is due when its next fetch time has passed; NULL means due now.
     return sa.or_(sources.c.next_fetch_at.is_(None), sources.c.next_fetch_at <= now)
 
 
