@@ -26,20 +26,25 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import dagster as dg
-
-if TYPE_CHECKING:  # Dagster exports neither name; they type the launcher's overrides only
-    from dagster._core.launcher import LaunchRunContext
-    from dagster._serdes import ConfigurableClassData
 
 from sensors.runs import ACTIVE
 
 REASON = "the dev stack (dev.py) stopped while this run was in flight"
 IN_FLIGHT = [*ACTIVE, dg.DagsterRunStatus.CANCELING]  # not ended yet
+
+
+class LaunchContext(Protocol):
+    """What ``launch_run`` reads of the context Dagster passes it (Dagster does not export
+    the context's class)."""
+
+    @property
+    def dagster_run(self) -> dg.DagsterRun: ...
 
 
 class StoppableRunLauncher(dg.DefaultRunLauncher):
@@ -49,23 +54,31 @@ class StoppableRunLauncher(dg.DefaultRunLauncher):
     the launcher, so once the file exists every run that is or will be in flight is one
     ``terminate`` sees, or one this cancels."""
 
-    def __init__(self, stop_file: str, inst_data: ConfigurableClassData | None = None) -> None:
+    def __init__(self, stop_file: str, inst_data: Any = None) -> None:
         super().__init__(inst_data=inst_data)
         self.stop_file = Path(stop_file)
+        self.instance: weakref.ref[dg.DagsterInstance] | None = None
+
+    def register_instance(self, instance: dg.DagsterInstance) -> None:
+        """The instance this launcher serves (Dagster calls this when it loads it), kept
+        weakly, as Dagster keeps it: the instance holds the launcher."""
+        super().register_instance(instance)
+        self.instance = weakref.ref(instance)
 
     @classmethod
     def config_type(cls) -> dict[str, Any]:
         return {"stop_file": dg.Field(str, description="a file whose existence means: start no run")}
 
     @classmethod
-    def from_config_value(cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]) -> StoppableRunLauncher:
+    def from_config_value(cls, inst_data: Any, config_value: Mapping[str, Any]) -> StoppableRunLauncher:
         return cls(stop_file=config_value["stop_file"], inst_data=inst_data)
 
-    def launch_run(self, context: LaunchRunContext) -> None:
-        if self.stop_file.exists():
-            self._instance.report_run_canceled(context.dagster_run, message=REASON)
+    def launch_run(self, context: LaunchContext) -> None:
+        instance = self.instance() if self.instance is not None else None
+        if self.stop_file.exists() and instance is not None:
+            instance.report_run_canceled(context.dagster_run, message=REASON)
             return
-        super().launch_run(context)
+        super().launch_run(context)  # type: ignore[arg-type]
 
 
 def runs_in_flight(instance: dg.DagsterInstance) -> list[dg.DagsterRun]:

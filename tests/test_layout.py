@@ -43,6 +43,32 @@ def test_no_file_sends_the_reader_outside_the_repository() -> None:
     assert found == []
 
 
+def test_no_module_imports_a_private_name_of_a_dependency_but_its_one_wrapper() -> None:
+    """Private APIs of feedparser and Dagster were imported where they were used; each is
+    now imported once, in a module that says why and has a test that fails by name when
+    the dependency changes it (pipeline/fetching/feedparser_private.py)."""
+    import ast
+
+    wrappers = {"pipeline/fetching/feedparser_private.py"}
+    ours = ("pipeline", "assets", "sensors", "resources", "tests")
+    found = []
+    for folder in ("pipeline", "assets", "sensors", "resources"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            name = str(path.relative_to(ROOT))
+            if name in wrappers:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                        and not node.module.startswith(ours) and node.module != "__future__":
+                    private = [a.name for a in node.names if a.name.startswith("_")]
+                    if any(part.startswith("_") for part in node.module.split(".")) or private:
+                        found.append(f"{name}:{node.lineno} from {node.module} import {', '.join(private) or '...'}")
+                elif isinstance(node, ast.Import):
+                    found += [f"{name}:{node.lineno} import {a.name}" for a in node.names
+                              if any(part.startswith("_") for part in a.name.split(".")) and not a.name.startswith(ours)]
+    assert found == []
+
+
 def test_every_exception_the_pipeline_defines_is_a_pipeline_error() -> None:
     """One hierarchy under one base, defined in one module (pipeline/core/errors.py), so a
     caller can tell an operator error or a work failure from a bug by its type."""

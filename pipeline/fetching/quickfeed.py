@@ -7,7 +7,7 @@ fraction of that. This module walks the tree and applies feedparser's own rules 
 fields pipeline/fetching/rss.py stores (title, link, summary, published/updated,
 author, categories, id; the types of title, summary and content, with feedparser's own
 test of whether RSS text looks like HTML), in document order: the same text clean-up (``pop``: strip,
-the UTF-8-read-as-Latin-1 repair, the windows-1252 code points), the same ``_urljoin``
+the UTF-8-read-as-Latin-1 repair, the windows-1252 code points), the same URL join
 for links and permalink guids against the same base, the same date parser, the same
 author and tag rules.
 
@@ -36,11 +36,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from feedparser.api import StrictFeedParser
-from feedparser.datetimes import _parse_date
-from feedparser.html import _cp1252
-from feedparser.urls import _urljoin, make_safe_absolute_uri
+from feedparser.urls import make_safe_absolute_uri
 
 from pipeline.core.errors import NotPlainFeed
+from pipeline.fetching.feedparser_private import parse_date, repair_cp1252, urljoin
 
 _ATOM = "http://www.w3.org/2005/Atom"
 _RDF = "http://www.w3.org/1999/02/22-rdf-syntax-ns#"
@@ -163,7 +162,7 @@ def _document_base(root: ET.Element) -> str | None:
     values = [value for name, value in root.attrib.items() if _attribute_key(name) in _BASE]
     if len(values) > 1:
         return None
-    first = _urljoin("", values[0]) if values else ""
+    first = urljoin("", values[0]) if values else ""
     if not first:
         return ""
     settled = make_safe_absolute_uri(first, first) or first
@@ -181,14 +180,14 @@ def _clean(value: str, *, resolve: str | None = None) -> str:
     (the document's base, "" for none) when given, mis-decoded UTF-8 repaired,
     windows-1252 code points mapped."""
     if resolve is not None and value:
-        value = _urljoin(resolve, value)
+        value = urljoin(resolve, value)
     if value.isascii():
         return value  # both repairs leave ASCII as it is
     try:
         value = value.encode("iso-8859-1").decode("utf-8")
     except (UnicodeEncodeError, UnicodeDecodeError):
         pass
-    return value.translate(_cp1252)
+    return repair_cp1252(value)
 
 
 def _check_descendants(element: ET.Element, keys: _Keys) -> None:
@@ -301,7 +300,7 @@ def _entry(item: ET.Element, keys: _Keys, base: str, atom: bool) -> dict[str, An
                 if len(child):
                     _check_descendants(child, keys)
                 if rel == "alternate" and _map_content_type(kind) in _HTML_TYPES:
-                    entry["link"] = _urljoin(base, href)
+                    entry["link"] = urljoin(base, href)
             else:
                 if attrs:
                     raise NotPlainFeed(f"a link without href but with {sorted(attrs)}")
@@ -337,7 +336,7 @@ def _entry(item: ET.Element, keys: _Keys, base: str, atom: bool) -> dict[str, An
             field = "published" if key in ("pubdate", "published") else "updated"
             value = _clean(_text(child))
             entry[field] = value
-            entry[field + "_parsed"] = _parse_date(value)
+            entry[field + "_parsed"] = parse_date(value)
         elif key in ("author", "dc_creator"):
             if attrs:
                 raise NotPlainFeed(f"attributes on <{key}>")
@@ -450,7 +449,7 @@ def _site_link(feed: list[ET.Element], keys: _Keys, base: str) -> dict[str, str]
                 if set(attrs) - {"href", "rel", "type", "title", "hreflang", "length"}:
                     raise NotPlainFeed(f"a feed link with {sorted(attrs)}")
                 if rel == "alternate" and _map_content_type(kind) in _HTML_TYPES:
-                    found["link"] = _urljoin(base, attrs["href"])
+                    found["link"] = urljoin(base, attrs["href"])
             elif attrs or len(child):
                 raise NotPlainFeed(f"a feed link without href but with {sorted(attrs)}")
             else:
