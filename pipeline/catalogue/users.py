@@ -20,7 +20,7 @@ from pipeline.core.kinds import ChannelKind, NotificationStatus
 from pipeline.core.redact import channel_url, names_a_host
 from pipeline.net.http import AddressGuard
 from pipeline.notify.notifier import source_ids_by_name
-from pipeline.notify.query import QueryError, compile_query, parse, source_terms
+from pipeline.notify.query import Query, QueryError, compile_query, parse, source_terms
 from pipeline.notify.schedule import DeliveryPlan
 from pipeline.storage import schema
 
@@ -153,20 +153,9 @@ def add_filter(
     of what is wrong; a ``source:`` must name a source that exists. ``changes``: its user
     also hears when a listing it notified them of changes or goes (pipeline/storage/watches.py)."""
     user_id = find_user(conn, user)
-    for field, value in (("the filter", query), ("category", category)):
-        if value is not None and (problem := text_problem(value, field)):
-            raise UserError(problem)
-    names = source_ids_by_name(conn)
-    try:
-        for term in source_terms(parse(query)):
-            source_id = as_id(term.value)
-            if term.value not in names and not (source_id is not None and _source_exists(conn, source_id)):
-                raise QueryError(f"no source named (or with id) {term.value!r}", term.position)
-        compiled = compile_query(query, names)
-    except QueryError as exc:
-        written = query.strip()
-        shown = written if len(written) <= 80 else f"{written[:77]}..."
-        raise UserError(f"filter {shown!r}: {exc}") from None
+    if category is not None and (problem := text_problem(category, "category")):
+        raise UserError(problem)
+    compiled = compile_filter(conn, query)
     if source_id is not None and not _source_exists(conn, source_id):
         raise UserError(f"no source with id {source_id}")
     category = (category or "").strip() or None
@@ -176,6 +165,24 @@ def add_filter(
                             source_id=source_id, category=category, changes=changes)
         .returning(t.c.id)
     ).scalar_one())
+
+
+def compile_filter(conn: sa.Connection, query: str) -> Query:
+    """``query`` compiled as a filter is: refused with the position of what is wrong, and
+    when a ``source:`` names no source that exists."""
+    if problem := text_problem(query, "the filter"):
+        raise UserError(problem)
+    names = source_ids_by_name(conn)
+    try:
+        for term in source_terms(parse(query)):
+            source_id = as_id(term.value)
+            if term.value not in names and not (source_id is not None and _source_exists(conn, source_id)):
+                raise QueryError(f"no source named (or with id) {term.value!r}", term.position)
+        return compile_query(query, names)
+    except QueryError as exc:
+        written = query.strip()
+        shown = written if len(written) <= 80 else f"{written[:77]}..."
+        raise UserError(f"filter {shown!r}: {exc}") from None
 
 
 def _source_exists(conn: sa.Connection, source_id: int) -> bool:

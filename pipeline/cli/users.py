@@ -189,13 +189,53 @@ def filters_group() -> None:
 @click.option("--changes", is_flag=True,
               help="Also tell USER when a listing this filter notified them of changes (title or summary)"
                    " or goes from its source, once per change.")
-def filters_add(user: str, query: str, source_id: int | None, category: str | None, changes: bool) -> None:
+@click.option("--backfill", "backfill_days", type=click.IntRange(1, 3650), metavar="DAYS",
+              help="Also notify USER, once, of what it matches among the listings of the last DAYS days"
+                   " (at once, or in their digest); try it first with `filters test`.")
+def filters_add(user: str, query: str, source_id: int | None, category: str | None, changes: bool,
+                backfill_days: int | None) -> None:
     """Add a filter for USER (a name or id) and print its id. It applies to listings that
-    arrive from now on."""
-    from pipeline.catalogue import users
+    arrive from now on (and with --backfill to those of the last days)."""
+    from pipeline.catalogue import users, workbench
+    from pipeline.core.settings import Settings
 
-    with common.engine().begin() as conn:
-        click.echo(users.add_filter(conn, user, query, source_id=source_id, category=category, changes=changes))
+    engine = common.engine()
+    with engine.begin() as conn:
+        filter_id = users.add_filter(conn, user, query, source_id=source_id, category=category, changes=changes)
+    click.echo(filter_id)
+    if backfill_days is not None:
+        made = workbench.backfill_filter(engine, Settings.from_env(), filter_id, query, days=backfill_days,
+                                         worker=common.worker("backfill"))
+        click.echo(f"{common.counted(made, 'notification')} of the last {backfill_days} days' listings"
+                   " made (the next `pipeline notify` sends them)", err=True)
+
+
+@filters_group.command("test")
+@click.argument("user")
+@click.argument("query", metavar="FILTER")
+@click.option("--days", type=click.IntRange(1, 3650), default=30, show_default=True,
+              help="Listings that arrived in the last DAYS days.")
+@click.option("--show", type=click.IntRange(0, 10000), default=20, show_default=True,
+              help="List at most this many matches, the newest first (all are counted).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def filters_test(user: str, query: str, days: int, show: int, as_json: bool) -> None:
+    """What FILTER would have matched for USER among the listings stored, with the words
+    and fields that matched; nothing is notified, nothing is stored."""
+    from pipeline.catalogue import workbench
+
+    trial = workbench.try_filter(common.engine(), user, query, days=days, shown=show)
+    if as_json:
+        click.echo(common.as_json(trial.as_dict()))
+        return
+    click.echo(f"{trial.query!r}: {trial.matched:,} of the {common.counted(trial.listings, 'listing')} of the"
+               f" last {days} days match ({trial.read:,} read, {trial.seconds:.2f} s)")
+    for hit in trial.hits:
+        told = "  (already notified)" if hit.notified else ""
+        click.echo(f"{hit.id:>8}  {common.moment(hit.ingested_at)}  {hit.title}{told}")
+        click.echo(f"{'':>8}  {hit.url}")
+        click.echo(f"{'':>8}  matched: {', '.join(hit.reasons)}")
+    if trial.matched > len(trial.hits):
+        click.echo(f"... and {trial.matched - len(trial.hits)} more (--show N lists more)")
 
 
 @filters_group.command("list")

@@ -45,3 +45,16 @@ def folded(text: str) -> str:
     """A name as the filter language compares it (``category:``, ``source:``): spaces
     collapsed, normalised."""
     return " ".join(normalised(text).split())
+
+
+def listing_text(title: str, summary: str) -> str:
+    """The text of a listing that words without a field are matched in."""
+    return f"{title} {summary}"
+
+
+def word_string(title: str, summary: str) -> str:
+    """What ``listings.words`` stores: the listing's words (``words`` of its title and
+    summary), sorted, each between spaces (" node node.js python "), so that SQL finds a
+    listing holding a word by ``LIKE '% python %'`` and Python by ``" python " in it``,
+    without reading the text into words again (``pipeline filters test``)."""
+    return f" {' '.join(sorted(words(listing_text(title, summary))))} "

@@ -28,6 +28,7 @@ from sqlalchemy.engine import Engine
 from pipeline.core.errors import NormaliseError
 from pipeline.core.settings import Settings
 from pipeline.core.urls import item_key
+from pipeline.core.words import word_string
 from pipeline.listings import stories
 from pipeline.listings.normalize import Listing, normalise
 from pipeline.queue.claim import MARIADB, UNCLAIMED, Claim, Heartbeat, Row, RowCompletion, WorkQueue
@@ -38,11 +39,12 @@ log = logging.getLogger("pipeline.listings.processor")
 
 _COLUMNS = (
     "source_id", "source_item_id", "url", "title", "summary", "author", "published_at",
-    "categories", "price", "content_hash", "raw_id", "item_key", "simhash", *schema.STORY_KEYS,
+    "categories", "price", "content_hash", "raw_id", "item_key", "words", "simhash", *schema.STORY_KEYS,
 )
 # What the processor reads of a claimed raw row (besides its id, order and attempts).
 _CLAIMED = ("source_id", "source_item_id", "url", "raw_json")
-_CONTENT = ("url", "title", "summary", "author", "published_at", "categories", "price", "content_hash", "item_key")
+_CONTENT = ("url", "title", "summary", "author", "published_at", "categories", "price", "content_hash", "item_key",
+            "words")
 
 
 @dataclass
@@ -292,6 +294,7 @@ def _listing_row(row: Row, listing: Listing) -> dict[str, Any]:
         "content_hash": listing.content_hash,
         "raw_id": row["id"],
         "item_key": item_key(listing.identity_url, row["source_item_id"], canonical=True),
+        "words": word_string(listing.title, listing.summary),
         # Set for a new listing (its fingerprint and keys are taken once, when first stored).
         **dict.fromkeys(("simhash", *schema.STORY_KEYS)),
     }

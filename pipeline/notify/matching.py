@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import NamedTuple
 
-from pipeline.core.words import folded, phrase_tokens, words
+from pipeline.core.words import folded, listing_text, phrase_tokens, words
 from pipeline.notify.query import (
     AUTHOR_KEY,
     CATEGORY_KEY,
@@ -34,10 +34,11 @@ from pipeline.notify.query import (
     Condition,
     Field,
     Query,
+    Term,
     plain,
 )
 
-__all__ = ["Filter", "FilterIndex", "ListingText", "Match", "WordRarity", "words"]
+__all__ = ["Filter", "FilterIndex", "ListingText", "Match", "WordRarity", "reasons", "words"]
 
 
 @dataclass(frozen=True)
@@ -159,11 +160,16 @@ class FilterIndex:
                     if key.startswith("\x00"):
                         self._prefixes.add(key[:3])
 
-    def matching(self, listing: ListingText, *, any_age: bool = False, now: datetime | None = None) -> list[Filter]:
+    def matching(
+        self, listing: ListingText, *, any_age: bool = False, now: datetime | None = None,
+        text_words: set[str] | None = None,
+    ) -> list[Filter]:
         """The filters that match ``listing``; ``any_age`` also applies filters created
         after the listing arrived (a backfill asked to); ``now`` is the moment
-        ``published:7d`` reaches back from."""
-        text_words = words(f"{listing.title} {listing.summary}")
+        ``published:7d`` reaches back from; ``text_words``: the listing's words, where they
+        are known already (its stored words: pipeline/core/words.py ``word_string``)."""
+        if text_words is None:
+            text_words = words(listing_text(listing.title, listing.summary))
         found = self._matching(listing, text_words, self._keys(listing, text_words), any_age, now or _now())
         return list({f.id: f for f in found}.values())
 
@@ -177,7 +183,7 @@ class FilterIndex:
         the filters filed from now on."""
         texts = []
         for listing in listings:
-            text_words = words(f"{listing.title} {listing.summary}")
+            text_words = words(listing_text(listing.title, listing.summary))
             texts.append((listing, text_words, self._keys(listing, text_words)))
         self.rarity.observe(keys for _, _, keys in texts)
         now = now or _now()
@@ -250,6 +256,51 @@ class FilterIndex:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def reasons(query: Query, listing: ListingText, now: datetime | None = None) -> tuple[str, ...] | None:
+    """Why ``query`` matches ``listing``, for people (``pipeline filters test``): the
+    conditions of the first alternative that holds, each as written with where it was
+    found (``python (title, summary)``, ``"machine learning" (summary)``,
+    ``category:remote``, ``without senior``); None when no alternative holds."""
+    text_words = words(listing_text(listing.title, listing.summary))
+    fields = _Fields(listing, text_words, now or _now())
+    for clause in query.clauses:
+        if not all(w in text_words for w in clause.words) or any(w in text_words for w in clause.absent):
+            continue
+        if not all(fields.holds(c) for c in clause.checks):
+            continue
+        scoped = {w for c in clause.checks if not c.negated for w in c.term.words}
+        found = [f"{w} ({_where(fields, w)})" for w in clause.words if w not in scoped]
+        found += [_written(c, fields) for c in clause.checks]
+        return (*found, *(f"without {w}" for w in clause.absent))
+    return None
+
+
+def _where(fields: _Fields, word: str) -> str:
+    return ", ".join(f for f in (Field.TITLE, Field.SUMMARY) if word in fields.words(f))
+
+
+def _written(condition: Condition, fields: _Fields) -> str:
+    term = condition.term
+    if term.field is Field.PUBLISHED:
+        published = fields.listing.published_at
+        text = f"published {published:%Y-%m-%d}" if published else "published"
+    elif term.words:
+        what = f'"{" ".join(term.words)}"' if term.phrase else term.words[0]
+        if term.field is Field.TEXT and not condition.negated:
+            text = f"{what} ({_phrase_where(fields, term) if term.phrase else _where(fields, term.words[0])})"
+        elif term.field is Field.TEXT:
+            text = what
+        else:
+            text = f"{term.field}:{what}"
+    else:
+        text = f"{term.field}:{term.value}"
+    return f"without {text}" if condition.negated else text
+
+
+def _phrase_where(fields: _Fields, term: Term) -> str:
+    return ", ".join(f for f in (Field.TITLE, Field.SUMMARY) if fields.has_phrase(f, term.words))
 
 
 class _Fields:

@@ -157,27 +157,35 @@ class Notifier:
 
     def rematch(
         self, start: datetime, end: datetime, *, any_age: bool = False, chunk: int = 1000,
-        progress: Callable[[int], None] | None = None,
+        progress: Callable[[int], None] | None = None, filter_ids: Collection[int] | None = None,
+        where: sa.ColumnElement[bool] | None = None,
     ) -> int:
         """Match again the listings that arrived in [start, end): a backfill, after a
         matcher fix or with ``any_age`` for filters newer than the listings. Existing
         notifications are never repeated (unique per user and listing); returns how many
         new ones were created. No claim is needed: every write is idempotent.
         ``progress`` is told how many listings each chunk held (``count_window`` gives
-        the total)."""
+        the total). ``filter_ids``: only these filters (a new filter's history: ``filters
+        add --backfill``), and ``where`` narrows the listings read to a condition every
+        listing they match meets (pipeline/catalogue/workbench.py ``candidates``)."""
         t = schema.listings
         created, after = 0, 0
+        only = None
+        if filter_ids is not None:
+            loaded = load_filters(self.engine, ids=filter_ids)
+            only = FilterIndex(f for f, _ in loaded), {f.user_id: r for f, r in loaded}
         while True:
             with self.engine.connect() as conn:
                 rows = conn.execute(
                     sa.select(t.c.id, *(t.c[name] for name in MATCHED_COLUMNS))
-                    .where(t.c.ingested_at >= start, t.c.ingested_at < end, t.c.id > after)
+                    .where(t.c.ingested_at >= start, t.c.ingested_at < end, t.c.id > after,
+                           *(() if where is None else (where,)))
                     .order_by(t.c.id).limit(chunk)
                 ).mappings().all()
             if not rows:
                 return created
             after = rows[-1]["id"]
-            index, recipients = self._catalogue.current()
+            index, recipients = only or self._catalogue.current()
             matches = index.matches(_texts(rows), any_age=any_age)
             with self.engine.begin() as conn:
                 made = _insert_notifications(conn, matches, recipients, _stories(rows), limits=self.limits)
@@ -505,8 +513,10 @@ class FilterCatalogue:
 def load_filters(
     engine: Engine, *, created_since: datetime | None = None, compiled: Mapping[str, Query] | None = None,
     keep: dict[str, Query] | None = None, failed: dict[int, str] | None = None,
+    ids: Collection[int] | None = None,
 ) -> list[tuple[Filter, Recipient]]:
-    """The enabled filters of enabled users (created at or after ``created_since``), each
+    """The enabled filters of enabled users (created at or after ``created_since``; those
+    of ``ids`` only, when given), each
     with how its user is notified. A query found in ``compiled`` is not compiled again;
     each compiled query without ``source:`` (which depends on the sources' names) goes
     into ``keep``. A stored query that does not compile (written by a newer version, or
@@ -521,6 +531,8 @@ def load_filters(
     )
     if created_since is not None:
         query = query.where(f.c.created_at >= created_since)
+    if ids is not None:
+        query = query.where(f.c.id.in_(list(ids)))
     with engine.connect() as conn:
         rows = conn.execute(query).all()
         names = source_ids_by_name(conn) if any(r.query and "source:" in r.query.lower() for r in rows) else {}

@@ -293,6 +293,9 @@ listings = sa.Table(
     # A page item's price as the page shows it (its source's ``price`` selector), a part
     # of its content (change alerts); NULL for everything else. Revision 0016.
     sa.Column("price", sa.Text()),
+    # Its words (pipeline/core/words.py word_string: " node node.js python "), which
+    # `pipeline filters test` searches without reading the text again. Revision 0021.
+    sa.Column("words", sa.Text()),
     sa.UniqueConstraint("source_id", "source_item_id"),
     sa.Index(None, "ingested_at"),  # windows for re-matching backfills
     # Copies only (the first of a story has none): `pipeline status` counts them.
