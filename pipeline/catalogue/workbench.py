@@ -3,17 +3,17 @@ what it would have matched in the last days, newest first, each with the words a
 fields that matched, before anyone is notified of anything.
 
 The matcher's rules decide (pipeline/notify/matching.py), as for every new listing; the
-listings' stored words (``listings.words``, " node node.js python ") make it cheap. SQL
-narrows the window to the listings holding every word some alternative of the query
-needs (" python " found in their words, pipeline/storage/functions.py ``position``: on
-a database that compared text without case or accents this would let more through,
-never fewer). A query of words alone (with exclusions and OR)
-is then checked on the stored words in Python, exactly as the matcher would, without
-reading the text; a query with a phrase or a field (``title:``, ``author:``,
-``category:``, ``published:``) runs the matcher itself on the candidates. Only the
-listings shown are read whole, to say why they matched. A query with an alternative
-that needs no word (``category:jobs`` alone) reads the whole window.
-bench/filter_workbench.py measures it at 1,000,000 listings.
+listings' stored keys (``listings.words``, " a:smith c:remote node node.js python ":
+pipeline/core/words.py ``word_string``) make it cheap. SQL narrows the window to the
+listings holding everything some alternative of the query needs (a word, an author's
+word, a category, one of its sources: its ``filings``), found by
+pipeline/storage/functions.py ``position``; on a database that compared text without
+case or accents this would let more through, never fewer. A query of words alone (with
+exclusions and OR) is then decided on the stored words in Python, exactly as the
+matcher would, without reading the text; a query with a phrase or a field runs the
+matcher itself on the candidates (given their stored words). Only the listings shown
+are read whole, to say why they matched. bench/filter_workbench.py measures it at
+1,000,000 listings.
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ from sqlalchemy.engine import Engine
 
 from pipeline.catalogue.users import compile_filter, find_user
 from pipeline.core.settings import Settings
+from pipeline.core.words import AUTHOR_PREFIX, CATEGORY_PREFIX, category_key
 from pipeline.notify.matching import Filter, FilterIndex, ListingText, reasons
 from pipeline.notify.notifier import Notifier
-from pipeline.notify.query import Query
+from pipeline.notify.query import AUTHOR_KEY, CATEGORY_KEY, SOURCE_KEY, Field, Query
 from pipeline.storage import schema
 from pipeline.storage.functions import position
 
@@ -81,15 +82,34 @@ class Trial:
 
 
 def candidates(query: Query) -> sa.ColumnElement[bool] | None:
-    """A condition every listing ``query`` matches meets, or None when some alternative
-    needs no word of the text (then every listing is a candidate). A listing stored
-    before its words were (NULL) is always one."""
-    if any(not clause.words for clause in query.clauses):
-        return None
+    """A condition every listing ``query`` matches meets: for some alternative, each thing
+    it needs (a word, an author's word, a category, one of its sources) is among the
+    listing's stored keys (or is its source). None when some alternative needs nothing
+    stored (it cannot be: the language refuses it). A listing stored before its keys
+    were (NULL) is always a candidate."""
     t = schema.listings
-    return sa.or_(t.c.words.is_(None),
-                  *(sa.and_(*(position(t.c.words, f" {w} ") > 0 for w in clause.words))
-                    for clause in query.clauses))
+    alternatives = []
+    for clause in query.clauses:
+        needs = []
+        for filing in clause.filings:  # each: the listing holds one of these keys
+            sources = [int(k.removeprefix(SOURCE_KEY)) for k in filing if k.startswith(SOURCE_KEY)]
+            held = [position(t.c.words, f" {_stored(k)} ") > 0 for k in filing if not k.startswith(SOURCE_KEY)]
+            needs.append(sa.or_(*held, *((t.c.source_id.in_(sources),) if sources else ())))
+        sources = [c.source_ids for c in clause.checks if c.term.field is Field.SOURCE and not c.negated]
+        needs += [t.c.source_id.in_(sorted(ids)) if ids else sa.false() for ids in sources]
+        if not needs:
+            return None
+        alternatives.append(sa.and_(*needs))
+    return sa.or_(t.c.words.is_(None), *alternatives)
+
+
+def _stored(key: str) -> str:
+    """A matcher's key (pipeline/notify/query.py) as ``listings.words`` holds it."""
+    if key.startswith(AUTHOR_KEY):
+        return AUTHOR_PREFIX + key.removeprefix(AUTHOR_KEY)
+    if key.startswith(CATEGORY_KEY):
+        return category_key(key.removeprefix(CATEGORY_KEY))
+    return key
 
 
 def _by_words(query: Query) -> bool:
@@ -138,7 +158,7 @@ def try_filter(
                 found = [row for row in chunk if row.words is not None and _holds(query, row.words)]
             else:
                 found = [row for row in chunk if index.matching(
-                    _text(row), any_age=True, now=now, text_words=set(row.words.split()) if row.words else None)]
+                    _text(row), any_age=True, now=now, text_words=_text_words(row.words))]
             _keep(newest, found, shown)
             trial.matched += len(found)
         for start in range(0, len(unread), _CHUNK):
@@ -170,6 +190,13 @@ def backfill_filter(engine: Engine, settings: Settings, filter_id: int, query: s
     notifier = Notifier(engine, settings, worker)
     return notifier.rematch(now - timedelta(days=days), now + timedelta(seconds=1), any_age=True,
                             filter_ids=[filter_id], where=narrowed)
+
+
+def _text_words(stored: str | None) -> set[str] | None:
+    """The words of a listing's title and summary, from its stored keys (None: unknown)."""
+    if stored is None:
+        return None
+    return {k for k in stored.split() if not k.startswith((AUTHOR_PREFIX, CATEGORY_PREFIX))}
 
 
 def _keep(newest: list[tuple[datetime, int]], rows: Iterable[Any], shown: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Iterable
 
 # A word: letters and digits, joined by inner punctuation ("node.js", "e-mail"), with an
 # optional tail of + or # ("c++", "c#"). A compound word also counts as each of its
@@ -52,9 +53,25 @@ def listing_text(title: str, summary: str) -> str:
     return f"{title} {summary}"
 
 
-def word_string(title: str, summary: str) -> str:
-    """What ``listings.words`` stores: the listing's words (``words`` of its title and
-    summary), sorted, each between spaces (" node node.js python "), so that SQL finds a
-    listing holding a word by ``LIKE '% python %'`` and Python by ``" python " in it``,
-    without reading the text into words again (``pipeline filters test``)."""
-    return f" {' '.join(sorted(words(listing_text(title, summary))))} "
+# In ``listings.words``, beside the words: an author's word and a category, each behind a
+# prefix no word holds (a word has no colon), a category's spaces as U+001F (a key holds
+# no space).
+AUTHOR_PREFIX, CATEGORY_PREFIX = "a:", "c:"
+
+
+def category_key(category: str) -> str:
+    """A category (as ``category:`` compares it, ``folded``) as ``listings.words`` holds it."""
+    return CATEGORY_PREFIX + folded(category).replace(" ", "\x1f")
+
+
+def word_string(title: str, summary: str, author: str | None = None, categories: Iterable[str] = ()) -> str:
+    """What ``listings.words`` stores: the listing's keys, sorted, each between spaces
+    (" a:smith c:remote node node.js python "): the words of its title and summary, its
+    author's words and its categories, so that SQL finds the listings holding a key by
+    searching for " python " and Python by ``" python " in it``, without reading the
+    text into words again (``pipeline filters test``). A change to ``words``, ``folded``
+    or these keys needs a migration that stores them again."""
+    keys = words(listing_text(title, summary))
+    keys.update(AUTHOR_PREFIX + w for w in words(author or ""))
+    keys.update(category_key(c) for c in categories)
+    return f" {' '.join(sorted(keys))} "

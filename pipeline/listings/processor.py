@@ -294,7 +294,7 @@ def _listing_row(row: Row, listing: Listing) -> dict[str, Any]:
         "content_hash": listing.content_hash,
         "raw_id": row["id"],
         "item_key": item_key(listing.identity_url, row["source_item_id"], canonical=True),
-        "words": word_string(listing.title, listing.summary),
+        "words": word_string(listing.title, listing.summary, listing.author, listing.categories),
         # Set for a new listing (its fingerprint and keys are taken once, when first stored).
         **dict.fromkeys(("simhash", *schema.STORY_KEYS)),
     }
