@@ -174,6 +174,8 @@ def test_a_source_restriction_survives_a_source_named_in_the_query(engine):
 
 @conformance
 def test_the_migration_stores_the_words_of_the_listings_already_stored(empty_db_url):
+    """Revision 0021 fills the keys of listings stored before it. It needs a database of
+    its own at revision 0020 (created empty, migrated there, then to the head)."""
     engine = db.create_engine(empty_db_url)
     try:
         migrate.upgrade(engine, "0020")

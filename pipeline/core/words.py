@@ -1,4 +1,5 @@
-"""What a whole word is, for filters and the texts they match: one definition, used by the filter language and the matcher alike."""
+"""What a whole word is, for filters and the texts they match: one definition, used by
+the filter language and the matcher alike."""
 
 from __future__ import annotations
 
