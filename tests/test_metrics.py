@@ -108,7 +108,7 @@ def test_idle_connections_cannot_pile_up_threads_and_are_closed_after_the_read_t
     import socket
     import threading
 
-    from pipeline.cli.metrics import serve
+    from pipeline.web.server import serve
 
     def app(environ, start_response):
         start_response("200 OK", [("Content-Type", "text/plain")])

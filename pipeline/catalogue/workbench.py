@@ -158,12 +158,12 @@ def try_filter(
                 found = [row for row in chunk if row.words is not None and _holds(query, row.words)]
             else:
                 found = [row for row in chunk if index.matching(
-                    _text(row), any_age=True, now=now, text_words=_text_words(row.words))]
+                    ListingText.of(row), any_age=True, now=now, text_words=_text_words(row.words))]
             _keep(newest, found, shown)
             trial.matched += len(found)
         for start in range(0, len(unread), _CHUNK):
             found = [row for row in _read(conn, unread[start:start + _CHUNK]).values()
-                     if index.matching(_text(row), any_age=True, now=now)]
+                     if index.matching(ListingText.of(row), any_age=True, now=now)]
             _keep(newest, found, shown)
             trial.matched += len(found)
         ids = [listing_id for _, listing_id in sorted(newest, reverse=True)]
@@ -172,7 +172,7 @@ def try_filter(
     for listing_id in ids:
         row = listings[listing_id]
         trial.hits.append(Hit(row.id, row.source_id, row.url, row.title, row.ingested_at, row.published_at,
-                              reasons(query, _text(row), now) or (), row.id in notified))
+                              reasons(query, ListingText.of(row), now) or (), row.id in notified))
     trial.seconds = time.perf_counter() - started
     return trial
 
@@ -213,12 +213,6 @@ def _read(conn: sa.Connection, ids: list[int]) -> dict[int, Any]:
     t = schema.listings
     return {row.id: row for row in conn.execute(sa.select(*(t.c[name] for name in _READ))
                                                 .where(t.c.id.in_(ids)))} if ids else {}
-
-
-def _text(row: Any) -> ListingText:
-    return ListingText(id=row.id, source_id=row.source_id, title=row.title, summary=row.summary,
-                       categories=row.categories or (), ingested_at=row.ingested_at, author=row.author,
-                       published_at=row.published_at)
 
 
 def _notified(conn: sa.Connection, user_id: int, listing_ids: Iterable[int]) -> set[int]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pipeline.core.cadence import MAX_INTERVAL_MINUTES, MIN_INTERVAL_MINUTES
 from pipeline.core.errors import ConfigError
@@ -98,6 +99,17 @@ def _choice_env(name: str, choices: tuple[str, ...]) -> str:
     return raw
 
 
+def _url_env(name: str) -> str | None:
+    """An http(s) base URL, without a trailing slash; None when unset."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise ConfigError(f"{name}={raw!r} is not an http(s) base URL such as https://feeds.example.org")
+    return raw.rstrip("/")
+
+
 def _float_env(name: str, default: float) -> float:
     raw = os.environ.get(name, "").strip()
     if not raw:
@@ -150,6 +162,9 @@ class Settings:
     operator_alert_url: str | None = field(default=None, repr=False)  # may hold a token
     operator_alert_secret: str | None = field(default=None, repr=False)
     ui_url: str = DEFAULT_UI_URL  # the Dagster UI, for the links in those alerts
+    # Where readers reach `pipeline serve` (its output feeds' URLs start with it); None:
+    # the address it listens on, or, in a feed, the request's own host.
+    public_url: str | None = None
 
     def max_runs(self, stage: str) -> int:
         """Runs of ``stage`` (one of STAGES) in flight at once: PIPELINE_<STAGE>_MAX_RUNS."""
@@ -210,4 +225,5 @@ class Settings:
             operator_alert_url=os.environ.get("PIPELINE_OPERATOR_ALERT_URL", "").strip() or None,
             operator_alert_secret=os.environ.get("PIPELINE_OPERATOR_ALERT_SECRET", "").strip() or None,
             ui_url=(os.environ.get("PIPELINE_UI_URL", "").strip() or DEFAULT_UI_URL).rstrip("/"),
+            public_url=_url_env("PIPELINE_PUBLIC_URL"),
         )

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from pipeline.core.words import folded, listing_text, phrase_tokens, words
 from pipeline.notify.query import (
@@ -72,6 +72,13 @@ class ListingText:
     ingested_at: datetime | None = None
     author: str | None = None
     published_at: datetime | None = None
+
+    @classmethod
+    def of(cls, row: Any) -> ListingText:
+        """A listings row's text (a row with those columns as attributes)."""
+        return cls(id=row.id, source_id=row.source_id, title=row.title, summary=row.summary,
+                   categories=row.categories or (), ingested_at=row.ingested_at, author=row.author,
+                   published_at=row.published_at)
 
 
 class Match(NamedTuple):

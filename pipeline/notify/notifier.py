@@ -513,10 +513,10 @@ class FilterCatalogue:
 def load_filters(
     engine: Engine, *, created_since: datetime | None = None, compiled: Mapping[str, Query] | None = None,
     keep: dict[str, Query] | None = None, failed: dict[int, str] | None = None,
-    ids: Collection[int] | None = None,
+    ids: Collection[int] | None = None, enabled_only: bool = True,
 ) -> list[tuple[Filter, Recipient]]:
-    """The enabled filters of enabled users (created at or after ``created_since``; those
-    of ``ids`` only, when given), each
+    """The enabled filters of enabled users (disabled ones too unless ``enabled_only``;
+    created at or after ``created_since``; those of ``ids`` only, when given), each
     with how its user is notified. A query found in ``compiled`` is not compiled again;
     each compiled query without ``source:`` (which depends on the sources' names) goes
     into ``keep``. A stored query that does not compile (written by a newer version, or
@@ -527,8 +527,9 @@ def load_filters(
         sa.select(f.c.id, f.c.user_id, f.c.keywords, f.c.query, f.c.source_id, f.c.category, f.c.created_at,
                   f.c.changes, u.c.channel, u.c.digest, u.c.quiet_hours, u.c.timezone)
         .join(u, u.c.id == f.c.user_id)
-        .where(f.c.enabled, u.c.enabled)
     )
+    if enabled_only:
+        query = query.where(f.c.enabled, u.c.enabled)
     if created_since is not None:
         query = query.where(f.c.created_at >= created_since)
     if ids is not None:

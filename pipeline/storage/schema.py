@@ -439,6 +439,22 @@ notifications = sa.Table(
     sa.Index(None, "user_id", "created_at"),
 )
 
+# A user's matches as a feed a reader subscribes to (pipeline/catalogue/feeds.py): all of
+# the user's, or one filter's, at /feeds/<token>.atom and .json. Only the token's SHA-256
+# is kept: the URL is shown once, and a copy of the database opens no feed. Revision 0022.
+feed_tokens = sa.Table(
+    "feed_tokens",
+    metadata,
+    _id(),
+    sa.Column("user_id", IdType, sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("filter_id", IdType, sa.ForeignKey("filters.id", ondelete="CASCADE")),  # NULL: all
+    sa.Column("token_hash", sa.String(64), nullable=False),
+    sa.Column("created_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.Column("revoked_at", UTCDateTime()),  # NULL while it opens the feed
+    sa.UniqueConstraint("token_hash"),
+    sa.Index(None, "user_id"),
+)
+
 # The events of ingestion_events: a source handed out for a fetch, and its fetch's end.
 EVENT_STARTED = "ingestion.started"
 EVENT_COMPLETED = "ingestion.completed"

@@ -1,0 +1,133 @@
+"""``pipeline serve``: the output feeds over HTTP (a WSGI application).
+
+``GET /feeds/<token>.atom`` and ``/feeds/<token>.json`` (and HEAD) answer with the feed
+the token opens (pipeline/catalogue/feeds.py), or 404 for a token that is unknown,
+revoked or malformed, the same answer for each, so nothing tells them apart. Conditional
+requests are answered as RFC 9110 says: an ETag (a hash of the body, so it changes
+exactly when the body does) and Last-Modified (the feed's newest entry); a request whose
+If-None-Match names the ETag, or, without If-None-Match, whose If-Modified-Since is not
+older than Last-Modified, gets 304 and no body. A feed is private to whoever holds the
+URL: ``Cache-Control: private``, and no request is logged (its path holds the token).
+A body over 1 KB is gzipped for a client that accepts it (each encoding its own
+ETag). ``GET /healthz`` says whether the database answers. A database that does not answer
+is 503 with Retry-After, never a traceback.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import logging
+import re
+from collections.abc import Callable, Iterable
+from email.utils import format_datetime, parsedate_to_datetime
+from typing import Any
+from wsgiref.util import application_uri
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from pipeline.catalogue import feeds as catalogue
+from pipeline.web.feeds import ATOM_TYPE, JSON_FEED_TYPE, Document, atom, json_feed
+
+log = logging.getLogger(__name__)
+
+_FEED_PATH = re.compile(r"/feeds/([^/.]+)\.(atom|json)")
+FORMATS: dict[str, tuple[str, Callable[[Document], bytes]]] = {
+    "atom": (f"{ATOM_TYPE}; charset=utf-8", atom),
+    "json": (f"{JSON_FEED_TYPE}; charset=utf-8", json_feed),
+}
+CACHE_CONTROL = "private, max-age=300"  # a reader polls no more often than every 5 minutes
+RETRY_AFTER_SECONDS = 30
+_GZIP_FROM = 1024  # bytes; a smaller body is sent as it is
+_COMMON = [("X-Content-Type-Options", "nosniff"), ("Referrer-Policy", "no-referrer"),
+           ("X-Robots-Tag", "noindex")]
+
+StartResponse = Callable[..., Any]
+
+
+class FeedApp:
+    """The WSGI application. ``public_url``: the base URL readers reach the service at
+    (PIPELINE_PUBLIC_URL), which the feeds' own links start with; None: the request's
+    own scheme and host."""
+
+    def __init__(self, engine: Engine, public_url: str | None = None) -> None:
+        self.engine = engine
+        self.public_url = public_url.rstrip("/") if public_url else None
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET")
+        path = environ.get("PATH_INFO", "")
+        if method not in ("GET", "HEAD"):
+            return _plain(start_response, "405 Method Not Allowed", "only GET and HEAD\n", [("Allow", "GET, HEAD")])
+        try:
+            if path == "/healthz":
+                with self.engine.connect() as conn:
+                    conn.execute(sa.text("SELECT 1"))
+                return _plain(start_response, "200 OK", "ok\n", head=method == "HEAD")
+            if found := _FEED_PATH.fullmatch(path):
+                return self._feed(environ, start_response, found.group(1), found.group(2), head=method == "HEAD")
+        except sa.exc.DBAPIError as exc:  # the database is away: readers retry
+            log.warning("the database did not answer: %s", type(exc).__name__)
+            return _plain(start_response, "503 Service Unavailable", "the database does not answer; retry later\n",
+                          [("Retry-After", str(RETRY_AFTER_SECONDS))])
+        return _plain(start_response, "404 Not Found", "no such feed\n")
+
+    def _feed(self, environ: dict[str, Any], start_response: StartResponse, token: str, kind: str,
+              *, head: bool) -> Iterable[bytes]:
+        with self.engine.connect() as conn:
+            scope = catalogue.resolve(conn, token)
+        if scope is None:
+            return _plain(start_response, "404 Not Found", "no such feed\n")
+        base = self.public_url or application_uri(environ).rstrip("/")
+        doc = Document(scope, catalogue.entries(self.engine, scope), atom_url=f"{base}/feeds/{token}.atom",
+                       json_url=f"{base}/feeds/{token}.json")
+        content_type, render = FORMATS[kind]
+        body = render(doc)
+        digest = hashlib.sha256(body).hexdigest()[:32]
+        encoding = []
+        if _accepts_gzip(environ.get("HTTP_ACCEPT_ENCODING", "")) and len(body) > _GZIP_FROM:
+            body, digest = gzip.compress(body, compresslevel=6, mtime=0), f"{digest}-gzip"  # its own ETag
+            encoding = [("Content-Encoding", "gzip")]
+        etag = f'"{digest}"'
+        modified = doc.updated.replace(microsecond=0)
+        headers = [("ETag", etag), ("Last-Modified", format_datetime(modified, usegmt=True)),
+                   ("Cache-Control", CACHE_CONTROL), ("Vary", "Accept-Encoding"), *_COMMON]
+        if _not_modified(environ, etag, modified):
+            start_response("304 Not Modified", headers)
+            return []
+        start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body))), *encoding,
+                                  *headers])
+        return [] if head else [body]
+
+
+def _accepts_gzip(header: str) -> bool:
+    """Whether Accept-Encoding accepts gzip (``gzip;q=0`` refuses it)."""
+    for part in header.lower().split(","):
+        name, _, params = part.strip().partition(";")
+        if name.strip() == "gzip":
+            return params.replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000")
+    return False
+
+
+def _not_modified(environ: dict[str, Any], etag: str, modified: Any) -> bool:
+    """RFC 9110 13.1.2 and 13.1.3: If-None-Match decides when it is sent (weak
+    comparison: ``W/"x"`` matches ``"x"``; ``*`` matches any); else If-Modified-Since, a
+    date not older than the last change (an unparseable date is ignored)."""
+    if (none_match := environ.get("HTTP_IF_NONE_MATCH")) is not None:
+        tags = {t.strip().removeprefix("W/") for t in none_match.split(",")}
+        return "*" in tags or etag in tags
+    if since := environ.get("HTTP_IF_MODIFIED_SINCE"):
+        try:
+            return bool(modified <= parsedate_to_datetime(since))
+        except (TypeError, ValueError):
+            return False
+    return False
+
+
+def _plain(start_response: StartResponse, status: str, text: str, extra: list[tuple[str, str]] | None = None,
+           *, head: bool = False) -> Iterable[bytes]:
+    body = text.encode()
+    start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body))),
+                            *_COMMON, *(extra or [])])
+    return [] if head else [body]
