@@ -75,10 +75,11 @@ def count(url: str, transactions: int) -> int:
         engine.dispose()
 
 
-def process(url: str, worker: str, batch_size: int, gate: Any) -> dict[str, int]:
-    """Run a processor pass (batches of ``batch_size``) until no raw row is left; its
-    stats. It starts once every worker is connected and at ``gate`` (a barrier of a
-    ``multiprocessing.Manager``), so that they contend however slowly each started."""
+def process(url: str, worker: str, batch_size: int, gate: Any, max_rows: int | None = None) -> dict[str, int]:
+    """Run a processor pass (batches of ``batch_size``) until no raw row is left (or it
+    has claimed ``max_rows``); its stats. It starts once every worker is connected and
+    at ``gate`` (a barrier of a ``multiprocessing.Manager``), so that they contend
+    however slowly each started."""
     from pipeline.core.settings import Settings
     from pipeline.listings.processor import Processor
 
@@ -87,7 +88,8 @@ def process(url: str, worker: str, batch_size: int, gate: Any) -> dict[str, int]
         conn.exec_driver_sql("SELECT 1")
     gate.wait(600)
     try:
-        return Processor(engine, Settings(database_url=url), worker, batch_size=batch_size).run().as_dict()
+        return Processor(engine, Settings(database_url=url), worker, batch_size=batch_size).run(
+            max_rows=max_rows).as_dict()
     finally:
         engine.dispose()
 
