@@ -226,6 +226,8 @@ def up(args: list[str]) -> int:
     code = run([str(BIN / "pipeline"), "db", "upgrade"], env=env)
     if code != 0:
         return code
+    # The output feeds' web service (`pipeline serve`, http://127.0.0.1:8790/feeds/...).
+    web = subprocess.Popen([str(BIN / "pipeline"), "serve"], cwd=ROOT, env=env)
     site = None
     if demo:
         # The demo's sources live on 127.0.0.1, which the SSRF guard refuses unless allowed.
@@ -237,6 +239,7 @@ def up(args: list[str]) -> int:
         code = run([str(BIN / "pipeline"), "demo", "seed"], env=env)
         if code != 0 or not answers(f"http://127.0.0.1:{env.get('PIPELINE_DEMO_PORT', '8780')}/"):
             site.terminate()
+            web.terminate()
             return code or 1
     try:
         port = args[args.index("-p") + 1] if "-p" in args[:-1] else "3000"  # the last -p wins
@@ -249,9 +252,10 @@ def up(args: list[str]) -> int:
             after_exit=(lambda pgid: after_dagster(pgid, env)) if own_instance else kill_group,
         )
     finally:
-        if site is not None:
-            site.terminate()  # Ctrl-C reached it too; this covers dagster dev exiting alone
-            site.wait(10)
+        for companion in (site, web):
+            if companion is not None:
+                companion.terminate()  # Ctrl-C reached it too; this covers dagster dev exiting alone
+                companion.wait(10)
 
 
 def main() -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from pipeline.catalogue import feeds
 from pipeline.core.settings import Settings
 from pipeline.demo import content
 from pipeline.demo.site import DemoSite, parse_site
@@ -47,8 +48,11 @@ def received(site: DemoSite) -> dict:
 
 def test_every_demo_source_feeds_the_pipeline_and_the_receiver_gets_signed_deliveries(engine, site):
     with engine.begin() as conn:
-        assert content.seed(conn, site.url) == {"sources_added": 4, "filters_added": len(content.DEMO_FILTERS) + 2}
-        assert content.seed(conn, site.url) == {"sources_added": 0, "filters_added": 0}, "safe on every start"
+        first = content.seed(conn, site.url)
+        assert first == {"sources_added": 4, "filters_added": len(content.DEMO_FILTERS) + 2,
+                         "feed_token": first["feed_token"]} and first["feed_token"]
+        assert content.seed(conn, site.url) == {"sources_added": 0, "filters_added": 0, "feed_token": None}, \
+            "safe on every start"
     # Every delivery one by one: the demo's content, not the alert limits (tests/test_changes.py).
     settings = Settings(database_url=str(engine.url), allow_networks=("127.0.0.1/32",), alert_limit=1000)
     collected = Collector(engine, settings, "demo-test").run()
@@ -102,6 +106,16 @@ def test_every_demo_source_feeds_the_pipeline_and_the_receiver_gets_signed_deliv
     changed = [r for r in received(site)["received"][before:] if r.get("event") == "changed"]
     assert changed and all(r["user"] == content.DEMO_USER and r["filter"] == content.DEMO_WATCH for r in changed)
     assert all(r["title"].startswith("Changed: ") and r["title"].endswith(("€15)", "€20)", "€25)")) for r in changed)
+
+    # The demo user's output feed holds what they were told, the price rises too.
+    with engine.connect() as conn:
+        scope = feeds.resolve(conn, first["feed_token"])
+        told = conn.execute(sa.select(sa.func.count()).select_from(n).join(schema.users)
+                            .where(schema.users.c.name == content.DEMO_USER)).scalar_one()
+    assert scope is not None and scope.user_name == content.DEMO_USER
+    shown = feeds.entries(engine, scope)
+    assert len(shown) == min(told, feeds.FEED_ENTRIES)
+    assert any(e.title.startswith("Changed: ") for e in shown)
 
 
 def test_the_receiver_refuses_a_bad_signature_and_drops_a_repeat(site):

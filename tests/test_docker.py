@@ -36,13 +36,14 @@ import sqlalchemy as sa
 import yaml
 
 from assets.policies import run_worker
+from pipeline.catalogue import feeds
 from pipeline.storage import db, schema
 from tests import docker_stack
 from tests.docker_stack import Docker, NoDocker
 from tests.fault_proxy import FaultProxy, postgres_upstream
 from tests.helpers import add_source, free_port, wait_until
 from tests.http_server import Handler
-from tests.test_chaos import UNLIMITED, Site, check, done, seed
+from tests.test_chaos import FILTERS, UNLIMITED, Site, check, done, seed
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -235,11 +236,13 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
         "PIPELINE_UI_PORT": str(free_port()),
         **service_images,
         "PIPELINE_PROXY_SITE": f"https://localhost:{(proxy_port := free_port())}",
+        "PIPELINE_PUBLIC_URL": f"https://localhost:{proxy_port}",
         "PIPELINE_PROXY_HEALTH_PORT": str(free_port()),
         "PIPELINE_PROXY_PASSWORD_HASH": subprocess.run(
             ["caddy", "hash-password", "--plaintext", LOGIN[1]], capture_output=True, text=True, check=True).stdout.strip(),
         "PIPELINE_PROMETHEUS_PORT": str(prometheus_port := free_port()),
         "PIPELINE_METRICS_PORT": str(metrics_port := free_port()),
+        "PIPELINE_WEB_PORT": str(free_port()),
         "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32",
         **UNLIMITED,  # every delivery counted one by one (tests/test_chaos.py)
         "PIPELINE_SENSOR_INTERVAL_SECONDS": "5",
@@ -286,6 +289,14 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
         assert through_proxy(proxy_port, "/server_info", None, ca) == 401
         assert through_proxy(proxy_port, "/server_info", ("operator", "wrong"), ca) == 401
         assert through_proxy(proxy_port, "/server_info", LOGIN, ca) == 200
+        # Output feeds: the web service on loopback only; through the proxy without the
+        # login (a reader cannot log in: the token in the URL is the key).
+        assert listening_addresses(int(env["PIPELINE_WEB_PORT"])) == {"127.0.0.1"}
+        with engine.begin() as conn:
+            token = feeds.add_feed(conn, next(iter(FILTERS))).token
+        assert through_proxy(proxy_port, f"/feeds/{token}.atom", None, ca) == 200
+        assert through_proxy(proxy_port, "/feeds/" + "x" * 32 + ".atom", None, ca) == 404
+        assert through_proxy(proxy_port, "/healthz", None, ca) == 401, "only /feeds/ is open"
         runs = {run_worker(r.dagster_run.run_id): r for r in instance.get_run_records()}
         assert set(holders) <= set(runs), f"the claims' holders are Dagster runs: {holders}"
 

@@ -114,10 +114,12 @@ def test_every_service_listens_on_loopback_has_a_healthcheck_and_waits_for_what_
     assert set(services["prometheus"]["depends_on"]) == {"metrics"}
     # The proxy is the one door from the network: it listens where its site says, and
     # only with a login (its password hash is required) and TLS.
-    assert set(services["proxy"]["depends_on"]) == {"webserver"}
+    assert set(services["proxy"]["depends_on"]) == {"webserver", "web"}
     assert ":?" in services["proxy"]["environment"]["PIPELINE_PROXY_PASSWORD_HASH"]
     caddyfile = (DEPLOY / "proxy" / "Caddyfile").read_text()
     assert "basicauth" in caddyfile and "tls {$PIPELINE_PROXY_TLS:internal}" in caddyfile
+    # Only the output feeds pass without the login (tests/test_docker.py tries both).
+    assert "handle /feeds/* {\n\t\treverse_proxy 127.0.0.1:{$PIPELINE_WEB_PORT:8790}\n\t}" in caddyfile
 
 
 def test_the_dockerfile_builds_on_the_usual_python_image_by_default():

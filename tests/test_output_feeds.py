@@ -298,3 +298,15 @@ def test_a_filter_feed_reads_pages_of_the_user_s_notifications(engine, receiver,
     assert scope is not None
     assert [e.title for e in feeds.entries(engine, scope)] == ["quiet one"]
     assert len(feeds.entries(engine, replace(scope, filter_id=None), limit=4)) == 4
+
+
+@pytest.mark.parametrize("command", [("serve",), ("metrics", "serve")])
+def test_a_port_in_use_is_one_line(db_url, command):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run(*command, "--port", str(port), env={"DATABASE_URL": db_url})
+    assert_one_line_error(result, f"cannot listen on 127.0.0.1:{port}", "in use")

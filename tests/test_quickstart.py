@@ -28,6 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import feedparser
 import pytest
 import sqlalchemy as sa
 
@@ -51,12 +52,14 @@ class Quickstart:
         self.state = state
         self.ui = f"http://127.0.0.1:{free_port()}"
         self.demo_port = free_port()
+        self.web_port = free_port()
         self.log = state / "dev-up.log"
         self.env = {
             k: v for k, v in os.environ.items()
             if k not in ("DATABASE_URL", "DAGSTER_HOME", "PIPELINE_ALLOW_NETWORKS")
         }
         self.env.update(PIPELINE_STATE_DIR=str(state), PIPELINE_DEMO_PORT=str(self.demo_port),
+                        PIPELINE_WEB_PORT=str(self.web_port),
                         PIPELINE_SENSOR_INTERVAL_SECONDS="10")
         self.engine = db.create_engine(f"sqlite:///{state / 'pipeline.db'}")
         self.process: subprocess.Popen[bytes] | None = None
@@ -193,6 +196,13 @@ def test_the_run_command_serves_the_ui_and_listings_arrive(quickstart: Quickstar
     received = quickstart.deliveries()
     # The receiver keeps only deliveries whose signature verified, once per key.
     assert sent > 0 and received["total"] > 0 and received["repeats_dropped"] == 0
+    # The demo user's matches as an output feed, at the URL the demo printed, answered
+    # by the `pipeline serve` that dev.py started.
+    atom_url = (quickstart.state / "demo" / "feed-urls.txt").read_text().split()[0]
+    assert atom_url.startswith(f"http://127.0.0.1:{quickstart.web_port}/feeds/")
+    with urllib.request.urlopen(atom_url, timeout=10) as response:
+        feed = feedparser.parse(response.read())
+    assert not feed.bozo and feed.entries, feed
     data = quickstart.graphql("{ assetNodes { assetKey { path } dependencyKeys { path } } }")
     upstream = {n["assetKey"]["path"][0]: [d["path"][0] for d in n["dependencyKeys"]] for n in data["assetNodes"]}
     assert upstream == {"listings_raw": [], "listings": ["listings_raw"], "notifications": ["listings"]}

@@ -30,8 +30,11 @@ def demo_serve(port: int | None) -> None:
 @click.option("--site", default=None, metavar="URL",
               help="The demo site's root; default: http://127.0.0.1:PIPELINE_DEMO_PORT.")
 def demo_seed(site: str | None) -> None:
-    """Add the demo sources, user and filters where missing (safe on every start)."""
-    from pipeline.core.settings import demo_port
+    """Add the demo sources, user and filters where missing (safe on every start), and
+    print the demo user's output feed (kept in the state folder, since the database
+    keeps only its hash)."""
+    from pipeline.cli.web import base_url, feed_urls
+    from pipeline.core.settings import demo_port, state_dir
     from pipeline.demo import content
     from pipeline.demo import site as demo_site
 
@@ -42,3 +45,9 @@ def demo_seed(site: str | None) -> None:
     with common.engine().begin() as conn:
         added = content.seed(conn, root)
     click.echo(f"demo: {added['sources_added']} sources and {added['filters_added']} filters added")
+    saved = state_dir() / "demo" / "feed-urls.txt"
+    if added["feed_token"]:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text("\n".join(feed_urls(base_url(), added["feed_token"])) + "\n")
+    if saved.exists():
+        click.echo(f"demo: the demo user's matches as a feed (pipeline serve): {saved.read_text().split()[0]}")

@@ -7,18 +7,17 @@ import click
 
 from pipeline.cli import common
 
-DEFAULT_PORT = 8790
-
 
 def feed_urls(base: str, token: str) -> tuple[str, str]:
     """A feed's Atom and JSON Feed URLs under ``base``."""
     return f"{base}/feeds/{token}.atom", f"{base}/feeds/{token}.json"
 
 
-def _base_url() -> str:
-    from pipeline.core.settings import Settings
+def base_url() -> str:
+    """Where readers reach `pipeline serve`: PIPELINE_PUBLIC_URL, else 127.0.0.1 and its port."""
+    from pipeline.core.settings import Settings, web_port
 
-    return Settings.from_env().public_url or f"http://127.0.0.1:{DEFAULT_PORT}"
+    return Settings.from_env().public_url or f"http://127.0.0.1:{web_port()}"
 
 
 @click.group("feeds", cls=common.HelpGroup)
@@ -38,7 +37,7 @@ def feeds_add(user: str, filter_id: int | None) -> None:
 
     with common.engine().begin() as conn:
         made = feeds.add_feed(conn, user, filter_id=filter_id)
-    atom_url, json_url = feed_urls(_base_url(), made.token)
+    atom_url, json_url = feed_urls(base_url(), made.token)
     click.echo(f"feed {made.id} (shown once; `pipeline feeds revoke {made.id}` closes it):", err=True)
     click.echo(atom_url)
     click.echo(json_url)
@@ -74,18 +73,19 @@ def feeds_revoke(feed_id: int) -> None:
 
 @click.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=None,
+              help="Port to listen on; default: PIPELINE_WEB_PORT, else 8790.")
 @click.option("--max-connections", type=click.IntRange(1, 10_000), default=64, show_default=True,
               help="Connections served at once; past it a new one is closed.")
-def serve(host: str, port: int, max_connections: int) -> None:
+def serve(host: str, port: int | None, max_connections: int) -> None:
     """Answer for the output feeds (/feeds/TOKEN.atom, /feeds/TOKEN.json) and /healthz
     on http://HOST:PORT, reading the database at each request. Ctrl-C stops it."""
-    from pipeline.core.settings import Settings
+    from pipeline.core.settings import Settings, web_port
     from pipeline.web.app import FeedApp
     from pipeline.web.server import run_until_interrupted
     from pipeline.web.server import serve as serve_app
 
-    server = serve_app(host, port, FeedApp(common.engine(), Settings.from_env().public_url),
+    server = serve_app(host, port or web_port(), FeedApp(common.engine(), Settings.from_env().public_url),
                        max_connections=max_connections)
     click.echo(f"serving output feeds on http://{host}:{server.server_address[1]}/feeds/", err=True)
     run_until_interrupted(server)

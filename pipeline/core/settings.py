@@ -27,6 +27,7 @@ DEFAULT_DELIVERY_MAX_ATTEMPTS = 8
 DEFAULT_RAW_RETENTION_DAYS = 30
 DEFAULT_EVENT_RETENTION_DAYS = 90
 DEFAULT_DEMO_PORT = 8780
+DEFAULT_WEB_PORT = 8790
 # The Dagster layer's: how often a stage sensor looks, runs of a stage at once, the asset
 # checks' thresholds, and the first day of the backfill jobs' partitions.
 DEFAULT_SENSOR_INTERVAL_SECONDS = 30
@@ -70,6 +71,11 @@ def state_dir() -> Path:
 def demo_port() -> int:
     """The offline demo site's port on 127.0.0.1 (PIPELINE_DEMO_PORT, default 8780)."""
     return _int_env("PIPELINE_DEMO_PORT", DEFAULT_DEMO_PORT)
+
+
+def web_port() -> int:
+    """The port `pipeline serve` (the output feeds) listens on (PIPELINE_WEB_PORT, default 8790)."""
+    return _int_env("PIPELINE_WEB_PORT", DEFAULT_WEB_PORT)
 
 
 def default_database_url() -> str:

@@ -10,10 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline.catalogue import sources, users
+from pipeline.catalogue import feeds, sources, users
 from pipeline.core.kinds import SourceType
 from pipeline.storage import schema
 
@@ -200,11 +201,14 @@ def source_specs(site: str) -> list[sources.SourceSpec]:
     ]
 
 
-def seed(conn: sa.Connection, site: str) -> dict[str, int]:
-    """Add the demo sources, user and filters where missing; safe to run on every start."""
+def seed(conn: sa.Connection, site: str) -> dict[str, Any]:
+    """Add the demo sources, user and filters where missing; safe to run on every start.
+    The demo user's matches get an output feed when the user is added: its token is
+    returned (``feed_token``) to be shown, since it is never shown again."""
     added = sources.import_sources(conn, source_specs(site)).added
     t = schema.users
     filters = 0
+    token = None
     if conn.execute(sa.select(t.c.id).where(t.c.name == DEMO_USER)).first() is None:
         users.add_user(conn, DEMO_USER, webhook=f"{site}/hook", secret=DEMO_SECRET)
         for query in DEMO_FILTERS:
@@ -212,9 +216,10 @@ def seed(conn: sa.Connection, site: str) -> dict[str, int]:
             filters += 1
         users.add_filter(conn, DEMO_USER, DEMO_WATCH, changes=True)
         filters += 1
+        token = feeds.add_feed(conn, DEMO_USER).token
     if conn.execute(sa.select(t.c.id).where(t.c.name == DIGEST_USER)).first() is None:
         users.add_user(conn, DIGEST_USER, webhook=f"{site}/hook", secret=DEMO_SECRET)
         users.set_delivery(conn, DIGEST_USER, digest=DIGEST_AT)
         users.add_filter(conn, DIGEST_USER, DIGEST_FILTER)
         filters += 1
-    return {"sources_added": added, "filters_added": filters}
+    return {"sources_added": added, "filters_added": filters, "feed_token": token}

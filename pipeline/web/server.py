@@ -11,6 +11,8 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from pipeline.core.errors import ConfigError
+
 # A request must arrive within this many seconds; a connection idle for longer is closed
 # (once, a thread waited forever on each half-sent request).
 READ_TIMEOUT_SECONDS = 10.0
@@ -56,12 +58,18 @@ def serve(
     max_connections: int = MAX_CONNECTIONS,
 ) -> BoundedServer:
     """``app`` served on HOST:PORT (IPv6 when HOST is an IPv6 address), not yet started."""
-    families = {info[0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+    try:
+        families = {info[0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     ipv6 = socket.AF_INET6 in families and socket.AF_INET not in families
     server_class = type("Server", (BoundedServer,), {
         "address_family": socket.AF_INET6 if ipv6 else socket.AF_INET, "max_connections": max_connections})
     handler_class = type("Handler", (_Handler,), {"timeout": read_timeout})
-    return make_server(host, port, app, server_class=server_class, handler_class=handler_class)  # type: ignore[return-value]
+    try:
+        return make_server(host, port, app, server_class=server_class, handler_class=handler_class)  # type: ignore[return-value]
+    except OSError as exc:  # the port taken, an address not this machine's: one line
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 def run_until_interrupted(server: BoundedServer) -> None:
