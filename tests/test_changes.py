@@ -126,7 +126,8 @@ def test_a_watched_listing_gone_from_a_page_is_told_once_and_its_return_is_quiet
         one_pass(engine, fetched=int(fetched))
 
     step(body[0])
-    step(_page("Python lead"))  # the developer job went
+    step(_page("Python lead"))  # the developer job is not there: once is not gone
+    step(_page("Python lead"))  # twice in a row: gone, told
     step(_page("Python lead"))  # still gone: not told again
     step(_page("Python developer", "Python lead"))  # back: quiet
     step(_page(), fetched=False)  # a page with no items fails its fetch (parse_error): nothing told
@@ -196,7 +197,8 @@ def test_a_feed_moving_on_is_not_a_listing_gone_but_one_taken_out_is(engine, sit
 
     step(_feed("c", "b", "a"))
     step(_feed("d", "c", "b"))  # A fell off the end
-    step(_feed("d", "b"))  # C was taken out: B, older, is still there
+    step(_feed("d", "b"))  # C was taken out: B, older, is still there (once: not yet gone)
+    step(_feed("d", "b"))  # twice in a row: gone
     assert sorted((e, t) for _, e, t in told(site)) == [
         ("gone", "Python C"), ("new", "Python A"), ("new", "Python B"), ("new", "Python C"), ("new", "Python D"),
     ]
@@ -289,3 +291,99 @@ def test_a_change_alert_waiting_for_a_digest_is_not_doubled_by_a_later_change(en
         add_raw(conn, source, "lamp", title="Desk lamp", summary="EUR 12")
     processor(engine).run()
     assert notifier(engine).run().notifications_created == 0
+
+
+def _shop(site: LocalServer, offers: list[str]) -> None:
+    """A shop page of one offer (``offers[0]``: its HTML inside the list) and a source of it."""
+    site.routes["/shop"] = lambda h: h.reply(200, f"<ul>{offers[0]}</ul>".encode(), {"Content-Type": "text/html"})
+
+
+def _offer(price: str | None, title: str = "Python course", link: str = "/c/1") -> str:
+    shown = f'<span class="price">{price}</span>' if price is not None else ""
+    return f'<li class="offer"><h2>{title}</h2><a href="{link}">more</a>{shown}</li>'
+
+
+def _watching(engine, site, **condition) -> None:
+    with engine.begin() as conn:
+        add_source(conn, site.url("/shop"), source_type="http",
+                   config={"item": "li.offer", "title": "h2", "link": "a", "price": ".price"})
+        add_user(conn, "alice", site.url("/hook"))
+        users.add_filter(conn, "alice", "python", changes=True, **condition)
+
+
+@conformance("postgresql", "sqlite")
+def test_a_captcha_page_a_500_and_an_empty_selector_result_tell_nothing(backend, engine, site):
+    """An odd answer between two good ones: a captcha page whose selectors match its own
+    element (the offer is missed once, so not gone), a 500 (a failed fetch), a page
+    whose selectors match nothing (parse_error), a page served without its prices (the
+    price selector found nothing: partial content, no change). Then the offer goes for
+    real, two good fetches in a row, and that is told."""
+    offers = [_offer("€1,299")]
+    _shop(site, offers)
+    _watching(engine, site)
+    one_pass(engine)
+    for odd, fetched in ((_offer(None, "Please verify you are human", "/captcha"), 1), ("", 0), (_offer("€1,299"), 1),
+                         (_offer(None), 1), (_offer("€1,299"), 1)):
+        if odd == "":
+            site.routes["/shop"] = lambda h: h.reply(500, b"down")
+            one_pass(engine, fetched=0)
+            _shop(site, offers)
+            continue
+        offers[0] = odd
+        one_pass(engine, fetched=fetched)
+    offers[0] = "<li>nothing that matches</li>"
+    one_pass(engine, fetched=0)
+    assert [(e, t) for _, e, t in told(site)] == [("new", "Python course")]
+    offers[0] = _offer("€99", "Another course", "/c/2")
+    one_pass(engine)
+    one_pass(engine)
+    assert [(e, t) for _, e, t in told(site)][-1] == ("gone", "Python course")
+
+
+@conformance("postgresql", "sqlite")
+def test_price_conditions_tell_the_drops_asked_for_and_nothing_else(backend, engine, site):
+    """--price-drop 10: each price at least 10% below the last one told; --price-below
+    900: each price below 900 and below the last told. A new summary, a rise, a price
+    in another currency and an unreadable price tell nothing; gone is told."""
+    offers = [_offer("€1,000")]
+    _shop(site, offers)
+    _watching(engine, site, price_drop=10)
+    with engine.begin() as conn:
+        add_user(conn, "bob", site.url("/hook"))
+        users.add_filter(conn, "bob", "python", price_below=900)
+    one_pass(engine)
+    steps = ["€950", "€880", "€850", "€870", "€700", "$600", "call us", "€690 <b>", "€1,200"]
+    for price in steps:
+        offers[0] = _offer(price)
+        one_pass(engine)
+    bodies = [json.loads(x["body"]) for x in posts(site)]
+    heard = {user: [(b["event"], b["listing"]["price"]) for b in bodies if b["user"]["name"] == user]
+             for user in ("alice", "bob")}
+    assert heard == {
+        "alice": [("new", "€1,000"), ("changed", "€880"), ("changed", "€700")],  # -12%, then -20.5% from 880
+        "bob": [("new", "€1,000"), ("changed", "€880"), ("changed", "€850"), ("changed", "€700"),
+                ("changed", "€690")],  # each step down below 900 (markup around a price is not its value)
+    }
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(schema.watches.c.price).order_by(schema.watches.c.user_id)).scalars().all() == [
+            "€700", "€690"]
+    for _ in range(2):
+        offers[0] = _offer("€5", "Rust course", "/c/2")
+        one_pass(engine)
+    assert sorted(e for _, e, t in told(site) if t == "Python course")[:2] == ["changed", "changed"]
+    assert [(u, e) for u, e, t in told(site)][-2:] == [("alice", "gone"), ("bob", "gone")]
+
+
+def test_price_conditions_on_the_command_line(engine, db_url):
+    from tests.test_cli import assert_one_line_error, run
+
+    with engine.begin() as conn:
+        users.add_user(conn, "alice", webhook="http://127.0.0.1:9/hook", secret="s" * 20)
+    env = {"DATABASE_URL": db_url}
+    added = run("filters", "add", "alice", "--query", "flat", "--price-drop", "10", "--price-below", "1500", env=env)
+    assert added.returncode == 0, added.stderr
+    assert "flat (and its price changes: a drop of 10% or below 1500)" in run("filters", "list", env=env).stdout
+    for wrong, said in ((["--price-drop", "0"], "--price-drop 0 must be a percent"),
+                        (["--price-drop", "100"], "must be a percent"), (["--price-below", "-5"], "positive amount"),
+                        (["--price-below", "nan"], "positive amount"), (["--price-drop", "inf"], "percent")):
+        assert_one_line_error(run("filters", "add", "alice", "--query", "x", *wrong, env=env), said)

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from pipeline.core.errors import UserError
 from pipeline.core.inputs import TEXT_CHARS, URL_CHARS, as_id, text_problem
 from pipeline.core.kinds import ChannelKind, NotificationStatus
+from pipeline.core.prices import condition_problem
 from pipeline.core.redact import channel_url, names_a_host
 from pipeline.net.http import AddressGuard
 from pipeline.notify.notifier import source_ids_by_name
@@ -146,15 +147,21 @@ def find_user(conn: sa.Connection, user: str) -> int:
 
 def add_filter(
     conn: sa.Connection, user: str, query: str, *, source_id: int | None = None,
-    category: str | None = None, changes: bool = False,
+    category: str | None = None, changes: bool = False, price_drop: float | None = None,
+    price_below: float | None = None,
 ) -> int:
     """Add a filter written in the filter language (pipeline/notify/query.py); it applies
     to listings that arrive from now on. A malformed filter is refused with the position
     of what is wrong; a ``source:`` must name a source that exists. ``changes``: its user
-    also hears when a listing it notified them of changes or goes (pipeline/storage/watches.py)."""
+    also hears when a listing it notified them of changes or goes (pipeline/storage/watches.py);
+    ``price_drop`` (a percent) and ``price_below`` (an amount): only changes of the price
+    that meet one (pipeline/core/prices.py), and they imply ``changes``."""
     user_id = find_user(conn, user)
     if category is not None and (problem := text_problem(category, "category")):
         raise UserError(problem)
+    if problem := condition_problem(price_drop, price_below):
+        raise UserError(problem)
+    changes = changes or price_drop is not None or price_below is not None
     compiled = compile_filter(conn, query)
     if source_id is not None and not _source_exists(conn, source_id):
         raise UserError(f"no source with id {source_id}")
@@ -162,7 +169,8 @@ def add_filter(
     t = schema.filters
     return int(conn.execute(
         sa.insert(t).values(user_id=user_id, keywords=list(compiled.words), query=compiled.text,
-                            source_id=source_id, category=category, changes=changes)
+                            source_id=source_id, category=category, changes=changes, price_drop=price_drop,
+                            price_below=price_below)
         .returning(t.c.id)
     ).scalar_one())
 
@@ -254,7 +262,7 @@ def list_filters(conn: sa.Connection, user: str | None = None) -> list[dict[str,
     """Every filter with its user's name; ``user`` (a name or id): that user's only."""
     f, u = schema.filters, schema.users
     query = (sa.select(f.c.id, u.c.name, f.c.keywords, f.c.query, f.c.source_id, f.c.category, f.c.changes,
-                       f.c.enabled, f.c.created_at, f.c.error, f.c.failed_at)
+                       f.c.price_drop, f.c.price_below, f.c.enabled, f.c.created_at, f.c.error, f.c.failed_at)
              .join(u, u.c.id == f.c.user_id).order_by(f.c.id))
     if user is not None:
         query = query.where(f.c.user_id == find_user(conn, user))

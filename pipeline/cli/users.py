@@ -189,11 +189,17 @@ def filters_group() -> None:
 @click.option("--changes", is_flag=True,
               help="Also tell USER when a listing this filter notified them of changes (title or summary)"
                    " or goes from its source, once per change.")
+@click.option("--price-drop", type=float, metavar="PERCENT",
+              help="Tell a change only when the price dropped at least PERCENT from the price last"
+                   " told (implies --changes; with --price-below, either).")
+@click.option("--price-below", type=float, metavar="AMOUNT",
+              help="Tell a change only when the price is below AMOUNT and below the price last told"
+                   " (implies --changes).")
 @click.option("--backfill", "backfill_days", type=click.IntRange(1, 3650), metavar="DAYS",
               help="Also notify USER, once, of what it matches among the listings of the last DAYS days"
                    " (at once, or in their digest); try it first with `filters test`.")
 def filters_add(user: str, query: str, source_id: int | None, category: str | None, changes: bool,
-                backfill_days: int | None) -> None:
+                price_drop: float | None, price_below: float | None, backfill_days: int | None) -> None:
     """Add a filter for USER (a name or id) and print its id. It applies to listings that
     arrive from now on (and with --backfill to those of the last days)."""
     from pipeline.catalogue import users, workbench
@@ -201,7 +207,8 @@ def filters_add(user: str, query: str, source_id: int | None, category: str | No
 
     engine = common.engine()
     with engine.begin() as conn:
-        filter_id = users.add_filter(conn, user, query, source_id=source_id, category=category, changes=changes)
+        filter_id = users.add_filter(conn, user, query, source_id=source_id, category=category, changes=changes,
+                                     price_drop=price_drop, price_below=price_below)
     click.echo(filter_id)
     if backfill_days is not None:
         made = workbench.backfill_filter(engine, Settings.from_env(), filter_id, query, days=backfill_days,
@@ -254,12 +261,20 @@ def filters_list(user: str | None, as_json: bool) -> None:
         limits = "".join(
             [f" source {row['source_id']}" if row["source_id"] else "",
              f" category {row['category']!r}" if row["category"] else "",
-             " (and its changes)" if row["changes"] else "",
+             _changes(row) if row["changes"] else "",
              "" if row["enabled"] else " (disabled)"]
         )
         click.echo(f"{row['id']:>6}  {row['name']:<20} {row['query']}{limits}")
         if row["failed_at"] is not None:
             click.echo(f"{'':>6}  left out of matching at {row['failed_at']:%Y-%m-%d %H:%M} UTC: {row['error']}")
+
+
+def _changes(row: dict[str, Any]) -> str:
+    """What a watching filter tells of changes, as `filters list` says it."""
+    conditions = [f"a drop of {row['price_drop']:g}%" if row["price_drop"] is not None else "",
+                  f"below {row['price_below']:g}" if row["price_below"] is not None else ""]
+    said = " or ".join(c for c in conditions if c)
+    return f" (and its price changes: {said})" if said else " (and its changes)"
 
 
 @filters_group.command("remove")

@@ -378,12 +378,13 @@ def _write_matches(
     rows = [row for row in claim.rows if row["id"] in done]
     kept = [m for m in matches if m.listing_id in done]
     changes = [a for a in watches.alerts(conn, rows) if a.user_id in recipients] if watching else []
+    watches.heard(conn, changes)
     created = _insert_notifications(conn, kept, recipients, _stories(rows), changes, limits=limits)
     if watching:
         by_id = {row["id"]: row for row in rows}
         watches.watch(conn, [
             watches.Watch(m.user_id, m.listing_id, by_id[m.listing_id]["source_id"], m.filter_id,
-                          watches.version(by_id[m.listing_id]))
+                          watches.version(by_id[m.listing_id]), by_id[m.listing_id]["price"])
             for m in kept if m.filter_id in watching
         ])
     counts = _record_failures(conn, failures)
@@ -613,8 +614,9 @@ def _spaced_changes(
     """The change alerts to create, each with when it may go out at the earliest (None:
     at once): a ``changed`` alert for a (user, listing) that has one not yet sent is left
     out (that one, read when it is sent, carries the latest content); one whose last was
-    created within the window waits for the window's end. ``gone`` alerts go as they are."""
-    changed = {a for a in changes if watches.event_kind(a.event) == watches.CHANGED}
+    created within the window waits for the window's end. ``gone`` alerts, and changes
+    under a price condition (not ``spaced``), go as they are."""
+    changed = {a for a in changes if watches.event_kind(a.event) == watches.CHANGED and a.spaced}
     if not changed:
         return [(a, None) for a in changes]
     n = schema.notifications

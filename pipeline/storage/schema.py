@@ -296,6 +296,9 @@ listings = sa.Table(
     # Its words (pipeline/core/words.py word_string: " node node.js python "), which
     # `pipeline filters test` searches without reading the text again. Revision 0021.
     sa.Column("words", sa.Text()),
+    # Good fetches in a row of its source that no longer listed it, while it is watched:
+    # at two it is gone (pipeline/storage/watches.py ``mark_gone``). Revision 0023.
+    sa.Column("missed", sa.SmallInteger(), nullable=False, server_default=sa.text("0")),
     sa.UniqueConstraint("source_id", "source_item_id"),
     sa.Index(None, "ingested_at"),  # windows for re-matching backfills
     # Copies only (the first of a story has none): `pipeline status` counts them.
@@ -326,6 +329,9 @@ watches = sa.Table(
     sa.Column("filter_id", IdType, sa.ForeignKey("filters.id", ondelete="SET NULL")),
     sa.Column("version", sa.String(16), nullable=False),
     sa.Column("created_at", UTCDateTime(), nullable=False, server_default=_now()),
+    # The price the user last heard of (a page item's, as shown), which price conditions
+    # compare with. Revision 0023.
+    sa.Column("price", sa.Text()),
     sa.Index(None, "listing_id"),
     sa.Index(None, "source_id"),
 )
@@ -376,6 +382,11 @@ filters = sa.Table(
     # matching it raised: pipeline/notify/notifier.py). Revision 0017.
     sa.Column("error", sa.Text()),
     sa.Column("failed_at", UTCDateTime()),
+    # Its changes are told only when the price meets one of these (`filters add
+    # --price-drop 10 --price-below 1500`): a drop of at least this percent from the price
+    # last heard of, or a price below this amount (pipeline/core/prices.py). Revision 0023.
+    sa.Column("price_drop", sa.Double()),
+    sa.Column("price_below", sa.Double()),
     sa.Index(None, "user_id"),
 )
 

@@ -11,15 +11,26 @@ alerts"). Once per change, deduplicated as every notification is: by its unique 
   (``alerts``): a version other than the watch's is told as ``changed:<version>``.
   Each version is told once: content that comes back to a version told before, or to
   the one first heard of, is not told again.
-* **Gone.** After a fetch that listed a source's items, the collector marks a watched
-  listing the fetch no longer lists as gone (``mark_gone``: ``gone_at``, and
-  ``matched_at`` cleared so the notifier looks at it), told as ``gone:<when>``. From a
-  feed only when an item older than it (published before it, or, without dates,
-  stored before it) is still listed: an item pushed off the end of a feed's window by
-  newer ones has not gone. A page (``http``) lists what is
-  there. A fetch that listed nothing (an empty document, a glitch), or was capped,
-  tells nothing. A listing listed again loses ``gone_at`` silently; should it go
-  again, that is a new ``gone`` alert.
+* **Gone.** After a fetch that listed a source's items, the collector counts each
+  watched listing the fetch no longer lists as missed (``mark_gone``: ``missed``); at
+  two good fetches in a row without it, it is gone (``gone_at``, and ``matched_at``
+  cleared so the notifier looks at it), told as ``gone:<when>``: one odd answer (a
+  captcha page whose selectors matched something else, a page served half) is not a
+  listing gone. From a feed it is missed only when an item older than it (published
+  before it, or, without dates, stored before it) is still listed: an item pushed off
+  the end of a feed's window by newer ones has not gone. A page (``http``) lists what
+  is there. A failed fetch, one that listed nothing (an empty document, a selector
+  that matched nothing) or one that was capped tells nothing and counts nothing. A
+  listing listed again loses ``missed`` and ``gone_at`` silently; should it go again,
+  that is a new ``gone`` alert.
+* **Partial content is no change.** A watched listing whose title is now empty, or
+  which had a price when its user last heard of it and now has none (the price
+  selector found nothing), is not told as changed: a page served in part is not a
+  listing changed.
+* **Price conditions.** A watching filter with ``price_drop`` or ``price_below``
+  (pipeline/core/prices.py) tells a change only when the price meets one, compared with
+  the price its user last heard of (``watches.price``, moved on with each change told),
+  at once rather than once a window (the condition bounds them); gone is always told.
 """
 
 from __future__ import annotations
@@ -32,12 +43,14 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 
 from pipeline.core.kinds import SourceType
+from pipeline.core.prices import PriceCondition
 from pipeline.queue.claim import UNCLAIMED
 from pipeline.storage import schema
 from pipeline.storage.bulk import ANY_UNIQUE_KEY, insert_ignoring_conflicts
 
 NEW = "new"  # notifications.event of a new listing's notification
 CHANGED, GONE = "changed", "gone"  # the kinds of a change alert's event (``changed:<version>``)
+GONE_AFTER = 2  # good fetches in a row without a watched listing before it is gone
 
 
 def version(listing: Mapping[str, Any]) -> str:
@@ -60,6 +73,11 @@ class Alert(NamedTuple):
     listing_id: int
     filter_id: int | None
     event: str
+    price: str | None = None  # the listing's price as it is told (``heard`` keeps it)
+    # Held to one a window (pipeline/notify/notifier.py ``_spaced_changes``); not a change
+    # under a price condition, which bounds them itself (each price lower than the last)
+    # and must be told with the price that met it.
+    spaced: bool = True
 
 
 class Watch(NamedTuple):
@@ -68,6 +86,7 @@ class Watch(NamedTuple):
     source_id: int
     filter_id: int
     version: str
+    price: str | None = None  # the price the user heard of with the listing
 
 
 def watch(conn: sa.Connection, candidates: Sequence[Watch]) -> int:
@@ -96,21 +115,43 @@ def alerts(conn: sa.Connection, listings: Sequence[Mapping[str, Any]]) -> list[A
     call for: gone, or changed since the version watched."""
     if not listings:
         return []
-    w = schema.watches
+    w, f = schema.watches, schema.filters
     by_id = {row["id"]: row for row in listings}
     found = []
-    for user_id, listing_id, filter_id, watched in conn.execute(
-        sa.select(w.c.user_id, w.c.listing_id, w.c.filter_id, w.c.version).where(w.c.listing_id.in_(list(by_id)))
+    for watched in conn.execute(
+        sa.select(w.c.user_id, w.c.listing_id, w.c.filter_id, w.c.version, w.c.price, f.c.price_drop,
+                  f.c.price_below)
+        .outerjoin(f, f.c.id == w.c.filter_id).where(w.c.listing_id.in_(list(by_id)))
     ):
-        row = by_id[listing_id]
+        row = by_id[watched.listing_id]
         if row["gone_at"] is not None:
             event = f"{GONE}:{int(row['gone_at'].timestamp())}"
-        elif (now := version(row)) != watched:
-            event = f"{CHANGED}:{now}"
-        else:
+        elif (now := version(row)) == watched.version or _partial(row, watched.price):
             continue
-        found.append(Alert(user_id, listing_id, filter_id, event))
+        elif (condition := PriceCondition(watched.price_drop, watched.price_below)) and not condition.met(
+                watched.price, row["price"]):
+            continue
+        else:
+            event = f"{CHANGED}:{now}"
+        found.append(Alert(watched.user_id, watched.listing_id, watched.filter_id, event, row["price"],
+                           spaced=not PriceCondition(watched.price_drop, watched.price_below)))
     return found
+
+
+def _partial(row: Mapping[str, Any], heard_price: str | None) -> bool:
+    """Whether ``row`` shows only part of its listing: no title, or no price where its
+    user heard of one (the module docstring's rule)."""
+    return not (row["title"] or "").strip() or (heard_price is not None and row["price"] is None)
+
+
+def heard(conn: sa.Connection, told: Sequence[Alert]) -> None:
+    """The changes ``told`` are what their users heard last: their watches keep the
+    price each told, which price conditions compare with from now on."""
+    w = schema.watches
+    for alert in told:
+        if event_kind(alert.event) == CHANGED:
+            conn.execute(sa.update(w).where(w.c.user_id == alert.user_id, w.c.listing_id == alert.listing_id)
+                         .values(price=alert.price))
 
 
 def mark_gone(
@@ -124,19 +165,24 @@ def mark_gone(
         return 0
     w, t = schema.watches, schema.listings
     watched = conn.execute(
-        sa.select(t.c.id, t.c.source_id, t.c.source_item_id, t.c.gone_at, t.c.published_at, t.c.ingested_at).distinct()
+        sa.select(t.c.id, t.c.source_id, t.c.source_item_id, t.c.gone_at, t.c.missed, t.c.published_at,
+                  t.c.ingested_at).distinct()
         .join(w, w.c.listing_id == t.c.id).where(w.c.source_id.in_(list(listed)))
     ).all()
-    back = [r.id for r in watched if r.gone_at is not None and r.source_item_id in listed[r.source_id][1]]
+    back = [r.id for r in watched if (r.gone_at is not None or r.missed) and r.source_item_id in listed[r.source_id][1]]
     missing = [r for r in watched if r.gone_at is None and r.source_item_id not in listed[r.source_id][1]]
-    gone = [r.id for r in missing if listed[r.source_id][0] == SourceType.PAGE
-            or _older_still_listed(conn, r, listed[r.source_id][1])]
+    missed = [r for r in missing if listed[r.source_id][0] == SourceType.PAGE
+              or _older_still_listed(conn, r, listed[r.source_id][1])]
+    gone = [r.id for r in missed if r.missed + 1 >= GONE_AFTER]
     if back:
-        conn.execute(sa.update(t).where(t.c.id.in_(back)).values(gone_at=None))
+        conn.execute(sa.update(t).where(t.c.id.in_(back)).values(gone_at=None, missed=0))
+    if once := [r.id for r in missed if r.missed + 1 < GONE_AFTER]:
+        conn.execute(sa.update(t).where(t.c.id.in_(once)).values(missed=t.c.missed + 1))
     if gone:
         # New content to match, as the processor's upsert leaves it: a notifier holding
         # the listing is fenced out, and the next one tells the watchers.
-        conn.execute(sa.update(t).where(t.c.id.in_(gone)).values(gone_at=now, matched_at=None, **UNCLAIMED))
+        conn.execute(sa.update(t).where(t.c.id.in_(gone)).values(gone_at=now, missed=0, matched_at=None,
+                                                                  **UNCLAIMED))
     return len(gone)
 
 
