@@ -34,7 +34,7 @@ a temporary folder.
 
 ``--syntax language`` measures the filter language (pipeline/notify/query.py) instead: the
 same filters, each also written in the language (a phrase, an exclusion, an alternative,
-a field, a published window; ``language_filters``), both sets filed in a ``FilterIndex``
+a field, a published window, a price; ``language_filters``), both sets filed in a ``FilterIndex``
 and matched in interleaved rounds at each count, the language's ratio to the plain
 filters' time printed. Its pairs are compared with every language filter evaluated
 against every listing (at the first count), and stay the same at every count.
@@ -326,11 +326,11 @@ def scale_round(
 def language_filters(filters: list[Filter], seed: int, *, keep_every_word: bool = False) -> list[Filter]:
     """``filters`` written in the filter language, the same keywords in each: a third
     plain, the rest a phrase of their words, an exclusion of a made-up word no listing
-    holds and of a common one, an alternative (``(a OR b) c``), a title scope, or a
-    published window. ``keep_every_word``: only the forms that still need every keyword
-    (for the filters that must not match)."""
+    holds and of a common one, an alternative (``(a OR b) c``), a title scope, a
+    published window, or a price condition (``price:<2500``). ``keep_every_word``: only
+    the forms that still need every keyword (for the filters that must not match)."""
     rng = random.Random(seed)
-    forms = ["plain", "phrase", "exclude", "title", "published"] + ([] if keep_every_word else ["or"])
+    forms = ["plain", "phrase", "exclude", "title", "published", "price"] + ([] if keep_every_word else ["or"])
     made = []
     for f in filters:
         k = list(f.keywords)
@@ -345,6 +345,8 @@ def language_filters(filters: list[Filter], seed: int, *, keep_every_word: bool 
             text = f"title:{k[0]} " + " ".join(k[1:])
         elif form == "published":
             text = " ".join(k) + " published:2026-10-01.."
+        elif form == "price":
+            text = " ".join(k) + f" price:<{rng.choice([1000, 2500, 4000])}"
         else:
             text = " ".join(k)
         made.append(Filter(id=f.id, user_id=f.user_id, source_id=f.source_id, category=f.category,

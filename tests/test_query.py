@@ -13,7 +13,14 @@ from hypothesis import strategies as st
 
 from pipeline.core.words import phrase_tokens, words
 from pipeline.notify.matching import Filter, FilterIndex, ListingText
-from pipeline.notify.query import MAX_CHARS, MAX_CLAUSES, MAX_DEPTH, QueryError, compile_query, parse
+from pipeline.notify.query import (
+    MAX_CHARS,
+    MAX_CLAUSES,
+    MAX_DEPTH,
+    QueryError,
+    compile_query,
+    parse,
+)
 
 NOW = datetime(2026, 11, 25, 12, tzinfo=UTC)
 SOURCES = {"hn": frozenset({1}), "jobs board": frozenset({2})}
@@ -387,3 +394,63 @@ def test_a_refused_expression_is_one_a_listing_shows_is_unmatchable_or_unbounded
     expression = A((T("", "python"), N(T("", "python"))))
     assert compiled(expression) is None
     assert not evaluate(expression, listing("Python", "python"))
+
+
+FLAT = ListingText(11, 1, "Flat in Berlin", "two rooms", (), NOW, None, None, price="€1,250")
+LOFT = ListingText(12, 1, "Loft in Berlin", "big", (), NOW, None, None, price="1.999,00 EUR")
+HOUSE = ListingText(13, 1, "House in Berlin", "garden", (), NOW, None, None, price="$ 900")
+ASK = ListingText(14, 1, "Room in Berlin", "ask", (), NOW, None, None, price="call us")
+NONE = ListingText(15, 1, "Studio in Berlin", "", (), NOW, None, None)
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("berlin price:<1500", [11, 13]),
+        ("berlin price:<1250", [13]),
+        ("berlin price:<=1250", [11, 13]),
+        ("berlin price:>1250", [12]),
+        ("berlin price:>=1250", [11, 12]),
+        ("berlin price:1250", [11]),
+        ("berlin price:1000..2000", [11, 12]),  # both ends included
+        ("berlin price:1250..1999", [11, 12]),
+        ("berlin price:..1000", [13]),
+        ("berlin price:1999.5..", []),
+        ("berlin currency:EUR", [11, 12]),
+        ("berlin currency:€ price:<1500", [11]),  # a symbol that names one currency is its code
+        ("berlin currency:$", [13]),
+        ("berlin -price:<1500", [12, 14, 15]),  # without a usable price: never under any bound
+        ("(flat OR loft) price:<1500 OR house", [11, 13]),
+        ("berlin NOT currency:eur", [13, 14, 15]),
+    ],
+)
+def test_price_conditions_compare_the_amount_a_page_shows(query, expected):
+    assert hits(query, FLAT, LOFT, HOUSE, ASK, NONE) == expected
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("flat price:cheap", "at position 12: price:cheap is not a price condition"),
+        ("flat price:<", "price:< is not a price condition"),
+        ("flat price:€1500", "no currency"),
+        ("flat price:2000..1000", "price:2000..1000 ends below where it starts"),
+        ("flat price:..", "is not a price condition"),
+        ("flat price:<1,500", "at position 12: price:<1, ...: write the amount without a thousands separator"),
+        ("flat price:1" + "0" * 20, "is not a price condition"),
+        ("price:<1500", "at position 1: nothing here must appear (only exclusions, a published window or a price)"),
+        ("currency:EUR", "nothing here must appear"),
+        ("flat currency:", "currency: needs a value right after the colon"),
+    ],
+)
+def test_a_malformed_price_condition_is_refused_naming_the_position(query, message):
+    with pytest.raises(QueryError) as error:
+        compile_query(query, SOURCES)
+    assert message in str(error.value)
+
+
+def test_a_price_condition_says_why_it_matched():
+    from pipeline.notify.matching import reasons
+
+    assert reasons(compile_query("berlin price:<1500"), FLAT, NOW) == ("berlin (title)", "price €1,250")
+    assert reasons(compile_query("berlin -price:<1000"), FLAT, NOW) == ("berlin (title)", "without price:<1000")

@@ -40,7 +40,8 @@ from pipeline.storage.functions import position
 DEFAULT_DAYS = 30
 DEFAULT_SHOWN = 20
 _CHUNK = 2000  # candidates matched at once
-_READ = ("id", "source_id", "url", "title", "summary", "author", "categories", "published_at", "ingested_at")
+_READ = ("id", "source_id", "url", "title", "summary", "author", "categories", "published_at", "ingested_at",
+         "price")
 
 
 @dataclass(frozen=True)

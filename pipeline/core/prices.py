@@ -32,8 +32,13 @@ def parse_price(text: str | None) -> Amount | None:
     price = Price.fromstring(text)
     if price.amount is None or not price.amount.is_finite() or not 0 <= price.amount < _MAX_AMOUNT:
         return None
-    currency = (price.currency or "").strip()
-    return Amount(price.amount, _SYMBOLS.get(currency, currency.upper()) or None)
+    return Amount(price.amount, currency_code((price.currency or "").strip()) or None)
+
+
+def currency_code(written: str) -> str:
+    """A currency as prices compare it: a symbol that names one currency as its code
+    (€ is EUR), anything else upper-cased ("$" stays "$")."""
+    return _SYMBOLS.get(written, written.upper())
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,10 @@ DEMO_SECRET = "demo-webhook-secret-not-for-production"
 DEMO_USER = "demo"
 # A second user at the same receiver, with a daily digest (08:00 UTC) of a phrase.
 DIGEST_USER, DIGEST_AT, DIGEST_FILTER = "demo-digest", "daily@08:00", '"data engineer" OR "machine learning"'
-# In the filter language (README, "Filters"): words, a phrase, an alternative, a field.
-DEMO_FILTERS = ("python -frontend", "rust remote", '"data engineer" OR postgresql', "title:dagster")
+# In the filter language (README, "Filters"): words, a phrase, an alternative, a field,
+# a price condition (the events page's tickets start at PRICE_FROM euros and rise).
+DEMO_FILTERS = ("python -frontend", "rust remote", '"data engineer" OR postgresql', "title:dagster",
+                '"office hours" price:<=15')
 # A filter that watches what it notified of (`filters add --changes`): an event's ticket
 # price rises, then the event leaves the page; each is a change alert.
 DEMO_WATCH = '"python meetup" OR "rust workshop"'

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+from pipeline.core.prices import Amount, parse_price
 from pipeline.core.words import folded, listing_text, phrase_tokens, words
 from pipeline.notify.query import (
     AUTHOR_KEY,
@@ -72,13 +73,14 @@ class ListingText:
     ingested_at: datetime | None = None
     author: str | None = None
     published_at: datetime | None = None
+    price: str | None = None  # as the page shows it (``price:`` reads its amount)
 
     @classmethod
     def of(cls, row: Any) -> ListingText:
         """A listings row's text (a row with those columns as attributes)."""
         return cls(id=row.id, source_id=row.source_id, title=row.title, summary=row.summary,
                    categories=row.categories or (), ingested_at=row.ingested_at, author=row.author,
-                   published_at=row.published_at)
+                   published_at=row.published_at, price=row.price)
 
 
 class Match(NamedTuple):
@@ -293,6 +295,8 @@ def _written(condition: Condition, fields: _Fields) -> str:
     if term.field is Field.PUBLISHED:
         published = fields.listing.published_at
         text = f"published {published:%Y-%m-%d}" if published else "published"
+    elif term.field is Field.PRICE:
+        text = f"price {fields.listing.price}" if fields.price and not condition.negated else f"price:{term.bounds}"
     elif term.words:
         what = f'"{" ".join(term.words)}"' if term.phrase else term.words[0]
         if term.field is Field.TEXT and not condition.negated:
@@ -318,6 +322,13 @@ class _Fields:
         self._words: dict[Field, set[str]] = {Field.TEXT: text_words}
         self._tokens: dict[Field, tuple[str, ...]] = {}
         self._categories: set[str] | None = None
+        self._price: Amount | None | bool = False  # False: not read yet
+
+    @property
+    def price(self) -> Amount | None:
+        if self._price is False:
+            self._price = parse_price(self.listing.price)
+        return self._price  # type: ignore[return-value]
 
     def _text(self, fld: Field) -> str:
         listing = self.listing
@@ -348,6 +359,11 @@ class _Fields:
         elif term.field is Field.PUBLISHED:
             assert term.window is not None
             found = term.window.holds(listing.published_at, self.now)
+        elif term.field is Field.PRICE:
+            assert term.bounds is not None
+            found = term.bounds.holds(self.price.value if self.price else None)
+        elif term.field is Field.CURRENCY:
+            found = self.price is not None and self.price.currency == term.value
         elif term.phrase:
             found = self.has_phrase(term.field, term.words)
         else:

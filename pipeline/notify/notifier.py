@@ -177,7 +177,7 @@ class Notifier:
         while True:
             with self.engine.connect() as conn:
                 rows = conn.execute(
-                    sa.select(t.c.id, *(t.c[name] for name in MATCHED_COLUMNS))
+                    sa.select(t.c.id, t.c.price, *(t.c[name] for name in MATCHED_COLUMNS))
                     .where(t.c.ingested_at >= start, t.c.ingested_at < end, t.c.id > after,
                            *(() if where is None else (where,)))
                     .order_by(t.c.id).limit(chunk)
@@ -708,7 +708,7 @@ def _texts(rows: Sequence[Row]) -> Iterator[ListingText]:
         yield ListingText(
             id=row["id"], source_id=row["source_id"], title=row["title"], summary=row["summary"],
             categories=row["categories"] or (), ingested_at=row["ingested_at"],
-            author=row["author"], published_at=row["published_at"],
+            author=row["author"], published_at=row["published_at"], price=row["price"],
         )
 
 

@@ -10,17 +10,21 @@ by one of their words (pipeline/notify/matching.py).
     title:python  summary:"data engineer"  author:smith  title:(rust OR go)
     category:remote  source:12  source:"Hacker News"
     published:7d  published:24h  published:2026-01-01..2026-01-31  published:2026-03-01..
+    price:<1500  price:<=1500  price:>1000  price:1000..2000  currency:EUR  currency:€
 
 Words and phrases without a field look in the title and the summary (a phrase in one of
 them, not across the two). ``category:`` is one of the listing's categories, whole and
 case-insensitive; ``source:`` a source's id or name; ``published:`` a window of the
 listing's publication time (UTC days, both ends included; ``7d``/``24h``/``2w`` reach back
-from the moment of matching), which a listing without a date is never in. ``AND``,
+from the moment of matching), which a listing without a date is never in; ``price:`` its
+price's amount (pipeline/core/prices.py: "€1,299" is 1299; both ends of ``a..b``
+included; write 1500, not 1,500) and ``currency:`` its currency (€ is EUR), which a
+listing without a price that reads as an amount never has. ``AND``,
 ``OR`` and ``NOT`` are operators in any case ("python or rust"; juxtaposition already
 means AND): to look for one of those words, quote it (``"or"``); commas
 separate like spaces. Every alternative needs something that must appear (a word, a
 phrase, an author, a category or a source): that is what it is filed under, and a filter
-of exclusions alone would match nearly everything. A filter is at most ``MAX_CHARS``
+of exclusions (or of windows and prices) alone would match nearly everything. A filter is at most ``MAX_CHARS``
 characters, ``MAX_TERMS`` conditions and ``MAX_DEPTH`` nested parentheses.
 
 Compiling turns the expression into alternatives of plain conditions (negations pushed
@@ -34,11 +38,13 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from enum import StrEnum
 from itertools import product
 
 from pipeline.core.errors import QueryError
 from pipeline.core.inputs import as_id
+from pipeline.core.prices import currency_code
 from pipeline.core.words import WORD, folded, normalised, phrase_tokens
 
 __all__ = ["Clause", "Condition", "Query", "QueryError", "compile_query", "parse", "plain", "source_terms"]
@@ -59,6 +65,8 @@ class Field(StrEnum):
     CATEGORY = "category"
     SOURCE = "source"
     PUBLISHED = "published"
+    PRICE = "price"
+    CURRENCY = "currency"
 
 
 WRITTEN_FIELDS = tuple(f for f in Field if f is not Field.TEXT)
@@ -70,7 +78,8 @@ TEXT_FIELDS = (Field.TEXT, Field.TITLE, Field.SUMMARY, Field.AUTHOR)
 @dataclass(frozen=True)
 class Term:
     """One condition as written: ``words`` for a text field (one word, or a phrase's
-    words), ``value`` for a category or a source, ``window`` for published."""
+    words), ``value`` for a category, a source or a currency, ``window`` for published,
+    ``bounds`` for a price."""
 
     field: Field
     position: int
@@ -78,6 +87,7 @@ class Term:
     phrase: bool = False
     value: str = ""
     window: Window | None = None
+    bounds: Bounds | None = None
 
 
 # How far ahead of the moment of matching a publication time may be and still count as
@@ -101,6 +111,31 @@ class Window:
         if self.back is not None:  # the last ``back``: a date further ahead than a clock's skew is not in it
             return now - self.back <= published_at <= now + CLOCK_SKEW
         return (self.start is None or published_at >= self.start) and (self.end is None or published_at < self.end)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """An amount from ``low`` to ``high`` (either open-ended), each end included unless
+    ``*_excluded`` (``<`` and ``>``)."""
+
+    low: Decimal | None = None
+    high: Decimal | None = None
+    low_excluded: bool = False
+    high_excluded: bool = False
+
+    def holds(self, amount: Decimal | None) -> bool:
+        if amount is None:
+            return False
+        if self.low is not None and (amount < self.low or (self.low_excluded and amount == self.low)):
+            return False
+        return self.high is None or not (amount > self.high or (self.high_excluded and amount == self.high))
+
+    def __str__(self) -> str:
+        if self.low is not None and self.high is not None:
+            return f"{self.low}..{self.high}" if self.low != self.high else str(self.low)
+        if self.low is not None:
+            return f"{'>' if self.low_excluded else '>='}{self.low}"
+        return f"{'<' if self.high_excluded else '<='}{self.high}"
 
 
 @dataclass(frozen=True)
@@ -271,6 +306,17 @@ class _Parser:
             raise QueryError(f"a condition is at most {MAX_TERM_CHARS} characters", position)
         if fld is Field.PUBLISHED:
             return Term(fld, at, window=_window(value, position))
+        if fld is Field.PRICE:
+            after = position - 1 + len(value)  # positions count from 1
+            if not quoted and self.text[after:after + 1] == ",":
+                raise QueryError(f"price:{value}, ...: write the amount without a thousands separator"
+                                 " (1500, not 1,500)", position)
+            return Term(fld, at, bounds=_bounds(value, position))
+        if fld is Field.CURRENCY:
+            code = currency_code(value.strip())
+            if not code or len(code) > 8:
+                raise QueryError(f"currency:{value} is not a currency (EUR, USD, €, ...)", position)
+            return Term(fld, at, value=code)
         if fld in (Field.CATEGORY, Field.SOURCE):
             value = folded(value)
             if not value:
@@ -313,6 +359,28 @@ def _window(value: str, position: int) -> Window:
         return Window(start=start, end=end)
     start = _day(value, position)
     return Window(start=start, end=_day_after(start))
+
+
+_AMOUNT = r"\d{1,15}(?:\.\d{1,4})?"
+_COMPARED = re.compile(rf"(<=|>=|<|>|=)?({_AMOUNT})")
+_BETWEEN = re.compile(rf"({_AMOUNT})?\.\.({_AMOUNT})?")
+
+
+def _bounds(value: str, position: int) -> Bounds:
+    if m := _COMPARED.fullmatch(value):
+        sign, amount = m.group(1) or "=", Decimal(m.group(2))
+        return {
+            "<": Bounds(high=amount, high_excluded=True), "<=": Bounds(high=amount),
+            ">": Bounds(low=amount, low_excluded=True), ">=": Bounds(low=amount), "=": Bounds(amount, amount),
+        }[sign]
+    if (m := _BETWEEN.fullmatch(value)) and (m.group(1) or m.group(2)):
+        low, high = (Decimal(g) if g else None for g in m.groups())
+        if low is not None and high is not None and high < low:
+            raise QueryError(f"price:{value} ends below where it starts", position)
+        return Bounds(low, high)
+    raise QueryError(
+        f"price:{value} is not a price condition (<1500, <=1500, >1000, >=1000, 1000..2000, 1500;"
+        " digits and a decimal point, no currency)", position)
 
 
 def _day_after(day: datetime) -> datetime | None:
@@ -431,7 +499,7 @@ def _clause(alternative: list[tuple[Term, bool]], sources: Mapping[str, frozense
     unique: dict[tuple[object, ...], tuple[Term, bool]] = {}
     signs: dict[tuple[object, ...], bool] = {}
     for t, neg in alternative:  # the first of each, in the order written
-        what = (t.field, t.words, t.phrase, t.value, t.window)
+        what = (t.field, t.words, t.phrase, t.value, t.window, t.bounds)
         if signs.setdefault(what, neg) != neg:
             return None
         unique.setdefault((*what, neg), (t, neg))
@@ -465,7 +533,7 @@ def _clause(alternative: list[tuple[Term, bool]], sources: Mapping[str, frozense
     if not filings and not any(c.term.field is Field.SOURCE and not c.negated for c in checks):
         first = min(t.position for t, _ in alternative)
         raise QueryError(
-            "nothing here must appear (only exclusions or a published window), so it would match"
+            "nothing here must appear (only exclusions, a published window or a price), so it would match"
             " nearly every listing: add a word, phrase, author, category or source", first)
     return Clause(tuple(dict.fromkeys(words)), tuple(absent), tuple(checks), tuple(filings))
 
