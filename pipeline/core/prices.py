@@ -58,9 +58,9 @@ class PriceCondition:
         if after is None:
             return False
         comparable = before is not None and before.currency == after.currency
-        if self.drop is not None and comparable and before is not None and before.value > 0:
-            if after.value <= before.value * (1 - Decimal(str(self.drop)) / 100):
-                return True
+        if (self.drop is not None and comparable and before is not None and before.value > 0
+                and after.value <= before.value * (1 - Decimal(str(self.drop)) / 100)):
+            return True
         if self.below is not None and after.value < Decimal(str(self.below)):
             return before is None or (comparable and after.value < before.value)
         return False

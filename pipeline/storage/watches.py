@@ -126,12 +126,11 @@ def alerts(conn: sa.Connection, listings: Sequence[Mapping[str, Any]]) -> list[A
         row = by_id[watched.listing_id]
         if row["gone_at"] is not None:
             event = f"{GONE}:{int(row['gone_at'].timestamp())}"
-        elif (now := version(row)) == watched.version or _partial(row, watched.price):
-            continue
-        elif (condition := PriceCondition(watched.price_drop, watched.price_below)) and not condition.met(
-                watched.price, row["price"]):
-            continue
         else:
+            now, condition = version(row), PriceCondition(watched.price_drop, watched.price_below)
+            if now == watched.version or _partial(row, watched.price) or (
+                    condition and not condition.met(watched.price, row["price"])):
+                continue
             event = f"{CHANGED}:{now}"
         found.append(Alert(watched.user_id, watched.listing_id, watched.filter_id, event, row["price"],
                            spaced=not PriceCondition(watched.price_drop, watched.price_below)))
@@ -169,7 +168,8 @@ def mark_gone(
                   t.c.ingested_at).distinct()
         .join(w, w.c.listing_id == t.c.id).where(w.c.source_id.in_(list(listed)))
     ).all()
-    back = [r.id for r in watched if (r.gone_at is not None or r.missed) and r.source_item_id in listed[r.source_id][1]]
+    back = [r.id for r in watched
+            if (r.gone_at is not None or r.missed) and r.source_item_id in listed[r.source_id][1]]
     missing = [r for r in watched if r.gone_at is None and r.source_item_id not in listed[r.source_id][1]]
     missed = [r for r in missing if listed[r.source_id][0] == SourceType.PAGE
               or _older_still_listed(conn, r, listed[r.source_id][1])]
