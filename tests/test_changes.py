@@ -405,3 +405,34 @@ def test_a_price_condition_in_a_filter_matches_new_listings_and_the_workbench(en
     assert told(site) == [("alice", "new", "Python intro")]
     trial = workbench.try_filter(engine, "alice", "python price:<1000")
     assert [(h.title, h.reasons[-1]) for h in trial.hits] == [("Python intro", "price €99")]
+
+
+def test_a_shopping_feed_s_prices_are_read_and_price_conditions_apply_to_them(engine, site):
+    """A feed in Google's product namespace (g:price, g:sale_price): each item's price is
+    stored as the feed writes it, a filter's price: condition reads it, and a watching
+    filter's --price-drop tells the sale."""
+    def feed(*items: tuple[str, str, str]) -> bytes:
+        body = "".join(f"<item><guid>{i}</guid><title>{t}</title><link>http://127.0.0.1/{i}</link>{p}</item>"
+                       for i, t, p in items)
+        return (b'<?xml version="1.0"?><rss version="2.0" xmlns:g="http://base.google.com/ns/1.0"><channel>'
+                b"<title>Flats</title><link>http://127.0.0.1/</link>" + body.encode() + b"</channel></rss>")
+
+    body = [feed(("a", "Flat in Berlin", "<g:price>1450.00 EUR</g:price>"),
+                 ("b", "Loft in Berlin", "<g:price>2900.00 EUR</g:price>"), ("c", "Room in Berlin", ""))]
+    site.routes["/flats.rss"] = lambda h: h.reply(200, body[0], {"Content-Type": "application/rss+xml"})
+    with engine.begin() as conn:
+        add_source(conn, site.url("/flats.rss"))
+        add_user(conn, "alice", site.url("/hook"))
+        users.add_filter(conn, "alice", "berlin price:<1500")
+        add_user(conn, "bob", site.url("/hook"))
+        users.add_filter(conn, "bob", "loft", price_drop=10)
+    one_pass(engine)
+    with engine.connect() as conn:
+        prices = dict(conn.execute(sa.select(schema.listings.c.title, schema.listings.c.price)).all())
+    assert prices == {"Flat in Berlin": "1450.00 EUR", "Loft in Berlin": "2900.00 EUR", "Room in Berlin": None}
+    body[0] = feed(("a", "Flat in Berlin", "<g:price>1450.00 EUR</g:price>"),
+                   ("b", "Loft in Berlin", "<g:price>2900.00 EUR</g:price><g:sale_price>2499.00 EUR</g:sale_price>"),
+                   ("c", "Room in Berlin", ""))
+    one_pass(engine)
+    assert sorted(told(site)) == [("alice", "new", "Flat in Berlin"), ("bob", "changed", "Loft in Berlin"),
+                                  ("bob", "new", "Loft in Berlin")]

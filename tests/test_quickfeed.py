@@ -144,6 +144,7 @@ def test_the_fast_path_reads_what_feedparser_reads():
         "<title xml:base='http://elsewhere/'>Base below the root</title>",
         "<author>a@example.org</author><dc:creator xmlns:dc='http://purl.org/dc/elements/1.1/'>B</dc:creator>",
         "<itunes:summary xmlns:itunes='http://www.itunes.com/dtds/podcast-1.0.dtd'>Podcast</itunes:summary>",
+        "<g:price xmlns:g='http://base.google.com/ns/1.0'>1200.00 EUR</g:price>",  # the adapter stores it
     ],
 )
 def test_what_the_fast_path_does_not_know_goes_to_feedparser(fragment, monkeypatch):

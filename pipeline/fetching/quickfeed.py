@@ -63,6 +63,11 @@ _IGNORED = frozenset({
     "comments", "enclosure", "media_content", "media_thumbnail", "rights",
     "itunes_explicit", "itunes_block", "itunes_image", "itunes_subtitle",
 })
+# A shopping or listing feed's price (Google's product namespace, xmlns:g=
+# "http://base.google.com/ns/1.0", as feedparser names its elements), which the rss
+# adapter stores: a sale price first, the price the item sells at while it lasts. Such a
+# feed is read by feedparser, which saves elements of namespaces it does not know.
+PRICE_KEYS = ("g_sale_price", "g_price")
 _TEXT_TYPES = frozenset({"text", "html", "text/plain", "text/html", "plain"})
 _HTML_TYPES = frozenset({"application/xhtml+xml", "text/html"})
 _AUTHOR_PARTS = frozenset({"name", "email", "uri", "url"})
@@ -354,7 +359,7 @@ def _entry(item: ET.Element, keys: _Keys, base: str, atom: bool) -> dict[str, An
                     _add_tag(tags, value, None, None)
         elif key == "source" and not len(child):
             pass  # RSS's <source url="...">Its title</source>: feedparser saves it apart
-        elif key in _FIELDS or (_has_handler(key) and key not in _IGNORED):
+        elif key in _FIELDS or key in PRICE_KEYS or (_has_handler(key) and key not in _IGNORED):
             raise NotPlainFeed(f"<{key}> in an entry")
         else:
             _check_descendants(child, keys)

@@ -231,6 +231,15 @@ def _as_markup(entry: Mapping[str, Any], field: str) -> str:
     return markup(value) if _kind(entry, field) == "text/plain" else value
 
 
+def _price(entry: Mapping[str, Any]) -> str:
+    """The entry's price as its feed writes it ("1200.00 EUR"), as a raw item holds it
+    (the keys of ``quickfeed.PRICE_KEYS``)."""
+    for key in quickfeed.PRICE_KEYS:
+        if isinstance(value := entry.get(key), str) and value.strip():
+            return markup(value.strip())
+    return ""
+
+
 def _shared_links(entries: list[Any]) -> frozenset[str]:
     """The links that more than one entry without an id carries: a podcast's episodes
     that all link to the show. Such a link names no one item (``_episode``)."""
@@ -273,6 +282,8 @@ def _item(entry: Mapping[str, Any], feed_url: str, shared: frozenset[str] = froz
         "author": _author(entry),
         "categories": [t.get("term") for t in entry.get("tags") or [] if t.get("term")],
     }
+    if price := _price(entry):  # only where there is one: other items' hashes stay as they were
+        raw["price"] = price
     # An id, else the link (unless other entries share it: ``_episode``), else a hash.
     identity = entry.get("id") or (_episode(entry, link) if link in shared else link)
     if not identity:
