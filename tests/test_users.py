@@ -49,6 +49,9 @@ def test_users_and_filters_from_the_command_line(engine, db_url):
         (["users", "add", "x", "--webhook", "http://localhost:8080/hook"], "which the address guard refuses"),
         (["users", "add", "x", "--webhook", "http://[::ffff:169.254.169.254]/"], "which the address guard refuses"),
         (["users", "add", "x", "--apprise", "json://192.168.1.1/hook"], "sends to 192.168.1.1, which the address"),
+        # A C1 control (NEL ends a line where Python splits lines): once quoted in a two-line error.
+        (["users", "add", "x", "--apprise", "HTTP://\x850"], "the Apprise URL contains a control character"),
+        (["users", "add", "x\u2028y", "--webhook", "https://hooks.example/x"], "contains a control character"),
     ],
 )
 def test_bad_input_is_one_clear_line(engine, db_url, args, fragment):

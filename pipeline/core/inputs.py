@@ -22,8 +22,10 @@ NAME_CHARS = 255
 # as its SHA-256 (pipeline/fetching/base.py). 760 utf8mb4 characters and a BIGINT are
 # 3048 bytes, within MariaDB's 3072; it was 1000 before MariaDB (migration 0010).
 MAX_ITEM_ID_CHARS = 760
-# C0 control characters except tab, line feed and carriage return, and DEL.
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# C0 control characters except tab, line feed and carriage return, DEL, the C1 controls
+# (U+0080-U+009F: NEL, U+0085, ends a line wherever Python splits lines, so an error
+# quoting it was two lines) and the line and paragraph separators.
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029]")
 MAX_ID = 2**63 - 1  # ids are 64-bit
 _ID = re.compile(r"[0-9]{1,19}")
 
