@@ -1,5 +1,6 @@
 """Output feeds (pipeline/catalogue/feeds.py): a user's matches, or one filter's, as a
-feed at an unguessable URL; the table keeps each URL's token as its SHA-256 only.
+feed at an unguessable URL; the table keeps each URL's token as its SHA-256 only. The
+index on a user's notifications by time gains the id, which orders a feed's ties.
 
 Revision ID: 0022
 Revises: 0021
@@ -38,7 +39,13 @@ def upgrade() -> None:
         sa.UniqueConstraint("token_hash", name=op.f("uq_feed_tokens_token_hash")),
     )
     op.create_index(op.f("ix_feed_tokens_user_id"), "feed_tokens", ["user_id"])
+    # A feed reads its user's notifications newest first, ties (one transaction's) by id:
+    # the alert limit's index with the id, so a page is a range of it, not a sort.
+    op.create_index("ix_notifications_user_id_created_at_id", "notifications", ["user_id", "created_at", "id"])
+    op.drop_index("ix_notifications_user_id_created_at", table_name="notifications")
 
 
 def downgrade() -> None:
+    op.create_index("ix_notifications_user_id_created_at", "notifications", ["user_id", "created_at"])
+    op.drop_index("ix_notifications_user_id_created_at_id", table_name="notifications")
     op.drop_table("feed_tokens")

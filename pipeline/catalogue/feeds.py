@@ -31,6 +31,7 @@ from sqlalchemy.engine import Engine
 
 from pipeline.catalogue.users import find_user
 from pipeline.core.errors import UserError
+from pipeline.core.words import stored_text_words
 from pipeline.notify import delivery
 from pipeline.notify.matching import FilterIndex, ListingText
 from pipeline.notify.notifier import load_filters
@@ -148,7 +149,8 @@ def entries(engine: Engine, scope: Scope, *, limit: int = FEED_ENTRIES) -> list[
     index = FilterIndex([f for f, _ in loaded])  # empty when its query no longer compiles
     found: list[Entry] = []
     for row in _pages(engine, scope.user_id):
-        if row.filter_id == scope.filter_id or index.matching(ListingText.of(row), any_age=True):
+        if row.filter_id == scope.filter_id or index.matching(
+                ListingText.of(row), any_age=True, text_words=stored_text_words(row.words)):
             found.append(_entry(row))
             if len(found) == limit:
                 break
@@ -163,7 +165,8 @@ def _notified(user_id: int) -> sa.Select[Any]:
         sa.select(n.c.id.label("notification_id"), n.c.created_at.label("notified_at"), n.c.event, n.c.filter_id,
                   listings.c.id, listings.c.source_id, listings.c.item_key, listings.c.url, listings.c.title,
                   listings.c.summary, listings.c.author, listings.c.categories, listings.c.published_at,
-                  listings.c.ingested_at, listings.c.updated_at, listings.c.price, s.c.name.label("source"),
+                  listings.c.ingested_at, listings.c.updated_at, listings.c.price, listings.c.words,
+                  s.c.name.label("source"),
                   s.c.site_url)
         .select_from(n.join(listings, listings.c.id == n.c.listing_id).join(s, s.c.id == listings.c.source_id))
         .where(n.c.user_id == user_id)

@@ -30,7 +30,7 @@ from sqlalchemy.engine import Engine
 
 from pipeline.catalogue.users import compile_filter, find_user
 from pipeline.core.settings import Settings
-from pipeline.core.words import AUTHOR_PREFIX, CATEGORY_PREFIX, category_key
+from pipeline.core.words import AUTHOR_PREFIX, category_key, stored_text_words
 from pipeline.notify.matching import Filter, FilterIndex, ListingText, reasons
 from pipeline.notify.notifier import Notifier
 from pipeline.notify.query import AUTHOR_KEY, CATEGORY_KEY, SOURCE_KEY, Field, Query
@@ -159,7 +159,7 @@ def try_filter(
                 found = [row for row in chunk if row.words is not None and _holds(query, row.words)]
             else:
                 found = [row for row in chunk if index.matching(
-                    ListingText.of(row), any_age=True, now=now, text_words=_text_words(row.words))]
+                    ListingText.of(row), any_age=True, now=now, text_words=stored_text_words(row.words))]
             _keep(newest, found, shown)
             trial.matched += len(found)
         for start in range(0, len(unread), _CHUNK):
@@ -191,13 +191,6 @@ def backfill_filter(engine: Engine, settings: Settings, filter_id: int, query: s
     notifier = Notifier(engine, settings, worker)
     return notifier.rematch(now - timedelta(days=days), now + timedelta(seconds=1), any_age=True,
                             filter_ids=[filter_id], where=narrowed)
-
-
-def _text_words(stored: str | None) -> set[str] | None:
-    """The words of a listing's title and summary, from its stored keys (None: unknown)."""
-    if stored is None:
-        return None
-    return {k for k in stored.split() if not k.startswith((AUTHOR_PREFIX, CATEGORY_PREFIX))}
 
 
 def _keep(newest: list[tuple[datetime, int]], rows: Iterable[Any], shown: int) -> None:

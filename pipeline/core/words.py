@@ -76,3 +76,11 @@ def word_string(title: str, summary: str, author: str | None = None, categories:
     keys.update(AUTHOR_PREFIX + w for w in words(author or ""))
     keys.update(category_key(c) for c in categories)
     return f" {' '.join(sorted(keys))} "
+
+
+def stored_text_words(stored: str | None) -> set[str] | None:
+    """The words of a listing's title and summary, from what ``listings.words`` stores
+    (``word_string``); None for a listing stored before it had them."""
+    if stored is None:
+        return None
+    return {k for k in stored.split() if not k.startswith((AUTHOR_PREFIX, CATEGORY_PREFIX))}

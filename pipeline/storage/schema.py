@@ -446,8 +446,9 @@ notifications = sa.Table(
     ).ddl_if(dialect=("postgresql", "sqlite")),  # type: ignore[arg-type]  # a tuple is documented
     sa.Index(None, "digest_id"),
     # A user's notifications of the last window, for their alert limit (pipeline/notify/
-    # notifier.py ``AlertLimits``). Revision 0019.
-    sa.Index(None, "user_id", "created_at"),
+    # notifier.py ``AlertLimits``; revision 0019), and newest first, ties by id, for their
+    # output feed (pipeline/catalogue/feeds.py; the id since revision 0022).
+    sa.Index(None, "user_id", "created_at", "id"),
 )
 
 # A user's matches as a feed a reader subscribes to (pipeline/catalogue/feeds.py): all of
