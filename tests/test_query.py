@@ -27,8 +27,8 @@ SOURCES = {"hn": frozenset({1}), "jobs board": frozenset({2})}
 
 
 def listing(title: str, summary: str = "", *, id: int = 1, source_id: int = 1, categories: tuple[str, ...] = (),
-            author: str | None = None, published_at: datetime | None = None) -> ListingText:
-    return ListingText(id, source_id, title, summary, categories, NOW, author, published_at)
+            author: str | None = None, published_at: datetime | None = None, price: str | None = None) -> ListingText:
+    return ListingText(id, source_id, title, summary, categories, NOW, author, published_at, price)
 
 
 def hits(query: str, *items: ListingText) -> list[int]:
@@ -264,6 +264,17 @@ WINDOWS = {  # as written, and the same window spelt out for the evaluator
 }
 
 
+# Prices as pages show them, each with its amount and currency spelt out for the evaluator.
+PRICED = {"€999": (999, "EUR"), "€1,000": (1000, "EUR"), "1.000,00 EUR": (1000, "EUR"), "$ 1000": (1000, "$"),
+          "€2,500": (2500, "EUR"), "call us": None, None: None}
+PRICE_TESTS = {  # as written, and what it means
+    "<1000": lambda a: a < 1000, "<=1000": lambda a: a <= 1000, ">1000": lambda a: a > 1000,
+    ">=1000": lambda a: a >= 1000, "1000": lambda a: a == 1000, "999..2500": lambda a: 999 <= a <= 2500,
+    "..999": lambda a: a <= 999, "1001..": lambda a: a >= 1001,
+}
+CURRENCIES = {"EUR": "EUR", "eur": "EUR", "€": "EUR", "$": "$"}
+
+
 @dataclass(frozen=True)
 class T:  # a term: field ("" for title or summary), the value as written
     field: str
@@ -318,6 +329,12 @@ def evaluate(node, item: ListingText) -> bool:
         return any(" ".join(c.split()).casefold() == node.value.casefold() for c in item.categories)
     if node.field == "source":
         return node.value.casefold() in (str(item.source_id), NAMES[item.source_id].casefold())
+    if node.field == "price":
+        priced = PRICED[item.price]
+        return priced is not None and PRICE_TESTS[node.value](priced[0])
+    if node.field == "currency":
+        priced = PRICED[item.price]
+        return priced is not None and priced[1] == CURRENCIES[node.value]
     if node.field == "published":
         start, end = WINDOWS[node.value]
         return item.published_at is not None and (start is None or item.published_at >= start) and (
@@ -340,6 +357,8 @@ terms = st.one_of(
     st.builds(T, st.just("category"), st.sampled_from(["remote", "jobs", "full time", "Data"])),
     st.builds(T, st.just("source"), st.sampled_from(["1", "2", "hn", "Jobs board"])),
     st.builds(T, st.just("published"), st.sampled_from(sorted(WINDOWS))),
+    st.builds(T, st.just("price"), st.sampled_from(sorted(PRICE_TESTS))),
+    st.builds(T, st.just("currency"), st.sampled_from(sorted(CURRENCIES))),
 )
 expressions = st.recursive(
     terms,
@@ -351,11 +370,12 @@ expressions = st.recursive(
     max_leaves=6,
 )
 listings = st.builds(
-    lambda i, title, summary, source, categories, author, published: listing(
+    lambda i, title, summary, source, categories, author, published, price: listing(
         " ".join(title).title(), ", ".join(summary), id=i, source_id=source, categories=categories,
-        author=author, published_at=published),
+        author=author, published_at=published, price=price),
     st.integers(1, 10**6), st.lists(words_st, max_size=6), st.lists(words_st, max_size=8),
     st.sampled_from([1, 2]), st.sampled_from(CATEGORIES), st.sampled_from(AUTHORS), st.sampled_from(DATES),
+    st.sampled_from(list(PRICED)),
 )
 
 
