@@ -22,7 +22,7 @@ from pipeline.core.redact import channel_url, names_a_host
 from pipeline.net.http import AddressGuard
 from pipeline.notify.notifier import source_ids_by_name
 from pipeline.notify.query import Query, QueryError, compile_query, parse, source_terms
-from pipeline.notify.schedule import DeliveryPlan
+from pipeline.notify.schedule import FILTER_MODES, DeliveryPlan
 from pipeline.storage import schema
 
 MIN_SECRET_CHARS = 16  # a webhook secret's shortest
@@ -262,13 +262,17 @@ def list_filters(conn: sa.Connection, user: str | None = None) -> list[dict[str,
     """Every filter with its user's name; ``user`` (a name or id): that user's only."""
     f, u = schema.filters, schema.users
     query = (sa.select(f.c.id, u.c.name, f.c.keywords, f.c.query, f.c.source_id, f.c.category, f.c.changes,
-                       f.c.price_drop, f.c.price_below, f.c.enabled, f.c.created_at, f.c.error, f.c.failed_at)
+                       f.c.price_drop, f.c.price_below, f.c.channel, f.c.channel_url, f.c.mode, f.c.enabled,
+                       f.c.created_at, f.c.error, f.c.failed_at)
              .join(u, u.c.id == f.c.user_id).order_by(f.c.id))
     if user is not None:
         query = query.where(f.c.user_id == find_user(conn, user))
     rows = conn.execute(query)
-    # A filter from before the language shows its keywords as the query they mean.
-    return [dict(r._mapping) | {"query": r.query or " ".join(r.keywords)} for r in rows]
+    # A filter from before the language shows its keywords as the query they mean; its own
+    # channel shows as a user's does (scheme and host: a URL can hold a token).
+    return [dict(r._mapping) | {"query": r.query or " ".join(r.keywords),
+                                "channel_url": channel_url(r.channel_url) if r.channel_url else None}
+            for r in rows]
 
 
 def set_user_enabled(conn: sa.Connection, user: str, enabled: bool) -> None:
@@ -294,6 +298,40 @@ def set_channel(
     channel, url, secret, generated = _checked_channel(webhook, secret, apprise_url, guard)
     conn.execute(sa.update(t).where(t.c.id == user_id).values(
         channel=channel, channel_url=url, secret=secret, previous_secret=None, previous_secret_until=None))
+    return generated
+
+
+def route_filter(
+    conn: sa.Connection, filter_id: int, *, webhook: str | None = None, secret: str | None = None,
+    apprise_url: str | None = None, user_channel: bool = False, mode: str | None = None,
+    guard: AddressGuard | None = None,
+) -> str | None:
+    """Send a filter's matches through a channel of its own (validated as a user's is),
+    or its user's again (``user_channel``), and/or in a mode of its own (``instant``,
+    ``digest``; ``user``: the user's again); what is not given stays. Notifications not
+    yet sent go the new way. Returns the webhook secret when it was generated (shown once)."""
+    f = schema.filters
+    if conn.execute(sa.select(f.c.id).where(f.c.id == filter_id)).first() is None:
+        raise UserError(f"no filter with id {filter_id}")
+    if mode is not None and mode not in (*FILTER_MODES, "user"):
+        raise UserError(f"mode {mode!r} is not one of: {', '.join(FILTER_MODES)}, user")
+    given = [name for name, value in (("--webhook", webhook), ("--apprise", apprise_url)) if value is not None]
+    if user_channel:
+        given.append("--user-channel")
+    if len(given) > 1:
+        raise UserError(f"give one channel, not {' and '.join(given)}")
+    if not given and mode is None:
+        raise UserError("give a channel (--webhook, --apprise, --user-channel) or a --mode")
+    values: dict[str, Any] = {}
+    generated = None
+    if user_channel:
+        values.update(channel=None, channel_url=None, secret=None)
+    elif given:
+        channel, url, secret, generated = _checked_channel(webhook, secret, apprise_url, guard)
+        values.update(channel=channel, channel_url=url, secret=secret)
+    if mode is not None:
+        values["mode"] = None if mode == "user" else mode
+    conn.execute(sa.update(f).where(f.c.id == filter_id).values(**values))
     return generated
 
 

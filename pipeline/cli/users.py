@@ -262,6 +262,8 @@ def filters_list(user: str | None, as_json: bool) -> None:
             [f" source {row['source_id']}" if row["source_id"] else "",
              f" category {row['category']!r}" if row["category"] else "",
              _changes(row) if row["changes"] else "",
+             f" to {row['channel']} {row['channel_url']}" if row["channel_url"] else "",
+             f" ({row['mode']})" if row["mode"] else "",
              "" if row["enabled"] else " (disabled)"]
         )
         click.echo(f"{row['id']:>6}  {row['name']:<20} {row['query']}{limits}")
@@ -275,6 +277,35 @@ def _changes(row: dict[str, Any]) -> str:
                   f"below {row['price_below']:g}" if row["price_below"] is not None else ""]
     said = " or ".join(c for c in conditions if c)
     return f" (and its price changes: {said})" if said else " (and its changes)"
+
+
+@filters_group.command("route")
+@click.argument("filter_id", type=common.ID)
+@click.option("--webhook", metavar="URL", help="Send this filter's matches by signed HTTP POST to URL.")
+@click.option("--secret-file", type=click.File("r"), metavar="FILE",
+              help="The webhook's HMAC secret (16+ characters) from FILE, '-' for standard input;"
+                   " default: generated and printed once.")
+@click.option("--apprise", "apprise_url", metavar="URL", help="Send this filter's matches through Apprise.")
+@click.option("--user-channel", is_flag=True, help="Send them through the user's channel again.")
+@click.option("--mode", type=click.Choice(["instant", "digest", "user"]),
+              help="instant: each match at once, whatever the user's digest; digest: in the user's"
+                   " digest (daily when they have none); user: as the user's settings say.")
+def filters_route(filter_id: int, webhook: str | None, secret_file: Any, apprise_url: str | None,
+                  user_channel: bool, mode: str | None) -> None:
+    """Send a filter's matches through a channel and/or in a mode of its own instead of
+    its user's (quiet hours stay the user's). What is not yet sent goes the new way."""
+    from pipeline.catalogue import users
+    from pipeline.core.settings import Settings
+    from pipeline.net.http import AddressGuard
+
+    secret = secret_file.read().strip() if secret_file is not None else None
+    guard = AddressGuard(Settings.from_env().allow_networks)
+    with common.engine().begin() as conn:
+        generated = users.route_filter(conn, filter_id, webhook=webhook, secret=secret or None,
+                                       apprise_url=apprise_url, user_channel=user_channel, mode=mode, guard=guard)
+    if generated:
+        click.echo(f"webhook secret (shown once; the receiver verifies webhook-signature with it): {generated}",
+                   err=True)
 
 
 @filters_group.command("remove")

@@ -39,7 +39,7 @@ from pipeline.notify import delivery
 from pipeline.notify.delivery import Channel, Item, Message, delivery_retry_at
 from pipeline.notify.matching import Filter, FilterIndex, ListingText, Match
 from pipeline.notify.query import Query, QueryError, compile_query
-from pipeline.notify.schedule import DeliveryPlan
+from pipeline.notify.schedule import DeliveryPlan, filter_digest
 from pipeline.queue.claim import Claim, Fenced, Row, RowCompletion, WorkQueue, in_transaction
 from pipeline.queue.workpool import work_claimed
 from pipeline.storage import counters, schema, watches
@@ -52,10 +52,46 @@ DIGEST_MAX_ITEMS = 500
 
 
 class Recipient(NamedTuple):
-    """How a user is notified: the channel, and when (pipeline/notify/schedule.py)."""
+    """How a filter's matches are told: the channel, and when (pipeline/notify/schedule.py);
+    its user's own way where the filter has none of its own (``filters route``).
+    ``user``: the user's own way, where this is the filter's."""
 
     channel: str
     plan: DeliveryPlan
+    user: Recipient | None = None
+
+
+@dataclass
+class Recipients:
+    """How each loaded filter's matches are told, and each of their users' own way (for
+    a change alert whose filter is gone)."""
+
+    by_filter: dict[int, Recipient] = field(default_factory=dict)
+    by_user: dict[int, Recipient] = field(default_factory=dict)
+
+    def add(self, f: Filter, recipient: Recipient) -> None:
+        self.by_filter[f.id] = recipient
+        self.by_user[f.user_id] = recipient.user or recipient
+
+    def of(self, user_id: int, filter_id: int | None) -> Recipient:
+        """A match's way: its filter's, else (a filter not loaded, or gone) its user's."""
+        found = self.by_filter.get(filter_id) if filter_id is not None else None
+        return found or self.by_user[user_id]
+
+    def __contains__(self, user_id: object) -> bool:
+        return user_id in self.by_user
+
+
+def recipient(
+    user_id: int, channel: str, digest: str | None, quiet: str | None, timezone: str | None, *,
+    own_channel: str | None = None, mode: str | None = None,
+) -> Recipient:
+    """How a filter's matches are told: through its own channel (``own_channel``) or its
+    user's, by its mode (pipeline/notify/schedule.py ``filter_digest``) or its user's plan."""
+    user = Recipient(channel, delivery_plan(user_id, digest, quiet, timezone))
+    if own_channel is None and mode is None:
+        return user
+    return Recipient(own_channel or channel, delivery_plan(user_id, filter_digest(mode, digest), quiet, timezone), user)
 
 
 def delivery_plan(user_id: int, digest: str | None, quiet: str | None, timezone: str | None) -> DeliveryPlan:
@@ -173,7 +209,10 @@ class Notifier:
         only = None
         if filter_ids is not None:
             loaded = load_filters(self.engine, ids=filter_ids)
-            only = FilterIndex(f for f, _ in loaded), {f.user_id: r for f, r in loaded}
+            chosen = Recipients()
+            for f, r in loaded:
+                chosen.add(f, r)
+            only = FilterIndex(f for f, _ in loaded), chosen
         while True:
             with self.engine.connect() as conn:
                 rows = conn.execute(
@@ -210,23 +249,29 @@ class Notifier:
 
     def make_digests(self, stats: NotifyStats, *, now: datetime | None = None) -> None:
         """Gather each user's held notifications whose time has come (``next_attempt_at``,
-        set from the user's plan when they were made) into one digest: the first of them
+        set from the user's plan when they were made) into one digest per place they go
+        (the user's channel, or a routed filter's own: ``filters route``): the first of them
         carries it and goes into the delivery queue; the rest stay held, marked with its
         id, until it is sent. A notification joins one digest only: it is assigned while
         unassigned, by one transaction per user that holds the user's row (other
         notifiers skip that user meanwhile). One that arrives later joins the next."""
-        n, u = schema.notifications, schema.users
+        n, u, f = schema.notifications, schema.users, schema.filters
         now = now or datetime.now(UTC)
         due = sa.and_(n.c.status == NotificationStatus.HELD, n.c.digest_id.is_(None), n.c.next_attempt_at <= now)
+        # Where each goes: its filter's own channel (one digest per such filter), else its
+        # user's (one digest for all the rest).
+        route = sa.case((f.c.channel_url.is_not(None), n.c.filter_id), else_=sa.null())
+        held = n.outerjoin(f, f.c.id == n.c.filter_id)
         with self.engine.connect() as conn:
-            user_ids = conn.execute(sa.select(n.c.user_id).where(due).distinct()).scalars().all()
-        for user_id in user_ids:
+            destinations = conn.execute(sa.select(n.c.user_id, route).select_from(held).where(due).distinct()).all()
+        for user_id, routed in destinations:
             with self.engine.begin() as conn:
                 if conn.execute(sa.select(u.c.id).where(u.c.id == user_id)
                                 .with_for_update(skip_locked=True)).first() is None:
                     continue  # another notifier is making this user's digest
-                ids = conn.execute(sa.select(n.c.id).where(due, n.c.user_id == user_id)
-                                   .order_by(n.c.id).limit(DIGEST_MAX_ITEMS)).scalars().all()
+                ids = conn.execute(sa.select(n.c.id).select_from(held).where(
+                    due, n.c.user_id == user_id, route.is_(None) if routed is None else route == routed)
+                    .order_by(n.c.id).limit(DIGEST_MAX_ITEMS)).scalars().all()
                 if not ids:
                     continue
                 head = ids[0]
@@ -366,7 +411,7 @@ _OUTCOME = {NotificationStatus.SENT: "sent", NotificationStatus.FAILED: "retryin
 
 def _write_matches(
     conn: sa.Connection, *, queue: WorkQueue, claim: Claim, matches: Sequence[Match],
-    recipients: Mapping[int, Recipient], watching: Collection[int],
+    recipients: Recipients, watching: Collection[int],
     failures: Mapping[str, Mapping[int, str]], limits: AlertLimits,
 ) -> tuple[Fenced, Created]:
     """Mark the claimed listings matched (fenced), notify the matches of those still
@@ -465,7 +510,7 @@ class FilterCatalogue:
 
     engine: Engine
     full_reload_seconds: float = 60.0
-    _recipients: dict[int, Recipient] = field(default_factory=dict)
+    _recipients: Recipients = field(default_factory=lambda: Recipients())
     # Compiled queries by their text, kept across reloads: at 1,000,000 filters compiling
     # every one again (30-60 us each) would take most of a core.
     _compiled: dict[str, Query] = field(default_factory=dict)
@@ -479,11 +524,11 @@ class FilterCatalogue:
     # Filters left out since the last ``take_failures``: their query did not compile.
     failed: dict[int, str] = field(default_factory=dict)
 
-    def current(self) -> tuple[FilterIndex, dict[int, Recipient]]:
-        """The filters as an index, and how each user is notified."""
+    def current(self) -> tuple[FilterIndex, Recipients]:
+        """The filters as an index, and how each one's matches are told."""
         now = time.monotonic()
         if self._loaded_at is None or now - self._loaded_at >= self.full_reload_seconds:
-            self._recipients, self._newest, self.watching = {}, None, set()
+            self._recipients, self._newest, self.watching = Recipients(), None, set()
             self._index = FilterIndex(rarity=self._index.rarity)
             kept, self._compiled = self._compiled, {}  # those of deleted filters go
             self._add(load_filters(self.engine, compiled=kept, keep=self._compiled, failed=self.failed))
@@ -503,7 +548,7 @@ class FilterCatalogue:
 
     def _add(self, loaded: list[tuple[Filter, Recipient]]) -> None:
         for f, recipient in loaded:
-            self._recipients[f.user_id] = recipient
+            self._recipients.add(f, recipient)
             if f.changes:
                 self.watching.add(f.id)
             if f.created_at is not None and (self._newest is None or f.created_at > self._newest):
@@ -526,7 +571,8 @@ def load_filters(
     f, u = schema.filters, schema.users
     query = (
         sa.select(f.c.id, f.c.user_id, f.c.keywords, f.c.query, f.c.source_id, f.c.category, f.c.created_at,
-                  f.c.changes, u.c.channel, u.c.digest, u.c.quiet_hours, u.c.timezone)
+                  f.c.changes, f.c.channel_url.is_not(None).label("routed"), f.c.channel.label("own_channel"),
+                  f.c.mode, u.c.channel, u.c.digest, u.c.quiet_hours, u.c.timezone)
         .join(u, u.c.id == f.c.user_id)
     )
     if enabled_only:
@@ -552,7 +598,8 @@ def load_filters(
             Filter(id=r.id, user_id=r.user_id, keywords=tuple(r.keywords), source_id=r.source_id,
                    category=folded(r.category) if r.category else None, created_at=r.created_at,
                    query=expression, changes=r.changes),
-            Recipient(r.channel, delivery_plan(r.user_id, r.digest, r.quiet_hours, r.timezone)),
+            recipient(r.user_id, r.channel, r.digest, r.quiet_hours, r.timezone,
+                      own_channel=r.own_channel if r.routed else None, mode=r.mode),
         ))
     return loaded
 
@@ -643,10 +690,11 @@ def _spaced_changes(
 
 
 def _insert_notifications(
-    conn: sa.Connection, matches: Sequence[Match], recipients: Mapping[int, Recipient],
+    conn: sa.Connection, matches: Sequence[Match], recipients: Recipients,
     stories: Mapping[int, Story], changes: Sequence[watches.Alert] = (), *, limits: AlertLimits,
 ) -> Created:
-    """A notification per match, and per change alert, by its user's channel: pending,
+    """A notification per match, and per change alert, by its filter's way (its own
+    channel and mode, else its user's: ``Recipients``): pending,
     to go out at once, or held until the user's digest or the end of their quiet hours
     (its ``next_attempt_at``). A user who already has one for the listing, for the same
     item carried by another source (its item key, pipeline/core/urls.py), or for the
@@ -657,9 +705,10 @@ def _insert_notifications(
     spaced = _spaced_changes(conn, changes, now, limits)
     changes = [a for a, _ in spaced]
     not_before = {(a.user_id, a.listing_id): at for a, at in spaced if at is not None}
-    release = {user: recipients[user].plan.release_at(now)
-               for user in {m.user_id for m in matches} | {a.user_id for a in changes}}
-    room = _room(conn, [user for user, until in release.items() if until is None], now, limits)
+    ways = {(user, filter_id): recipients.of(user, filter_id)
+            for user, filter_id in {(m.user_id, m.filter_id) for m in matches} | {(a.user_id, a.filter_id) for a in changes}}
+    release = {key: way.plan.release_at(now) for key, way in ways.items()}
+    room = _room(conn, sorted({user for (user, _), until in release.items() if until is None}), now, limits)
     at_once, held, limited = [], [], []
     told: list[tuple[int, dict[str, Any]]] = [
         (m.user_id, {"listing_id": m.listing_id, "filter_id": m.filter_id, "event": watches.NEW,
@@ -671,8 +720,8 @@ def _insert_notifications(
         for a in changes
     ]
     for user_id, row in told:
-        row |= {"user_id": user_id, "channel": recipients[user_id].channel}
-        until = release[user_id]
+        row |= {"user_id": user_id, "channel": ways[(user_id, row["filter_id"])].channel}
+        until = release[(user_id, row["filter_id"])]
         if (later := not_before.get((user_id, row["listing_id"]))) is not None and row["event"] != watches.NEW:
             until = max(until or later, later)
         if until is not None:
@@ -717,7 +766,9 @@ def load_messages(engine: Engine, ids: Sequence[int]) -> list[Message]:
     or, for one that carries a digest, every notification of the digest (two queries)."""
     n, u, f, listings, s = schema.notifications, schema.users, schema.filters, schema.listings, schema.sources
     item_columns = (
-        n.c.event, f.c.id.label("filter_id"), f.c.keywords, f.c.query, listings.c.id.label("listing_id"),
+        n.c.event, f.c.id.label("filter_id"), f.c.keywords, f.c.query, f.c.channel.label("own_channel"),
+        f.c.channel_url.label("own_channel_url"), f.c.secret.label("own_secret"), f.c.mode,
+        listings.c.id.label("listing_id"),
         listings.c.item_key, listings.c.url,
         listings.c.title, listings.c.summary, listings.c.published_at, listings.c.source_id, listings.c.price,
         s.c.site_url,
@@ -743,10 +794,14 @@ def load_messages(engine: Engine, ids: Sequence[int]) -> list[Message]:
     now = datetime.now(UTC)
     return [
         Message(
-            notification_id=r.id, user_id=r.user_id, user_name=r.name, channel=r.channel,
-            channel_url=r.channel_url, secret=r.secret, items=(_item(r), *members.get(r.id, ())),
-            previous_secret=delivery.overlapping_secret(r.previous_secret, r.previous_secret_until, now),
-            is_digest=r.digest_id == r.id, plan=delivery_plan(r.user_id, r.digest, r.quiet_hours, r.timezone),
+            notification_id=r.id, user_id=r.user_id, user_name=r.name, items=(_item(r), *members.get(r.id, ())),
+            is_digest=r.digest_id == r.id,
+            plan=delivery_plan(r.user_id, filter_digest(r.mode, r.digest), r.quiet_hours, r.timezone),
+            # A routed filter's own channel (``filters route``), else the user's, rotation and all.
+            **({"channel": r.own_channel, "channel_url": r.own_channel_url, "secret": r.own_secret}
+               if r.own_channel_url else
+               {"channel": r.channel, "channel_url": r.channel_url, "secret": r.secret,
+                "previous_secret": delivery.overlapping_secret(r.previous_secret, r.previous_secret_until, now)}),
         )
         for r in rows
     ]

@@ -31,6 +31,20 @@ _DAILY = re.compile(r"daily(?:@(\d{1,2}:\d{2}))?")
 _QUIET = re.compile(r"(\d{1,2}:\d{2})-(\d{1,2}:\d{2})")
 DAILY_DEFAULT = time(8, 0)
 MAX_EVERY = timedelta(days=1)
+# A filter's own mode (`filters route --mode`): its matches at once, or in a digest,
+# whatever its user's digest setting; quiet hours stay the user's. NULL: the user's.
+INSTANT, DIGEST = "instant", "digest"
+FILTER_MODES = (INSTANT, DIGEST)
+
+
+def filter_digest(mode: str | None, user_digest: str | None) -> str | None:
+    """The digest setting a filter's matches follow: its user's, none for an ``instant``
+    filter, and for a ``digest`` one the user's digest, or daily when they have none."""
+    if mode == INSTANT:
+        return None
+    if mode == DIGEST and (user_digest or IMMEDIATE).strip().lower() == IMMEDIATE:
+        return "daily"
+    return user_digest
 
 
 def _clock(text: str, what: str) -> time:

@@ -387,6 +387,13 @@ filters = sa.Table(
     # last heard of, or a price below this amount (pipeline/core/prices.py). Revision 0023.
     sa.Column("price_drop", sa.Double()),
     sa.Column("price_below", sa.Double()),
+    # Where and when its matches go, when not as its user's (`filters route`): a channel of
+    # its own (webhook | apprise, its URL, a webhook's HMAC key) and a mode (instant |
+    # digest; pipeline/notify/schedule.py ``filter_digest``). NULL: the user's. Revision 0024.
+    sa.Column("channel", sa.String(16)),
+    sa.Column("channel_url", sa.Text()),
+    sa.Column("secret", sa.Text()),
+    sa.Column("mode", sa.String(8)),
     sa.Index(None, "user_id"),
 )
 
