@@ -510,7 +510,7 @@ class FilterCatalogue:
 
     engine: Engine
     full_reload_seconds: float = 60.0
-    _recipients: Recipients = field(default_factory=lambda: Recipients())
+    _recipients: Recipients = field(default_factory=Recipients)
     # Compiled queries by their text, kept across reloads: at 1,000,000 filters compiling
     # every one again (30-60 us each) would take most of a core.
     _compiled: dict[str, Query] = field(default_factory=dict)
@@ -705,8 +705,8 @@ def _insert_notifications(
     spaced = _spaced_changes(conn, changes, now, limits)
     changes = [a for a, _ in spaced]
     not_before = {(a.user_id, a.listing_id): at for a, at in spaced if at is not None}
-    ways = {(user, filter_id): recipients.of(user, filter_id)
-            for user, filter_id in {(m.user_id, m.filter_id) for m in matches} | {(a.user_id, a.filter_id) for a in changes}}
+    told_by = {(m.user_id, m.filter_id) for m in matches} | {(a.user_id, a.filter_id) for a in changes}
+    ways = {(user, filter_id): recipients.of(user, filter_id) for user, filter_id in told_by}
     release = {key: way.plan.release_at(now) for key, way in ways.items()}
     room = _room(conn, sorted({user for (user, _), until in release.items() if until is None}), now, limits)
     at_once, held, limited = [], [], []
