@@ -314,15 +314,25 @@ def test_planted_secrets_never_reach_command_output(engine, db_url):
     prowl = "prowl://PROWLKEY0123456789abcdef0123456789abcdef"  # 40 characters, as Prowl's are
     assert run("users", "add", "p", "--apprise", prowl, env=env).returncode == 0
     assert run("users", "add", "w", "--webhook", f"https://127.0.0.1/hook/{WEBHOOK_TOKEN}", env=env).returncode == 0
+    # A routed filter's own channel and secret (`filters route`) are as secret as a user's.
+    first, second = (run("filters", "add", "w", "--query", q, env=env).stdout.strip() for q in ("python", "rust"))
+    routed = run("filters", "route", first, "--apprise", prowl, env=env)
+    assert routed.returncode == 0, routed
+    by_webhook = run("filters", "route", second, "--webhook", f"https://127.0.0.1/hook/{WEBHOOK_TOKEN}",
+                     "--secret-file", "-", env=env, stdin=WEBHOOK_SECRET)
+    assert by_webhook.returncode == 0, by_webhook
     outputs = {
         "users list": run("users", "list", env=env).stdout,
         "users list --json": run("users", "list", "--json", env=env).stdout,
+        "filters list": run("filters", "list", env=env).stdout,
+        "filters list --json": run("filters", "list", "--json", env=env).stdout,
+        "filters route": routed.stdout + routed.stderr + by_webhook.stdout + by_webhook.stderr,
         "a refused webhook": run("users", "add", "x", "--webhook", f"ftp://h/{WEBHOOK_TOKEN}", env=env).stderr,
         "db current, query password": run("db", "upgrade", env={
             "DATABASE_URL": f"{db_url}{'&' if '?' in db_url else '?'}password={DB_PASSWORD}"}).stdout,
     }
     for where, text in outputs.items():
-        for secret in ("PROWLKEY0123", WEBHOOK_TOKEN, DB_PASSWORD):
+        for secret in ("PROWLKEY0123", WEBHOOK_TOKEN, DB_PASSWORD, WEBHOOK_SECRET):
             assert secret not in text, f"{secret} appears in {where}: {text}"
     assert "prowl://…" in outputs["users list"] and "password=***" in outputs["db current, query password"]
 
