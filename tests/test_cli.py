@@ -106,6 +106,10 @@ def test_status_shows_each_queue_its_claims_in_flight_and_expired_leases(engine,
     lines = text.stdout.splitlines()
     assert "failing now    timeout 1" in lines
     assert "next due in 30 min" in text.stdout
+    # Which source fails, since when and why, as the UI's check lists them.
+    [failing] = [line for line in lines if line.startswith(f"{source_id} ")]
+    assert failing.split() == [str(source_id), "http://127.0.0.1/feed", "never", "fetched", "well", "2", "timeout", "-"]
+    assert [(f["id"], f["failures"], f["reason"]) for f in status["failing_sources"]] == [(source_id, 2, "timeout")]
     [row] = [line for line in lines if line.startswith("raw rows to process")]
     assert row.split()[-6:] == ["4", "2.0", "h", "ago", "1", "2"]
 

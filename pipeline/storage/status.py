@@ -45,6 +45,7 @@ class QueueStatus:
 
 
 LATENESS_HOURS = 6  # `pipeline status` shows fetches' lateness for the last hours
+SHOWN_FAILING = 10  # the failing sources `pipeline status` lists, the longest failing first
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class PipelineStatus:
     stages: list[dict[str, Any]]  # worker_state: each stage's last run
     # how late fetches started against their due time, per hour, newest first
     lateness: list[health.Lateness]
+    # the longest failing sources (at most SHOWN_FAILING), each with since when and why
+    failing_sources: list[health.FailingSource]
 
 
 def _count(conn: sa.Connection, table: sa.Table, *where: sa.ColumnElement[bool]) -> int:
@@ -205,6 +208,8 @@ def collect_status(engine: Engine) -> PipelineStatus:
             stages=[dict(r) for r in conn.execute(
                 sa.select(schema.worker_state).order_by(schema.worker_state.c.worker_name)).mappings()],
             lateness=health.lateness_by_hour(conn, LATENESS_HOURS),
+            failing_sources=health.which_sources_fail(conn, SHOWN_FAILING) if failing.failing
+            or failing.disabled_by_failures else [],
         )
 
 
@@ -287,6 +292,18 @@ def status_as_text(status: PipelineStatus) -> str:
         [(q.label, f"{q.waiting:,}", _ago(q.oldest_waiting, now), f"{q.in_flight:,}", f"{q.expired_leases:,}")
          for q in status.queues],
     )
+    if status.failing_sources:
+        shown = len(status.failing_sources)
+        total = sum(status.failing.values()) + status.disabled_by_failures
+        lines.append("")
+        lines += _table(
+            (f"failing sources ({shown} of {total:,}, longest first)" if total > shown else "failing sources",
+             "since", "failures", "code", "last error"),
+            [(f"{f.id} {f.name}"[:40], "never fetched well" if f.since is None else _ago(f.since, now),
+              f"{f.failures}{' (disabled)' if f.disabled else ''}", f.reason or "-",
+              " ".join((f.error or "-").split())[:60])
+             for f in status.failing_sources],
+        )
     if status.lateness:
         lines.append("")
         lines += _table(
