@@ -159,7 +159,7 @@ def entries(engine: Engine, scope: Scope, *, limit: int = FEED_ENTRIES) -> list[
 
 def _notified(user_id: int) -> sa.Select[Any]:
     """A user's notifications, newest first, each with its listing and its source's name
-    (served by the index on notifications (user_id, created_at))."""
+    (served by the index on notifications (user_id, created_at, id): a range, no sort)."""
     n, listings, s = schema.notifications, schema.listings, schema.sources
     return (
         sa.select(n.c.id.label("notification_id"), n.c.created_at.label("notified_at"), n.c.event, n.c.filter_id,
