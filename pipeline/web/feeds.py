@@ -125,7 +125,8 @@ def atom(doc: Document) -> bytes:
                 add(item, "category", term=category)
         # Content, not a summary: an entry without a link must have one (RFC 4287 4.1.2).
         add(item, "content", _text(entry), type="text")
-    return ET.tostring(feed, encoding="utf-8", xml_declaration=True)
+    written: bytes = ET.tostring(feed, encoding="utf-8", xml_declaration=True)
+    return written
 
 
 def json_feed(doc: Document) -> bytes:

@@ -67,9 +67,10 @@ def serve(
         "address_family": socket.AF_INET6 if ipv6 else socket.AF_INET, "max_connections": max_connections})
     handler_class = type("Handler", (_Handler,), {"timeout": read_timeout})
     try:
-        return make_server(host, port, app, server_class=server_class, handler_class=handler_class)  # type: ignore[return-value]
+        server: BoundedServer = make_server(host, port, app, server_class=server_class, handler_class=handler_class)
     except OSError as exc:  # the port taken, an address not this machine's: one line
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return server
 
 
 def run_until_interrupted(server: BoundedServer) -> None:
