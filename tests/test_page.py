@@ -126,3 +126,49 @@ def test_a_large_page_within_the_element_budget_is_parsed():
     body = b"<html><body>" + b"<p>word</p>" * (MAX_ELEMENTS - 10) + b"</body></html>"
     [item] = parse_page(body, "http://127.0.0.1/p", {})
     assert item.raw["summary"].startswith("word word")
+
+
+CHALLENGES = [
+    # Cloudflare's interstitial, by its title and by its platform's script
+    b"<html><head><title>Just a moment...</title></head><body><li class='job'>Checking your browser</li></body></html>",
+    b"<html><head><title>Jobs</title><script src='/cdn-cgi/challenge-platform/h/g/orchestrate/jsch/v1'></script>"
+    b"</head><body><ul><li class='job'><a href='/j/1'>One</a></li></ul></body></html>",
+    # A captcha whose selectors match its own element ("Please verify you are human")
+    b"<html><head><title>Are you a robot?</title></head><body><li class='job'>Please verify you are human"
+    b"</li></body></html>",
+    b"<html><head><title>Robot Check</title></head><body><form><li class='job'>Type the characters</li></form></body>",
+    b"<html><head><title>x</title><script src='https://ct.captcha-delivery.com/c.js'></script></head><body>"
+    b"<li class='job'>blocked</li></body></html>",
+]
+
+
+@pytest.mark.parametrize("body", CHALLENGES)
+def test_a_bot_challenge_is_a_block_not_a_page(body):
+    """Stored as listings, a challenge page's elements would be items, and the watched
+    listings missing from it once; it is a failed fetch of its own code instead."""
+    for config in ({"item": "li.job", "title": "a"}, {}):
+        with pytest.raises(FetchError) as error:
+            parse_page(body, URL, config)
+        assert error.value.reason is FailureReason.BLOCKED and "bot challenge" in str(error.value)
+
+
+def test_a_page_with_a_captcha_on_its_contact_form_is_a_page():
+    body = PAGE.replace(b"</ul>", b"</ul><form><div class='g-recaptcha' data-sitekey='x'></div></form>"
+                        b"<script src='https://www.google.com/recaptcha/api.js'></script>")
+    assert len(parse_page(body, URL, {"item": "li.job", "title": "h2"})) == 2
+
+
+def test_a_blocked_source_backs_off_as_a_transient_failure_and_stores_nothing(engine):
+    server = LocalServer().start()
+    server.routes["/board"] = lambda h: h.reply(200, CHALLENGES[0], {"Content-Type": "text/html"})
+    try:
+        with engine.begin() as conn:
+            source_id = add_source(conn, server.url("/board"), source_type="http", config={"item": "li.job"})
+        stats = collector(engine).run()
+        assert stats.failed == {"blocked": 1}
+        with engine.connect() as conn:
+            source = conn.execute(sa.select(schema.sources).where(schema.sources.c.id == source_id)).mappings().one()
+        assert (source["last_failure_reason"], source["enabled"], source["consecutive_failures"]) == ("blocked", True, 1)
+        assert rows(engine, schema.listings_raw) == []
+    finally:
+        server.stop()

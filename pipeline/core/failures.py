@@ -16,6 +16,9 @@ class FailureReason(StrEnum):
     HTTP_4XX = "http_4xx"  # the server says the request is wrong (404, 410, 403, ...)
     HTTP_5XX = "http_5xx"  # the server failed
     RATE_LIMITED = "rate_limited"  # 429
+    # A bot challenge (a captcha, "Just a moment...") answered instead of the page: the
+    # site blocks automated reads for now (pipeline/fetching/page.py ``challenge``).
+    BLOCKED = "blocked"
     YOUTUBE_QUOTA = "youtube_quota"  # the YouTube Data API's daily quota is spent
     PARSE_ERROR = "parse_error"  # the body is not a feed / page the adapter can read
     TOO_LARGE = "too_large"  # the body passed PIPELINE_MAX_RESPONSE_BYTES
@@ -42,6 +45,6 @@ PERMANENT = frozenset(
 CHANNEL_ERROR = "channel_error"  # the channel said no (Apprise could not deliver)
 WORKER_STOPPED = "worker_stopped"  # claimed again and again, no send finished
 CHANNEL_BUG = "channel_bug"  # a channel raised something unexpected
-_NOT_OF_A_DELIVERY = frozenset({FailureReason.YOUTUBE_QUOTA, FailureReason.PARSE_ERROR})
+_NOT_OF_A_DELIVERY = frozenset({FailureReason.YOUTUBE_QUOTA, FailureReason.PARSE_ERROR, FailureReason.BLOCKED})
 DELIVERY_CODES = (*(reason.value for reason in FailureReason if reason not in _NOT_OF_A_DELIVERY),
                   CHANNEL_ERROR, WORKER_STOPPED, CHANNEL_BUG)
