@@ -172,3 +172,17 @@ def test_a_blocked_source_backs_off_as_a_transient_failure_and_stores_nothing(en
         assert rows(engine, schema.listings_raw) == []
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("body", CHALLENGES)
+def test_a_feed_answered_by_a_bot_challenge_is_blocked_not_broken(body):
+    """A feed behind a challenge was a parse_error, a permanent code: a few of them
+    disabled the source. It is blocked, transient; other HTML is still no feed."""
+    from pipeline.fetching import rss
+
+    with pytest.raises(FetchError) as error:
+        rss.parse_feed(body, URL, "text/html")
+    assert error.value.reason is FailureReason.BLOCKED and "not the feed" in str(error.value)
+    with pytest.raises(FetchError) as error:
+        rss.parse_feed(PAGE, URL, "text/html")
+    assert error.value.reason is FailureReason.PARSE_ERROR

@@ -11,10 +11,13 @@ import functools
 import hashlib
 import html
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pipeline.core.errors import FetchError
+from pipeline.core.failures import FailureReason
 from pipeline.core.inputs import MAX_ITEM_ID_CHARS
 from pipeline.net.http import Fetcher, FetchResult
 
@@ -54,6 +57,45 @@ def markup(text: str) -> str:
     plain text ("A<B and C", "R&D") is escaped to read as itself. Text without either is
     given back as it is, so its raw item (and its hash) stays what it was."""
     return html.escape(text, quote=False) if "<" in text or "&" in text else text
+
+
+# A bot challenge served instead of the page or feed (answered with 200: a 403 or 429
+# fails before any body is read), told by its title
+# or by its challenge platform's own resources. Never by a captcha widget alone: pages
+# with a reCAPTCHA on their contact form are pages.
+_CHALLENGE_TITLES = (
+    "just a moment...", "attention required! | cloudflare", "are you a robot", "are you human",
+    "verify you are human", "human verification", "robot check", "pardon our interruption",
+    "access to this page has been denied", "captcha challenge",
+)
+_CHALLENGE_MARKERS = (
+    b"/cdn-cgi/challenge-platform/", b"cf-browser-verification", b"captcha-delivery.com", b"px-captcha",
+    b"_incapsula_resource",
+)
+
+
+def challenge(title: str, body: bytes) -> str | None:
+    """What shows ``body`` (an HTML document titled ``title``) to be a bot challenge, or None."""
+    folded = title.casefold()
+    if any(t in folded for t in _CHALLENGE_TITLES):
+        return f"titled {title[:80]!r}"
+    lowered = body[:200_000].lower()
+    if marker := next((m for m in _CHALLENGE_MARKERS if m in lowered), None):
+        return f"its page loads {marker.decode()}"
+    return None
+
+
+_TITLE = re.compile(rb"<title[^>]*>(.*?)</title", re.IGNORECASE | re.DOTALL)
+
+
+def challenge_error(body: bytes) -> FetchError | None:
+    """The failure of a fetch that got a bot challenge where a feed was expected (an HTML
+    document, its title read without parsing it), or None."""
+    found = _TITLE.search(body[:65_536])
+    title = " ".join(found.group(1).decode("utf-8", "replace").split()) if found else ""
+    if what := challenge(html.unescape(title), body):
+        return FetchError(FailureReason.BLOCKED, f"the site answered with a bot challenge ({what}), not the feed")
+    return None
 
 
 @dataclass(frozen=True)

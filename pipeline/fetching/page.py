@@ -23,7 +23,7 @@ from soupsieve import SelectorSyntaxError
 
 from pipeline.core.errors import FetchError
 from pipeline.core.failures import FailureReason
-from pipeline.fetching.base import Item, Outcome, fetch_and_parse, markup
+from pipeline.fetching.base import Item, Outcome, challenge, fetch_and_parse, markup
 from pipeline.net.http import Fetcher
 
 SUMMARY_CHARS = 2000
@@ -34,32 +34,6 @@ MAX_ELEMENTS = 50_000
 _START_TAG = re.compile(rb"<[a-zA-Z]")
 SELECTOR_KEYS = ("item", "title", "link", "summary", "price")
 _NOT_TEXT = ("script", "style", "noscript", "template", "head")
-
-
-# A bot challenge served instead of the page (answered with 200: a 403 or 429 fails
-# before any page is read), told by its title
-# or by its challenge platform's own resources. Never by a captcha widget alone: pages
-# with a reCAPTCHA on their contact form are pages.
-_CHALLENGE_TITLES = (
-    "just a moment...", "attention required! | cloudflare", "are you a robot", "are you human",
-    "verify you are human", "human verification", "robot check", "pardon our interruption",
-    "access to this page has been denied", "captcha challenge",
-)
-_CHALLENGE_MARKERS = (
-    b"/cdn-cgi/challenge-platform/", b"cf-browser-verification", b"captcha-delivery.com", b"px-captcha",
-    b"_incapsula_resource",
-)
-
-
-def challenge(title: str, body: bytes) -> str | None:
-    """What shows ``body`` (titled ``title``) to be a bot challenge, or None."""
-    folded = title.casefold()
-    if any(t in folded for t in _CHALLENGE_TITLES):
-        return f"titled {title[:80]!r}"
-    lowered = body[:200_000].lower()
-    if marker := next((m for m in _CHALLENGE_MARKERS if m in lowered), None):
-        return f"its page loads {marker.decode()}"
-    return None
 
 
 def _text(node: Tag) -> str:

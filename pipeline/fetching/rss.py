@@ -29,7 +29,7 @@ from pipeline.core.errors import FetchError
 from pipeline.core.failures import FailureReason
 from pipeline.core.urls import joined_link
 from pipeline.fetching import charset, quickfeed
-from pipeline.fetching.base import Item, Outcome, Parsed, fetch_and_parse, markup
+from pipeline.fetching.base import Item, Outcome, Parsed, challenge_error, fetch_and_parse, markup
 from pipeline.fetching.jsonfeed import looks_like_json, parse_json_feed
 from pipeline.net.http import Fetcher
 
@@ -174,11 +174,13 @@ def _feedparser_entries(body: bytes, headers: dict[str, str], url: str) -> tuple
         if parsed.entries:
             log.info("read %s leniently: %s", url, problem)
         elif isinstance(problem, xml.sax.SAXException):
-            raise FetchError(FailureReason.PARSE_ERROR, f"malformed XML: {problem}")
+            raise challenge_error(body) or FetchError(FailureReason.PARSE_ERROR, f"malformed XML: {problem}")
         else:
-            raise FetchError(FailureReason.PARSE_ERROR, f"unreadable feed: {problem}")
+            raise challenge_error(body) or FetchError(FailureReason.PARSE_ERROR, f"unreadable feed: {problem}")
     if not parsed.get("version") and not parsed.entries:
-        raise FetchError(FailureReason.PARSE_ERROR, "not a feed (no RSS or Atom document found)")
+        # A bot challenge is no broken feed: blocked, which passes, not parse_error, which
+        # would disable the source after a few.
+        raise challenge_error(body) or FetchError(FailureReason.PARSE_ERROR, "not a feed (no RSS or Atom document found)")
     return list(parsed.entries), parsed.get("feed") or {}
 
 
