@@ -85,9 +85,11 @@ def test_permanent_failures_disable_the_source_after_the_configured_run():
 
 
 def test_every_failure_code_of_the_design_exists_once():
+    """The design's codes, and ``blocked`` (a bot challenge instead of the page or feed,
+    issue 38), transient: the site may let the next fetch through."""
     assert {r.value for r in FailureReason} == {
         "network_error", "timeout", "http_4xx", "http_5xx", "rate_limited", "youtube_quota",
-        "parse_error", "too_large", "blocked_address", "invalid_config",
+        "parse_error", "too_large", "blocked_address", "invalid_config", "blocked",
     }
     assert PERMANENT == {
         FailureReason.HTTP_4XX, FailureReason.PARSE_ERROR, FailureReason.TOO_LARGE,
