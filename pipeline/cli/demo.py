@@ -33,10 +33,11 @@ def demo_seed(site: str | None) -> None:
     """Add the demo sources, user and filters where missing (safe on every start), and
     print the demo user's output feed (kept in the state folder, since the database
     keeps only its hash)."""
-    from pipeline.cli.web import base_url, feed_urls
+    from pipeline.cli.web import base_url
     from pipeline.core.settings import demo_port, state_dir
     from pipeline.demo import content
     from pipeline.demo import site as demo_site
+    from pipeline.web.app import feed_urls
 
     try:
         root = demo_site.parse_site(site or f"http://127.0.0.1:{demo_port()}")

@@ -8,11 +8,6 @@ import click
 from pipeline.cli import common
 
 
-def feed_urls(base: str, token: str) -> tuple[str, str]:
-    """A feed's Atom and JSON Feed URLs under ``base``."""
-    return f"{base}/feeds/{token}.atom", f"{base}/feeds/{token}.json"
-
-
 def base_url() -> str:
     """Where readers reach `pipeline serve`: PIPELINE_PUBLIC_URL, else 127.0.0.1 and its port."""
     from pipeline.core.settings import Settings, web_port
@@ -34,6 +29,7 @@ def feeds_add(user: str, filter_id: int | None) -> None:
     the database keeps only a hash of the secret in them. PIPELINE_PUBLIC_URL is where
     readers reach `pipeline serve`."""
     from pipeline.catalogue import feeds
+    from pipeline.web.app import feed_urls
 
     with common.engine().begin() as conn:
         made = feeds.add_feed(conn, user, filter_id=filter_id)

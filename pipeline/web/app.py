@@ -46,6 +46,11 @@ _COMMON = [("X-Content-Type-Options", "nosniff"), ("Referrer-Policy", "no-referr
 StartResponse = Callable[..., Any]
 
 
+def feed_urls(base: str, token: str) -> tuple[str, str]:
+    """A feed's Atom and JSON Feed URLs under ``base``: the paths ``_FEED_PATH`` reads."""
+    return f"{base}/feeds/{token}.atom", f"{base}/feeds/{token}.json"
+
+
 class FeedApp:
     """The WSGI application. ``public_url``: the base URL readers reach the service at
     (PIPELINE_PUBLIC_URL), which the feeds' own links start with; None: the request's
@@ -80,8 +85,8 @@ class FeedApp:
         if scope is None:
             return _plain(start_response, "404 Not Found", "no such feed\n")
         base = self.public_url or application_uri(environ).rstrip("/")
-        doc = Document(scope, catalogue.entries(self.engine, scope), atom_url=f"{base}/feeds/{token}.atom",
-                       json_url=f"{base}/feeds/{token}.json")
+        atom_url, json_url = feed_urls(base, token)
+        doc = Document(scope, catalogue.entries(self.engine, scope), atom_url=atom_url, json_url=json_url)
         content_type, render = FORMATS[kind]
         body = render(doc)
         digest = hashlib.sha256(body).hexdigest()[:32]
