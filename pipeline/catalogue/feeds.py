@@ -150,7 +150,7 @@ def entries(engine: Engine, scope: Scope, *, limit: int = FEED_ENTRIES) -> list[
     found: list[Entry] = []
     for row in _pages(engine, scope.user_id):
         if row.filter_id == scope.filter_id or index.matching(
-                ListingText.of(row), any_age=True, text_words=stored_text_words(row.words)):
+                ListingText.of(row._mapping), any_age=True, text_words=stored_text_words(row.words)):
             found.append(_entry(row))
             if len(found) == limit:
                 break

@@ -96,8 +96,8 @@ def candidates(query: Query) -> sa.ColumnElement[bool] | None:
             sources = [int(k.removeprefix(SOURCE_KEY)) for k in filing if k.startswith(SOURCE_KEY)]
             held = [position(t.c.words, f" {_stored(k)} ") > 0 for k in filing if not k.startswith(SOURCE_KEY)]
             needs.append(sa.or_(*held, *((t.c.source_id.in_(sources),) if sources else ())))
-        sources = [c.source_ids for c in clause.checks if c.term.field is Field.SOURCE and not c.negated]
-        needs += [t.c.source_id.in_(sorted(ids)) if ids else sa.false() for ids in sources]
+        named = [c.source_ids for c in clause.checks if c.term.field is Field.SOURCE and not c.negated]
+        needs += [t.c.source_id.in_(sorted(ids)) if ids else sa.false() for ids in named]
         if not needs:
             return None
         alternatives.append(sa.and_(*needs))
@@ -159,12 +159,12 @@ def try_filter(
                 found = [row for row in chunk if row.words is not None and _holds(query, row.words)]
             else:
                 found = [row for row in chunk if index.matching(
-                    ListingText.of(row), any_age=True, now=now, text_words=stored_text_words(row.words))]
+                    ListingText.of(row._mapping), any_age=True, now=now, text_words=stored_text_words(row.words))]
             _keep(newest, found, shown)
             trial.matched += len(found)
         for start in range(0, len(unread), _CHUNK):
             found = [row for row in _read(conn, unread[start:start + _CHUNK]).values()
-                     if index.matching(ListingText.of(row), any_age=True, now=now)]
+                     if index.matching(ListingText.of(row._mapping), any_age=True, now=now)]
             _keep(newest, found, shown)
             trial.matched += len(found)
         ids = [listing_id for _, listing_id in sorted(newest, reverse=True)]
@@ -173,7 +173,7 @@ def try_filter(
     for listing_id in ids:
         row = listings[listing_id]
         trial.hits.append(Hit(row.id, row.source_id, row.url, row.title, row.ingested_at, row.published_at,
-                              reasons(query, ListingText.of(row), now) or (), row.id in notified))
+                              reasons(query, ListingText.of(row._mapping), now) or (), row.id in notified))
     trial.seconds = time.perf_counter() - started
     return trial
 

@@ -19,8 +19,9 @@ longest word (longer words are rarer).
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -76,11 +77,12 @@ class ListingText:
     price: str | None = None  # as the page shows it (``price:`` reads its amount)
 
     @classmethod
-    def of(cls, row: Any) -> ListingText:
-        """A listings row's text (a row with those columns as attributes)."""
-        return cls(id=row.id, source_id=row.source_id, title=row.title, summary=row.summary,
-                   categories=row.categories or (), ingested_at=row.ingested_at, author=row.author,
-                   published_at=row.published_at, price=row.price)
+    def of(cls, row: Mapping[Any, Any]) -> ListingText:
+        """A listings row's text (a mapping of those columns: a claim's row, or a result
+        row's ``_mapping``)."""
+        return cls(id=row["id"], source_id=row["source_id"], title=row["title"], summary=row["summary"],
+                   categories=row["categories"] or (), ingested_at=row["ingested_at"], author=row["author"],
+                   published_at=row["published_at"], price=row["price"])
 
 
 class Match(NamedTuple):
@@ -322,13 +324,10 @@ class _Fields:
         self._words: dict[Field, set[str]] = {Field.TEXT: text_words}
         self._tokens: dict[Field, tuple[str, ...]] = {}
         self._categories: set[str] | None = None
-        self._price: Amount | None | bool = False  # False: not read yet
 
-    @property
+    @functools.cached_property
     def price(self) -> Amount | None:
-        if self._price is False:
-            self._price = parse_price(self.listing.price)
-        return self._price  # type: ignore[return-value]
+        return parse_price(self.listing.price)
 
     def _text(self, fld: Field) -> str:
         listing = self.listing

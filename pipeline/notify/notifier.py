@@ -753,12 +753,7 @@ MATCHED_COLUMNS = ("source_id", "title", "summary", "categories", "ingested_at",
 
 
 def _texts(rows: Sequence[Row]) -> Iterator[ListingText]:
-    for row in rows:
-        yield ListingText(
-            id=row["id"], source_id=row["source_id"], title=row["title"], summary=row["summary"],
-            categories=row["categories"] or (), ingested_at=row["ingested_at"],
-            author=row["author"], published_at=row["published_at"], price=row["price"],
-        )
+    return map(ListingText.of, rows)
 
 
 def load_messages(engine: Engine, ids: Sequence[int]) -> list[Message]:
