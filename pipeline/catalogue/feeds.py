@@ -35,6 +35,7 @@ from pipeline.core.words import stored_text_words
 from pipeline.notify import delivery
 from pipeline.notify.matching import FilterIndex, ListingText
 from pipeline.notify.notifier import load_filters
+from pipeline.notify.query import as_written
 from pipeline.storage import schema, watches
 
 FEED_ENTRIES = 50  # the newest notifications a feed holds
@@ -136,7 +137,7 @@ def resolve(conn: sa.Connection, token: str) -> Scope | None:
     ).first()
     if row is None:
         return None
-    query = (row.query or " ".join(row.keywords or ())) if row.filter_id is not None else None
+    query = as_written(row.query, row.keywords) if row.filter_id is not None else None
     return Scope(row.id, row.user_id, row.name, row.filter_id, query, row.created_at)
 
 

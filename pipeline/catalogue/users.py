@@ -21,7 +21,7 @@ from pipeline.core.prices import condition_problem
 from pipeline.core.redact import channel_url, names_a_host
 from pipeline.net.http import AddressGuard
 from pipeline.notify.notifier import source_ids_by_name
-from pipeline.notify.query import Query, QueryError, compile_query, parse, source_terms
+from pipeline.notify.query import Query, QueryError, as_written, compile_query, parse, source_terms
 from pipeline.notify.schedule import FILTER_MODES, DeliveryPlan
 from pipeline.storage import schema
 
@@ -268,9 +268,8 @@ def list_filters(conn: sa.Connection, user: str | None = None) -> list[dict[str,
     if user is not None:
         query = query.where(f.c.user_id == find_user(conn, user))
     rows = conn.execute(query)
-    # A filter from before the language shows its keywords as the query they mean; its own
-    # channel shows as a user's does (scheme and host: a URL can hold a token).
-    return [dict(r._mapping) | {"query": r.query or " ".join(r.keywords),
+    # Its own channel shows as a user's does (scheme and host: a URL can hold a token).
+    return [dict(r._mapping) | {"query": as_written(r.query, r.keywords),
                                 "channel_url": channel_url(r.channel_url) if r.channel_url else None}
             for r in rows]
 

@@ -38,7 +38,7 @@ from pipeline.net.http import Fetcher
 from pipeline.notify import delivery
 from pipeline.notify.delivery import Channel, Item, Message, delivery_retry_at
 from pipeline.notify.matching import Filter, FilterIndex, ListingText, Match
-from pipeline.notify.query import Query, QueryError, compile_query
+from pipeline.notify.query import Query, QueryError, as_written, compile_query
 from pipeline.notify.schedule import DeliveryPlan, filter_digest
 from pipeline.queue.claim import Claim, Fenced, Row, RowCompletion, WorkQueue, in_transaction
 from pipeline.queue.workpool import work_claimed
@@ -805,7 +805,7 @@ def load_messages(engine: Engine, ids: Sequence[int]) -> list[Message]:
 def _item(r: Any) -> Item:  # a row with the item columns
     return Item(
         notification_id=r.id, filter_id=r.filter_id, keywords=list(r.keywords or []),
-        query=r.query or " ".join(r.keywords or []),
+        query=as_written(r.query, r.keywords),
         listing={
             # No link of its own: null, and the source's site where it names one.
             "id": r.listing_id, "url": r.url or None, "title": r.title, "summary": r.summary,

@@ -47,7 +47,8 @@ from pipeline.core.inputs import as_id
 from pipeline.core.prices import currency_code
 from pipeline.core.words import WORD, folded, normalised, phrase_tokens
 
-__all__ = ["Clause", "Condition", "Query", "QueryError", "compile_query", "parse", "plain", "source_terms"]
+__all__ = ["Clause", "Condition", "Query", "QueryError", "as_written", "compile_query", "parse", "plain",
+           "source_terms"]
 
 MAX_CHARS = 1000  # a filter as written
 MAX_TERMS = 40  # conditions written in one filter
@@ -547,6 +548,12 @@ def compile_query(text: str, sources: Mapping[str, frozenset[int]] | None = None
     if not clauses:
         raise QueryError("this filter can never match (it asks for a condition and its exclusion)")
     return Query(text.strip(), tuple(dict.fromkeys(clauses)))
+
+
+def as_written(query: str | None, keywords: Sequence[str] | None) -> str:
+    """A stored filter as its user reads it: its query, or for a filter from before the
+    language (no query) its keywords, which mean the same."""
+    return query or " ".join(keywords or ())
 
 
 def plain(keywords: Sequence[str]) -> Query:
