@@ -92,6 +92,17 @@ def _text(entry: Entry) -> str:
     return "\n\n".join(part for part in parts if part)
 
 
+def _author(entry: Entry) -> str | None:
+    """The entry's author as both formats write it: cleaned, none when nothing is left."""
+    author = clean(entry.author or "")
+    return author if author.strip() else None
+
+
+def _tags(entry: Entry) -> list[str]:
+    """The entry's categories as both formats write them: cleaned, the empty ones left out."""
+    return [tag for tag in map(clean, entry.categories) if tag.strip()]
+
+
 def atom(doc: Document) -> bytes:
     """``doc`` as an Atom feed, UTF-8."""
     ET.register_namespace("", ATOM_NS)
@@ -118,11 +129,10 @@ def atom(doc: Document) -> bytes:
         add(item, "published", rfc3339(entry.published))
         if link := web_link(entry.link):
             add(item, "link", rel="alternate", href=link)
-        if entry.author and clean(entry.author).strip():
-            add(add(item, "author"), "name", entry.author)
-        for category in entry.categories:
-            if clean(category).strip():
-                add(item, "category", term=category)
+        if author := _author(entry):
+            add(add(item, "author"), "name", author)
+        for tag in _tags(entry):
+            add(item, "category", term=tag)
         # Content, not a summary: an entry without a link must have one (RFC 4287 4.1.2).
         add(item, "content", _text(entry), type="text")
     written: bytes = ET.tostring(feed, encoding="utf-8", xml_declaration=True)
@@ -140,9 +150,9 @@ def json_feed(doc: Document) -> bytes:
         }
         if link := web_link(entry.link):
             item["url"] = clean(link)
-        if entry.author and clean(entry.author).strip():
-            item["authors"] = [{"name": clean(entry.author)}]
-        if tags := [clean(c) for c in entry.categories if clean(c).strip()]:
+        if author := _author(entry):
+            item["authors"] = [{"name": author}]
+        if tags := _tags(entry):
             item["tags"] = tags
         item["_listing"] = {"source": clean(entry.source), "price": clean(entry.price) if entry.price else None}
         items.append(item)
