@@ -150,11 +150,13 @@ def _schedule_adherence() -> dg.AssetChecksDefinition:
 ASSET_CHECKS = [
     _stale_lease_check("listings_raw", (schema.SOURCES_DUE,), "collector"),
     _stale_lease_check("listings", (schema.RAW_UNPROCESSED,), "processor"),
-    _stale_lease_check("notifications", (schema.LISTINGS_UNMATCHED, schema.NOTIFICATIONS_DUE), "notifier"),
+    _stale_lease_check("notifications", (schema.LISTINGS_UNMATCHED, schema.NOTIFICATIONS_DUE,
+                                         schema.SOURCE_ALERTS_DUE), "notifier"),
     _freshness("listings_raw", {"due_sources": schema.SOURCES_DUE}, "collector"),
     _freshness("listings", {"unprocessed_rows": schema.RAW_UNPROCESSED}, "processor"),
     _freshness("notifications", {"unmatched_listings": schema.LISTINGS_UNMATCHED,
-                                 "due_notifications": schema.NOTIFICATIONS_DUE}, "notifier"),
+                                 "due_notifications": schema.NOTIFICATIONS_DUE,
+                                 "due_source_alerts": schema.SOURCE_ALERTS_DUE}, "notifier"),
     _none_counted("listings", "given_up_raw_rows", "raw rows given up", health.raw_given_up,
                   "No raw row was given up by the processor after PIPELINE_RAW_MAX_ATTEMPTS "
                   "(`pipeline status` counts them; docs/runbook.md, Processing, says what to do)."),

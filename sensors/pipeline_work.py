@@ -34,7 +34,8 @@ def unprocessed_listings_sensor(
     target=notify_job,
     minimum_interval_seconds=sensor_interval(),
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Looks (two indexed counts) for listings not matched yet and notifications due; "
+    description="Looks (three indexed counts) for listings not matched yet, notifications due and "
+    "sources' owners' alerts due; "
     "requests a notifier run when there are some, no ingest run (which notifies them) is going "
     "and fewer than PIPELINE_NOTIFIER_MAX_RUNS are active.",
 )
@@ -43,7 +44,8 @@ def pending_notifications_sensor(
 ) -> dg.SensorResult:
     return look_for_work(
         context, database, stage="notifier", asset=dg.AssetKey("notifications"),
-        queues={"unmatched_listings": schema.LISTINGS_UNMATCHED, "due_notifications": schema.NOTIFICATIONS_DUE},
-        work="listing waits to be matched and no notification is due",
+        queues={"unmatched_listings": schema.LISTINGS_UNMATCHED, "due_notifications": schema.NOTIFICATIONS_DUE,
+                "due_source_alerts": schema.SOURCE_ALERTS_DUE},
+        work="listing waits to be matched and no notification or source alert is due",
         run_key_prefix="notify", count_tag="pipeline/notifier_work", yield_to=ingest_job.name,
     )

@@ -14,16 +14,18 @@ FINISHED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.Dagster
 
 
 @dg.op(description="Delete processed raw rows older than PIPELINE_RAW_RETENTION_DAYS (30), "
-       "ingestion events older than PIPELINE_EVENT_RETENTION_DAYS (90), and finished Dagster "
-       "runs older than PIPELINE_RUN_RETENTION_DAYS (14).")
+       "ingestion events and sources' owners' alerts that ended older than PIPELINE_EVENT_RETENTION_DAYS "
+       "(90), and finished Dagster runs older than PIPELINE_RUN_RETENTION_DAYS (14).")
 def purge_old_rows(context: dg.OpExecutionContext, database: PipelineDatabase) -> None:
     settings = database.settings()
     with recorded(database.engine, "upkeep"):
         purged = purge(database.engine, settings)
     runs = purge_runs(context.instance, older_than=timedelta(days=settings.run_retention_days))
-    context.log.info(f"purged {purged.raw_rows} processed raw rows, {purged.events} events, {runs} runs")
+    context.log.info(f"purged {purged.raw_rows} processed raw rows, {purged.events} events,"
+                     f" {purged.source_alerts} source alerts, {runs} runs")
     context.add_output_metadata(
-        {"raw_rows_deleted": purged.raw_rows, "events_deleted": purged.events, "runs_deleted": runs}
+        {"raw_rows_deleted": purged.raw_rows, "events_deleted": purged.events,
+         "source_alerts_deleted": purged.source_alerts, "runs_deleted": runs}
     )
 
 

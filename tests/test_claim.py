@@ -388,7 +388,7 @@ def test_limit_must_be_positive(engine):
 
 
 def test_every_queue_claims_and_completes(engine, strategy):
-    """The four stage queues of the schema work end to end."""
+    """Every claim queue of the schema works end to end."""
     with engine.begin() as conn:
         sid = add_source(conn)
         add_raw_rows(conn, sid, 1)
@@ -408,6 +408,8 @@ def test_every_queue_claims_and_completes(engine, strategy):
                 next_attempt_at=now() - timedelta(seconds=1),
             )
         )
+        conn.execute(sa.insert(schema.source_alerts).values(
+            source_id=sid, user_id=user, event="failing", detail="d", next_attempt_at=now() - timedelta(seconds=1)))
     finish = {
         "due": {"next_fetch_at": now() + timedelta(hours=1)},
         "unprocessed": {"processed_at": now()},
@@ -419,7 +421,7 @@ def test_every_queue_claims_and_completes(engine, strategy):
         assert len(claim) == 1, spec.table.name
         values = (
             {"status": "sent", "sent_at": now()}
-            if spec.table is schema.notifications
+            if spec.table in (schema.notifications, schema.source_alerts)
             else finish[spec.name]
         )
         assert queue.complete(claim, values).done == claim.ids

@@ -123,6 +123,16 @@ def populate(conn: sa.Connection) -> None:
         "next_attempt_at": _seconds_from(dialect, t, before),
         **_claim_state(dialect, t),
     }, listed)
+    # What sources' owners are told, as many as the other queues hold.
+    _insert_from(conn, s.source_alerts, {
+        "source_id": sa.literal(source_id),
+        "user_id": sa.literal(user),
+        "event": sa.literal("failing"),
+        "detail": sa.literal("d"),
+        "status": sa.case((WAITING, sa.literal("pending")), else_=sa.literal("sent")),
+        "next_attempt_at": _seconds_from(dialect, t, before),
+        **_claim_state(dialect, t),
+    }, n)
 
 
 @pytest.fixture(scope="session", params=ALL_BACKENDS)
@@ -147,7 +157,7 @@ def big_engine(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[sa.
         populate(conn)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         if engine.dialect.name in MARIADB:
-            conn.exec_driver_sql("ANALYZE TABLE sources, listings_raw, listings, notifications")
+            conn.exec_driver_sql("ANALYZE TABLE sources, listings_raw, listings, notifications, source_alerts")
         else:
             conn.exec_driver_sql("ANALYZE")
     yield engine

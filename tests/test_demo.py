@@ -53,6 +53,9 @@ def test_every_demo_source_feeds_the_pipeline_and_the_receiver_gets_signed_deliv
                          "feed_token": first["feed_token"]} and first["feed_token"]
         assert content.seed(conn, site.url) == {"sources_added": 0, "filters_added": 0, "feed_token": None}, \
             "safe on every start"
+        owner = conn.execute(sa.select(schema.users.c.name).join(
+            schema.source_owners, schema.source_owners.c.user_id == schema.users.c.id)).scalars().all()
+        assert owner == [content.DEMO_USER], "the demo user owns the job board"
     # Every delivery one by one: the demo's content, not the alert limits (tests/test_changes.py).
     settings = Settings(database_url=str(engine.url), allow_networks=("127.0.0.1/32",), alert_limit=1000)
     collected = Collector(engine, settings, "demo-test").run()

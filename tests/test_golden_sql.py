@@ -31,6 +31,7 @@ COMPLETES = {
     "listings_raw.unprocessed": ("processed_at", "last_error"),
     "listings.unmatched": ("matched_at",),
     "notifications.due": ("status", "sent_at", "last_error"),  # a delivery sent
+    "source_alerts.due": ("status", "sent_at", "last_error"),  # an owner's alert sent
 }
 
 

@@ -33,7 +33,7 @@ from pipeline.fetching import politeness, youtube
 from pipeline.fetching.collector import Collector, CollectStats
 from pipeline.fetching.registry import adapter_for
 from pipeline.queue.claim import UNCLAIMED
-from pipeline.storage import schema
+from pipeline.storage import owners, schema
 from pipeline.storage.bulk import insert_ignoring_conflicts
 from pipeline.storage.health import fetch_error
 
@@ -620,7 +620,27 @@ def show_source(conn: sa.Connection, source_id: int) -> dict[str, Any]:
         .order_by(events.c.occurred_at.desc()).limit(SHOWN_RECENT)).mappings()]
     for fetch in source["recent_fetches"]:
         fetch["error"] = fetch_error(fetch.pop("details"))
+    source["owner"] = owner_of(conn, source_id)
     return source
+
+
+def set_owner(conn: sa.Connection, source_id: int, user: str | None) -> int | None:
+    """``user`` (a name or id) owns the source from now on, told when it starts failing
+    and when it recovers (pipeline/storage/owners.py); None: nobody does. The owner's id."""
+    from pipeline.catalogue.users import find_user
+
+    require_ids(conn, schema.sources, [source_id], "source", SourceError)
+    user_id = None if user is None else find_user(conn, user)
+    owners.set_owner(conn, source_id, user_id)
+    return user_id
+
+
+def owner_of(conn: sa.Connection, source_id: int) -> dict[str, Any] | None:
+    """The source's owner (name, since when they were told it fails), or None."""
+    o, u = schema.source_owners, schema.users
+    row = conn.execute(sa.select(u.c.id, u.c.name, o.c.alerted_at).join(u, u.c.id == o.c.user_id)
+                       .where(o.c.source_id == source_id)).mappings().first()
+    return None if row is None else dict(row)
 
 
 def _update_source(conn: sa.Connection, source_id: int, **values: Any) -> None:

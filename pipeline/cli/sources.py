@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -22,6 +23,9 @@ ADAPTIVE_HELP = ("Adaptive: the interval is learned from how often the source pu
 BOUND_HELP = "{} interval an adaptive cadence may take, in minutes; default: {}."
 MIN_HELP = BOUND_HELP.format("Shortest", "PIPELINE_ADAPTIVE_MIN_MINUTES (15)")
 MAX_HELP = BOUND_HELP.format("Longest", "PIPELINE_ADAPTIVE_MAX_MINUTES (1440)")
+OWNER_HELP = ("The owner (a user) is told through their channel once when the source starts failing"
+              " (PIPELINE_OWNER_ALERT_FAILURES failed fetches in a row, a block or a disable) and once"
+              " when it recovers.")
 
 
 @click.group("sources", cls=common.HelpGroup)
@@ -52,10 +56,11 @@ def sources_group() -> None:
 @click.option("--check", is_flag=True,
               help="Fetch the source once first and say what it holds; nothing is stored if it"
                    " fails. A page that advertises one feed is replaced by that feed.")
+@click.option("--owner", metavar="USER", help=OWNER_HELP)
 def sources_add(
     url: str, source_type: str | None, name: str | None, interval: int, category: str | None,
     config: str | None, group: str | None, priority: int, adaptive: bool | None,
-    min_interval: int | None, max_interval: int | None, check: bool,
+    min_interval: int | None, max_interval: int | None, check: bool, owner: str | None,
 ) -> None:
     """Add a source and print its id.
 
@@ -81,7 +86,32 @@ def sources_add(
                        f" {redact.userinfo(spec.url)}", err=True)
         click.echo(f"checked: {checked.items} items at {redact.userinfo(spec.url)}", err=True)
     with common.engine().begin() as conn:
-        click.echo(sources.add_source(conn, spec))
+        source_id = sources.add_source(conn, spec)
+        if owner is not None:
+            sources.set_owner(conn, source_id, owner)
+        click.echo(source_id)
+
+
+@sources_group.command("owner", help="Make USER (a name or id) the source's owner, or say who owns it. " + OWNER_HELP)
+@click.argument("source_id", type=common.ID)
+@click.argument("user", required=False)
+@click.option("--none", "nobody", is_flag=True, help="The source has no owner from now on.")
+def sources_owner(source_id: int, user: str | None, nobody: bool) -> None:
+    if user is not None and nobody:
+        raise click.UsageError("give a USER or --none, not both")
+    with common.engine().begin() as conn:
+        if user is None and not nobody:
+            found = sources.owner_of(conn, source_id)
+            click.echo(_owner_line(found))
+            return
+        sources.set_owner(conn, source_id, user)
+
+
+def _owner_line(owner: dict[str, Any] | None) -> str:
+    if owner is None:
+        return "no owner"
+    told = f", told it fails at {common.moment(owner['alerted_at'])}" if owner["alerted_at"] else ""
+    return f"owner {owner['name']} (user {owner['id']}){told}"
 
 
 @sources_group.command("import")
@@ -166,6 +196,7 @@ def sources_show(source_id: int, as_json: bool) -> None:
     failing = (f", {common.counted(source['consecutive_failures'], 'failure')} in a row"
                f" ({source['last_failure_reason']})" if source["consecutive_failures"] else "")
     click.echo(f"  last fetch {at(source['last_fetched_at'])}, last success {at(source['last_success_at'])}{failing}")
+    click.echo(f"  {_owner_line(source['owner'])}")
     click.echo(f"  {common.counted(source['listings'], 'listing')}" + (", the latest:" if source["listings"] else ""))
     for listing in source["recent_listings"]:
         click.echo(f"    {at(listing['ingested_at'])}  {listing['title']}  {listing['url'] or '(no link)'}")

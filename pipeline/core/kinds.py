@@ -26,6 +26,13 @@ class NotificationStatus(StrEnum):
     HELD = "held"
 
 
+class SourceHealth(StrEnum):
+    """What a source's owner is told (``source_alerts.event``, pipeline/fetching/decide.py)."""
+
+    FAILING = "failing"  # its fetches fail (or a site blocks them): someone should look
+    RECOVERED = "recovered"  # a fetch succeeded again after the owner was told it fails
+
+
 class ChannelKind(StrEnum):
     """How a user is notified (``users.channel``, ``notifications.channel``)."""
 

@@ -48,6 +48,7 @@ DEFAULT_ADAPTIVE_MAX_MINUTES = 1440
 # a window): pipeline/notify/notifier.py, docs/runbook.md "Limits".
 DEFAULT_ALERT_LIMIT = 20
 DEFAULT_ALERT_WINDOW_MINUTES = 10
+DEFAULT_OWNER_ALERT_FAILURES = 3  # failed fetches in a row before a source's owner is told
 
 
 def project_root() -> Path:
@@ -163,6 +164,9 @@ class Settings:
     adaptive_max_minutes: int = DEFAULT_ADAPTIVE_MAX_MINUTES
     alert_limit: int = DEFAULT_ALERT_LIMIT  # alerts a user hears one by one per window
     alert_window_minutes: int = DEFAULT_ALERT_WINDOW_MINUTES
+    # an owned source's owner is told it fails after this many failed fetches in a row
+    # (at once for a block or a disable: pipeline/fetching/decide.py ``owner_alert``)
+    owner_alert_failures: int = DEFAULT_OWNER_ALERT_FAILURES
     # Where the operator hears of failed runs and failing checks (pipeline/notify/operator.py):
     # an http(s) URL is a webhook signed under the secret, any other an Apprise URL; None: nowhere.
     operator_alert_url: str | None = field(default=None, repr=False)  # may hold a token
@@ -228,6 +232,7 @@ class Settings:
             adaptive_max_minutes=_int_env("PIPELINE_ADAPTIVE_MAX_MINUTES", DEFAULT_ADAPTIVE_MAX_MINUTES),
             alert_limit=_int_env("PIPELINE_ALERT_LIMIT", DEFAULT_ALERT_LIMIT),
             alert_window_minutes=_int_env("PIPELINE_ALERT_WINDOW_MINUTES", DEFAULT_ALERT_WINDOW_MINUTES),
+            owner_alert_failures=_int_env("PIPELINE_OWNER_ALERT_FAILURES", DEFAULT_OWNER_ALERT_FAILURES),
             operator_alert_url=os.environ.get("PIPELINE_OPERATOR_ALERT_URL", "").strip() or None,
             operator_alert_secret=os.environ.get("PIPELINE_OPERATOR_ALERT_SECRET", "").strip() or None,
             ui_url=(os.environ.get("PIPELINE_UI_URL", "").strip() or DEFAULT_UI_URL).rstrip("/"),

@@ -219,6 +219,9 @@ def seed(conn: sa.Connection, site: str) -> dict[str, Any]:
         users.add_filter(conn, DEMO_USER, DEMO_WATCH, changes=True)
         filters += 1
         token = feeds.add_feed(conn, DEMO_USER).token
+        # The demo user owns the job board: told should it fail (and recover).
+        board = conn.execute(sa.select(schema.sources.c.id).where(schema.sources.c.url == source_specs(site)[0].url))
+        sources.set_owner(conn, board.scalar_one(), DEMO_USER)
     if conn.execute(sa.select(t.c.id).where(t.c.name == DIGEST_USER)).first() is None:
         users.add_user(conn, DIGEST_USER, webhook=f"{site}/hook", secret=DEMO_SECRET)
         users.set_delivery(conn, DIGEST_USER, digest=DIGEST_AT)

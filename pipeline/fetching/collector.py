@@ -41,7 +41,13 @@ from pipeline.core.failures import FailureReason
 from pipeline.core.kinds import SourceType
 from pipeline.core.settings import Settings
 from pipeline.fetching.base import Item, Outcome
-from pipeline.fetching.decide import Cadence, after_failure, after_success
+from pipeline.fetching.decide import (
+    Cadence,
+    SourceDecision,
+    after_failure,
+    after_success,
+    owner_alert,
+)
 from pipeline.fetching.politeness import (
     PoliteQueue,
     cadence_floor_minutes,
@@ -53,7 +59,7 @@ from pipeline.fetching.registry import adapter_for
 from pipeline.net.http import Fetcher
 from pipeline.queue.claim import Claim, Row, RowCompletion, WorkQueue
 from pipeline.queue.workpool import work_claimed
-from pipeline.storage import counters, schema, watches
+from pipeline.storage import counters, owners, schema, watches
 from pipeline.storage.bulk import insert_rows, on_conflict_insert
 
 log = logging.getLogger("pipeline.ingestion")
@@ -135,12 +141,15 @@ class Collector:
     # Whether any listing is watched for change alerts (read once per run): if none, a
     # fetch's items are not compared with the watched ones (pipeline/storage/watches.py).
     _watching: bool = field(default=False, init=False, repr=False, compare=False)
+    # Whether any source has an owner (read once per run): if none, no owner is looked up.
+    _owned: bool = field(default=False, init=False, repr=False, compare=False)
 
     def run(self, *, max_sources: int | None = None, concurrency: int | None = None) -> CollectStats:
         """Claim due sources until none is due or ``max_sources`` were claimed."""
         stats = CollectStats()
         with self.engine.connect() as conn:
             self._watching = conn.execute(sa.select(schema.watches.c.user_id).limit(1)).first() is not None
+            self._owned = owners.any_owned(conn)
         # Politeness is in the claim: a source is handed out only when its group has room.
         # Each claim writes its sources' started events itself (before any request
         # leaves: a fetch that reached its host always has its event), in its own
@@ -240,10 +249,11 @@ class Collector:
     def _write(self, queue: WorkQueue, batch: list[Fetched]) -> list[dict[str, Any]]:
         """Complete, store items and record events for ``batch``; the events written."""
         with self.engine.begin() as conn:
-            completions = {}
+            decisions = {}
             for fetched in batch:
                 self._cap_items(conn, fetched)
-                completions[fetched.source["id"]] = self._decide(conn, fetched)
+                decisions[fetched.source["id"]] = self._decide(conn, fetched)
+            completions = {source_id: decision.values() for source_id, decision in decisions.items()}
             fenced = queue.complete_each(
                 [RowCompletion(f.claim, f.source["id"], completions[f.source["id"]]) for f in batch],
                 conn=conn,
@@ -252,6 +262,8 @@ class Collector:
             kept = [f for f in batch if f.source["id"] in done]
             for f in kept:
                 self._defer_group(conn, f)
+            if self._owned:
+                self._tell_owners(conn, kept, decisions)
             new = store_items(
                 conn,
                 [(f.source["id"], f.outcome.items) for f in kept if f.outcome and f.outcome.items],
@@ -294,14 +306,14 @@ class Collector:
             group = fetched.source["politeness_group"]
             defer(conn, group, until, f"HTTP {error.http_status} from source {fetched.source['id']}")
 
-    def _decide(self, conn: sa.Connection, fetched: Fetched) -> dict[str, Any]:
-        """The source's new state (pipeline/fetching/decide.py) as the completion's values."""
+    def _decide(self, conn: sa.Connection, fetched: Fetched) -> SourceDecision:
+        """The source's new state (pipeline/fetching/decide.py)."""
         source, outcome = fetched.source, fetched.outcome
         if outcome is None:
             assert fetched.error is not None
             return after_failure(
                 source, fetched.error, finished=fetched.finished, u=self.random_unit(), policy=self.policy
-            ).values()
+            )
         moved = outcome.moved_to
         adaptive = None
         if source["adaptive_cadence"]:
@@ -317,7 +329,24 @@ class Collector:
         )
         if decision.new_group is not None:
             ensure_groups(conn, [decision.new_group])
-        return decision.values()
+        return decision
+
+    def _tell_owners(
+        self, conn: sa.Connection, kept: Sequence[Fetched], decisions: Mapping[int, SourceDecision]
+    ) -> None:
+        """Queue the alerts these fetches give their sources' owners (decide.py
+        ``owner_alert``), in the completion's transaction: once per change of health."""
+        found = owners.owners_of(conn, [f.source["id"] for f in kept])
+        told = []
+        for f in kept:
+            owner = found.get(f.source["id"])
+            if owner is None:
+                continue
+            alert = owner_alert(f.source, f.error, decisions[f.source["id"]], alerted=owner.alerted,
+                                after_failures=self.settings.owner_alert_failures)
+            if alert is not None:
+                told.append(owners.Told(f.source["id"], owner.user_id, alert.event, alert.reason, alert.detail))
+        owners.record(conn, told, datetime.now(UTC))
 
     # -- telemetry ----------------------------------------------------------------------
 

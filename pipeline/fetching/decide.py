@@ -16,6 +16,7 @@ from pipeline.core import cadence
 from pipeline.core.backoff import BackoffPolicy, next_fetch_after_success, retry_after_failure
 from pipeline.core.errors import FetchError
 from pipeline.core.failures import FailureReason
+from pipeline.core.kinds import SourceHealth
 from pipeline.fetching.base import Item, Outcome
 from pipeline.fetching.politeness import group_for
 
@@ -149,3 +150,55 @@ def after_failure(
         failure=error.reason,
         disabled_reason=disabled,
     )
+
+
+# A site that refuses the pipeline's reads: its owner is told at the first, whatever the
+# failures' count (a block can take days of backoff to reach it), since someone must act.
+BLOCKING_STATUSES = frozenset({401, 403})
+
+
+def blocks(error: FetchError) -> bool:
+    """Is ``error`` a site refusing automated reads: a bot challenge, a 429, a 401 or 403?"""
+    return error.reason in (FailureReason.BLOCKED, FailureReason.RATE_LIMITED) or (
+        error.reason is FailureReason.HTTP_4XX and error.http_status in BLOCKING_STATUSES)
+
+
+@dataclass(frozen=True)
+class OwnerAlert:
+    """What a source's owner is told after one fetch (``source_alerts``)."""
+
+    event: SourceHealth
+    reason: str | None  # the failure's code; None for a recovery
+    detail: str  # one paragraph, written now: what happened and since when
+
+
+def owner_alert(
+    source: Mapping[str, Any], error: FetchError | None, decision: SourceDecision, *, alerted: bool,
+    after_failures: int,
+) -> OwnerAlert | None:
+    """The alert, if any, that this fetch gives an owned source's owner: FAILING when it
+    has now failed ``after_failures`` times in a row, was blocked, or was disabled (once:
+    ``alerted`` says they were told and not yet of a recovery); RECOVERED at the first
+    success after that. A fetch that fails and succeeds between alerts tells nothing."""
+    name = source["name"] if source["name"] == source["url"] else f"{source['name']} ({source['url']})"
+    if error is None:
+        if not alerted:
+            return None
+        return OwnerAlert(SourceHealth.RECOVERED, None,
+                          f"{name} works again: a fetch succeeded (failed fetches in a row before it:"
+                          f" {source['consecutive_failures']}).")
+    if alerted:
+        return None
+    failures = decision.consecutive_failures
+    if not (failures >= after_failures or blocks(error) or decision.disabled_reason is not None):
+        return None
+    last = source["last_success_at"]
+    since = f"last success {last:%Y-%m-%d %H:%M} UTC" if last else "no success yet"
+    said = {FailureReason.BLOCKED: "the site blocks automated reads", FailureReason.RATE_LIMITED:
+            "the site limits the pipeline's requests (429)"}.get(error.reason, error.reason.value)
+    action = (f" It is disabled: {decision.disabled_reason}. `pipeline sources enable {source['id']}`"
+              " once it is fixed." if decision.disabled_reason else
+              f" It is retried at {decision.next_fetch_at:%Y-%m-%d %H:%M} UTC.")
+    return OwnerAlert(SourceHealth.FAILING, error.reason.value,
+                      f"{name} fails: {said}: {error.message}"
+                      f" (failed fetches in a row: {failures}; {since}).{action}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -33,7 +34,7 @@ from standardwebhooks.webhooks import EmptyWebhookSecretError, Webhook, WebhookV
 
 from pipeline.core.backoff import exponential_delay, not_before
 from pipeline.core.errors import DeliveryError, FetchError
-from pipeline.core.failures import CHANNEL_ERROR, FailureReason
+from pipeline.core.failures import CHANNEL_BUG, CHANNEL_ERROR, FailureReason
 from pipeline.core.kinds import ChannelKind
 from pipeline.core.redact import channel_secrets, channel_url, scrub
 from pipeline.net.http import USER_AGENT, AddressGuard, Fetcher, guarded_sockets
@@ -41,6 +42,8 @@ from pipeline.notify.schedule import DeliveryPlan
 
 ID_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER = "webhook-id", "webhook-timestamp", "webhook-signature"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+log = logging.getLogger(__name__)
+
 RETRY_BASE = timedelta(minutes=1)
 RETRY_CAP = timedelta(hours=6)
 RETRY_JITTER = 0.2
@@ -258,6 +261,21 @@ class AppriseChannel:
                 f"Apprise could not deliver to {channel_url(url)} (its log says why)",
                 code=CHANNEL_ERROR,
             )
+
+
+def send(channels: Mapping[str, Channel], message: Message, what: str) -> DeliveryError | None:
+    """Send ``message`` through its channel; None when it was delivered, else the
+    DeliveryError that says why not. A channel that raises anything else is a bug of its
+    own (CHANNEL_BUG, logged with ``what``, the thing sent): it must not stop the other
+    deliveries."""
+    try:
+        channels[message.channel].send(message)
+    except DeliveryError as exc:
+        return exc
+    except Exception as exc:
+        log.exception("delivery of %s crashed", what)
+        return DeliveryError(f"unexpected {type(exc).__name__}: {exc}", code=CHANNEL_BUG)
+    return None
 
 
 def channels(fetcher: Fetcher) -> dict[str, Channel]:

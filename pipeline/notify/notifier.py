@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from pipeline.core.errors import DeliveryError, UserError
-from pipeline.core.failures import CHANNEL_BUG, WORKER_STOPPED, FailureReason
+from pipeline.core.failures import WORKER_STOPPED, FailureReason
 from pipeline.core.kinds import NotificationStatus
 from pipeline.core.settings import Settings
 from pipeline.core.words import folded
@@ -40,6 +40,7 @@ from pipeline.notify.delivery import Channel, Item, Message, delivery_retry_at
 from pipeline.notify.matching import Filter, FilterIndex, ListingText, Match
 from pipeline.notify.query import Query, QueryError, as_written, compile_query
 from pipeline.notify.schedule import DeliveryPlan, filter_digest
+from pipeline.notify.source_alerts import SourceAlerts
 from pipeline.queue.claim import Claim, Fenced, Row, RowCompletion, WorkQueue, in_transaction
 from pipeline.queue.workpool import work_claimed
 from pipeline.storage import counters, schema, watches
@@ -117,6 +118,11 @@ class NotifyStats:
     deferred: int = 0  # due in their user's quiet hours: held until they end
     filters_failed: int = 0  # left out of matching: their query or its matching failed
     batched: int = 0  # alerts past their user's limit, held for the window's summary
+    # what sources' owners were told (pipeline/notify/source_alerts.py): sent, to be
+    # retried, given up
+    source_alerts_sent: int = 0
+    source_alerts_retrying: int = 0
+    source_alerts_dead: int = 0
     errors: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
@@ -296,6 +302,12 @@ class Notifier:
                 # A webhook is bounded by its deadline; Apprise's own HTTP has no overall one.
                 max_work_seconds=4 * self.settings.http_timeout_seconds + 60,
             )
+            told = SourceAlerts(self.engine, self.settings, self.worker, self.random_unit).deliver(
+                channels, threads=threads)
+        stats.source_alerts_sent += told.sent
+        stats.source_alerts_retrying += told.retrying
+        stats.source_alerts_dead += told.dead
+        stats.fenced_out += told.fenced_out
 
     def _messages(
         self, queue: WorkQueue, claim: Claim, stats: NotifyStats
@@ -337,17 +349,9 @@ class Notifier:
         self, job: tuple[Claim, Row, Message | None], channels: Mapping[str, Channel]
     ) -> Attempt:
         claim, row, message = job
-        error: DeliveryError | None = None
         started = time.monotonic()
-        try:
-            if message is None:
-                raise DeliveryError("the user is disabled", code=FailureReason.INVALID_CONFIG)
-            channels[message.channel].send(message)
-        except DeliveryError as exc:
-            error = exc
-        except Exception as exc:  # a channel's bug must not stop the other deliveries
-            log.exception("delivery of notification %s crashed", row["id"])
-            error = DeliveryError(f"unexpected {type(exc).__name__}: {exc}", code=CHANNEL_BUG)
+        error = (DeliveryError("the user is disabled", code=FailureReason.INVALID_CONFIG) if message is None
+                 else delivery.send(channels, message, f"notification {row['id']}"))
         log.debug("notification %s: %s in %d ms", row["id"], "sent" if error is None else error.message,
                   int((time.monotonic() - started) * 1000))
         members = tuple(i.notification_id for i in message.items[1:]) if message is not None else ()

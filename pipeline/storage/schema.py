@@ -16,7 +16,7 @@ from sqlalchemy.engine import Dialect
 
 from pipeline.core import cadence
 from pipeline.core.inputs import MAX_ITEM_ID_CHARS, NAME_CHARS
-from pipeline.core.kinds import ChannelKind, NotificationStatus, SourceType, sql_in
+from pipeline.core.kinds import ChannelKind, NotificationStatus, SourceHealth, SourceType, sql_in
 from pipeline.queue.claim import MARIADB, AgedTerm, OrderTerm, QueueSpec, sql_now
 
 _ZERO = timedelta(0)
@@ -474,6 +474,45 @@ feed_tokens = sa.Table(
     sa.Index(None, "user_id"),
 )
 
+# A source's owner: the user told when it starts failing and when it recovers
+# (pipeline/fetching/decide.py ``owner_alert``). ``alerted_at``: when the owner was last
+# told it fails (NULL while it is healthy, or before they were told). A table of its own,
+# not columns of ``sources``: SQLite adds no foreign key to an existing table, and the
+# claimed source row stays as it is. Revision 0025.
+source_owners = sa.Table(
+    "source_owners",
+    metadata,
+    sa.Column("source_id", IdType, sa.ForeignKey("sources.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("user_id", IdType, sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("alerted_at", UTCDateTime()),
+    sa.Index(None, "user_id"),
+)
+
+# What a source's owner is told (``SOURCE_ALERTS_DUE``, sent by pipeline/notify/
+# source_alerts.py): written in the fetch's fenced completion, so one alert per change of
+# health, and delivered with the retries and end of a notification. Revision 0025.
+source_alerts = sa.Table(
+    "source_alerts",
+    metadata,
+    _id(),
+    _source_id(),
+    sa.Column("user_id", IdType, sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("event", sa.String(16), nullable=False),  # SourceHealth: failing | recovered
+    sa.Column("reason", sa.String(32)),  # the failure's code (pipeline/core/failures.py)
+    sa.Column("detail", sa.Text(), nullable=False),  # what the owner reads, written when it happened
+    sa.Column("created_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.Column("status", sa.String(8), nullable=False, server_default=sa.text(f"'{NotificationStatus.PENDING}'")),
+    sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),
+    sa.Column("next_attempt_at", UTCDateTime(), nullable=False, server_default=_now()),
+    sa.Column("last_error", sa.Text()),
+    sa.Column("sent_at", UTCDateTime()),
+    *_claim_columns(),
+    sa.CheckConstraint(sql_in("status", NotificationStatus), name="status"),  # never held
+    sa.CheckConstraint(sql_in("event", SourceHealth), name="event"),
+    sa.Index(None, "source_id"),
+    sa.Index(None, "user_id"),
+)
+
 # The events of ingestion_events: a source handed out for a fetch, and its fetch's end.
 EVENT_STARTED = "ingestion.started"
 EVENT_COMPLETED = "ingestion.completed"
@@ -604,7 +643,23 @@ NOTIFICATIONS_DUE = QueueSpec(
     suspect=lambda row: row["attempts"] > 1 and row["last_error"] is None,
 )
 
-QUEUES: tuple[QueueSpec, ...] = (SOURCES_DUE, RAW_UNPROCESSED, LISTINGS_UNMATCHED, NOTIFICATIONS_DUE)
+# A source's owner's alerts waiting for a (first or repeated) delivery that is due.
+SOURCE_ALERTS_DUE = QueueSpec(
+    name="due",
+    table=source_alerts,
+    pending=source_alerts.c.status.in_(
+        [sa.literal_column(f"'{s}'") for s in (NotificationStatus.PENDING, NotificationStatus.FAILED)]
+    ),
+    ready=lambda now: source_alerts.c.next_attempt_at <= now,
+    order=(OrderTerm(source_alerts.c.next_attempt_at), OrderTerm(source_alerts.c.id)),
+    pending_on=(source_alerts.c.status,),
+    index_on=(source_alerts.c.next_attempt_at, source_alerts.c.id),
+    attempts=source_alerts.c.attempts,
+    suspect=lambda row: row["attempts"] > 1 and row["last_error"] is None,
+)
+
+QUEUES: tuple[QueueSpec, ...] = (SOURCES_DUE, RAW_UNPROCESSED, LISTINGS_UNMATCHED, NOTIFICATIONS_DUE,
+                                 SOURCE_ALERTS_DUE)
 for _queue in QUEUES:
     _queue.indexes()
 CLAIMABLE_TABLES: tuple[sa.Table, ...] = tuple(q.table for q in QUEUES)

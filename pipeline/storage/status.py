@@ -28,6 +28,7 @@ QUEUE_LABELS = {
     "listings_raw": "raw rows to process",
     "listings": "listings to match",
     "notifications": "notifications due",
+    "source_alerts": "owners' alerts due",
 }
 _ESTIMATED_TABLES = ("listings_raw", "listings", "notifications", "ingestion_events")
 

@@ -1,4 +1,5 @@
-"""Retention: processed raw rows and old telemetry are deleted; nothing else is.
+"""Retention: processed raw rows, old telemetry and old sources' owners' alerts that
+ended (sent or dead) are deleted; nothing else is.
 
 Listings, sources, source_items (which remember every item's hash, so an old item is
 never stored again) and notifications (whose unique (user, listing) is what keeps a user
@@ -14,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from pipeline.core.kinds import NotificationStatus
 from pipeline.core.settings import Settings
 from pipeline.storage import schema
 
@@ -24,19 +26,23 @@ STEP = 50_000  # ids per DELETE
 class Purged:
     raw_rows: int
     events: int
+    source_alerts: int = 0
 
 
 def purge(engine: Engine, settings: Settings, *, now: datetime | None = None) -> Purged:
     now = now or datetime.now(UTC)
     raw = schema.listings_raw
     events = schema.ingestion_events
+    alerts = schema.source_alerts
+    telemetry_since = now - timedelta(days=settings.event_retention_days)
     return Purged(
         raw_rows=_delete_in_ranges(
             engine, raw, raw.c.processed_at < now - timedelta(days=settings.raw_retention_days)
         ),
-        events=_delete_in_ranges(
-            engine, events, events.c.occurred_at < now - timedelta(days=settings.event_retention_days)
-        ),
+        events=_delete_in_ranges(engine, events, events.c.occurred_at < telemetry_since),
+        source_alerts=_delete_in_ranges(engine, alerts, sa.and_(
+            alerts.c.created_at < telemetry_since,
+            alerts.c.status.in_([NotificationStatus.SENT, NotificationStatus.DEAD]))),
     )
 
 
