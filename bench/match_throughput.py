@@ -34,7 +34,8 @@ a temporary folder.
 
 ``--syntax language`` measures the filter language (pipeline/notify/query.py) instead: the
 same filters, each also written in the language (a phrase, an exclusion, an alternative,
-a field, a published window, a price; ``language_filters``), both sets filed in a ``FilterIndex``
+a field, a published window, a price, rooms, a salary, a location; ``language_filters``; the
+listings carry those fields: ``with_fields``), both sets filed in a ``FilterIndex``
 and matched in interleaved rounds at each count, the language's ratio to the plain
 filters' time printed. Its pairs are compared with every language filter evaluated
 against every listing (at the first count), and stay the same at every count.
@@ -43,6 +44,7 @@ against every listing (at the first count), and stay the same at every count.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import random
 import statistics
@@ -50,6 +52,7 @@ import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 
 import psycopg
@@ -59,10 +62,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.scratch import ServerCpu, commit, scratch_database, unique_name
 from bench.scratch import load as load_average
+from pipeline.core.fields import Fields
 from pipeline.core.settings import Settings
 from pipeline.notify.matching import Filter, FilterIndex, ListingText, _Fields, words
 from pipeline.notify.notifier import Notifier, NotifyStats
-from pipeline.notify.query import compile_query
+from pipeline.notify.query import WORD_KEYS, Field, compile_query
 from pipeline.storage import db, migrate, schema
 
 DB_NAME = unique_name("bench_match")
@@ -104,6 +108,7 @@ class Corpus:
             )
             for i in range(listings)
         ]
+        self.listings = with_fields(self.listings, seed + 100)
         self.filters = [
             Filter(
                 id=i + 1, user_id=i % USERS + 1,
@@ -117,6 +122,33 @@ class Corpus:
             )
             for i in range(filters)
         ]
+
+
+CITIES = ("berlin", "hamburg", "munich", "cologne", "frankfurt", "stuttgart", "leipzig", "dresden", "bremen",
+          "hanover", "nuremberg", "essen", "bonn", "mannheim", "karlsruhe", "augsburg", "kiel", "potsdam", "mainz",
+          "freiburg", "rostock", "erfurt", "kassel", "halle", "magdeburg", "paris", "lyon", "vienna", "zurich",
+          "basel", "london", "leeds", "dublin", "madrid", "lisbon", "porto", "rome", "milan", "oslo", "prague")
+
+
+def with_fields(listings: list[ListingText], seed: int) -> list[ListingText]:
+    """The listings with fields from a random stream of their own (their words stay as
+    they were): six in ten a price of EUR 100 to 5,000, half 1 to 6 rooms, three in ten
+    a year's salary range, seven in ten one of 40 cities as their location."""
+    rng = random.Random(seed)
+    made = []
+    for item in listings:
+        found: dict[str, object] = {}
+        if rng.random() < 0.6:
+            found.update(price=Decimal(rng.randint(100, 5000)), currency="EUR")
+        if rng.random() < 0.5:
+            found["rooms"] = Decimal(rng.randint(1, 6))
+        if rng.random() < 0.3:
+            low = rng.randint(30, 120) * 1000
+            found.update(salary_min=Decimal(low), salary_max=Decimal(low + rng.randint(0, 30) * 1000))
+        if rng.random() < 0.7:
+            found["location"] = rng.choice(CITIES).capitalize()
+        made.append(dataclasses.replace(item, fields=Fields(**found)))  # type: ignore[arg-type]
+    return made
 
 
 def _in_scope(f: Filter, item: ListingText, categories: set[str]) -> bool:
@@ -327,10 +359,12 @@ def language_filters(filters: list[Filter], seed: int, *, keep_every_word: bool 
     """``filters`` written in the filter language, the same keywords in each: a third
     plain, the rest a phrase of their words, an exclusion of a made-up word no listing
     holds and of a common one, an alternative (``(a OR b) c``), a title scope, a
-    published window, or a price condition (``price:<2500``). ``keep_every_word``: only
+    published window, a price, rooms or salary condition (``price:<2500``, ``rooms:>=3``,
+    ``salary:>=70000``), or a location (``location:berlin``). ``keep_every_word``: only
     the forms that still need every keyword (for the filters that must not match)."""
     rng = random.Random(seed)
-    forms = ["plain", "phrase", "exclude", "title", "published", "price"] + ([] if keep_every_word else ["or"])
+    forms = ["plain", "phrase", "exclude", "title", "published", "price", "rooms", "salary", "location"] + (
+        [] if keep_every_word else ["or"])
     made = []
     for f in filters:
         k = list(f.keywords)
@@ -347,11 +381,24 @@ def language_filters(filters: list[Filter], seed: int, *, keep_every_word: bool 
             text = " ".join(k) + " published:2026-10-01.."
         elif form == "price":
             text = " ".join(k) + f" price:<{rng.choice([1000, 2500, 4000])}"
+        elif form == "rooms":
+            text = " ".join(k) + f" rooms:>={rng.randint(2, 4)}"
+        elif form == "salary":
+            text = " ".join(k) + f" salary:>={rng.choice([50000, 70000, 90000])}"
+        elif form == "location":
+            text = " ".join(k) + f" location:{rng.choice(CITIES)}"
         else:
             text = " ".join(k)
         made.append(Filter(id=f.id, user_id=f.user_id, source_id=f.source_id, category=f.category,
                            created_at=f.created_at, query=compile_query(text)))
     return made
+
+
+def seen_keys(listings: list[ListingText]) -> list[set[str]]:
+    """The keys the notifier's index learns each listing's rarity by: its words, and its
+    location's words under their prefix (its author's and company's: none here)."""
+    return [words(f"{x.title} {x.summary}") | {WORD_KEYS[Field.LOCATION] + w for w in words(x.fields.location or "")}
+            for x in listings]
 
 
 def naive_language(filters: list[Filter], listings: list[ListingText]) -> set[tuple[int, int]]:
@@ -392,7 +439,7 @@ def language_main(args: argparse.Namespace, scales: list[int]) -> int:
         for name, filters in (("plain", corpus.filters + extra[:scale - base_count]),
                               ("language", written + written_extra[:scale - base_count])):
             index = FilterIndex()
-            index.rarity.observe(words(f"{x.title} {x.summary}") for x in parts[0])  # one batch seen
+            index.rarity.observe(seen_keys(parts[0]))  # one batch seen, as the notifier's index has
             index.add(filters)
             systems[name] = index
         results[scale] = {name: {"ms": [], "cpu_ms": []} for name in systems}

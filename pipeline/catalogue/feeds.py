@@ -166,7 +166,7 @@ def _notified(user_id: int) -> sa.Select[Any]:
         sa.select(n.c.id.label("notification_id"), n.c.created_at.label("notified_at"), n.c.event, n.c.filter_id,
                   listings.c.id, listings.c.source_id, listings.c.item_key, listings.c.url, listings.c.title,
                   listings.c.summary, listings.c.author, listings.c.categories, listings.c.published_at,
-                  listings.c.ingested_at, listings.c.updated_at, listings.c.price, listings.c.words,
+                  listings.c.ingested_at, listings.c.updated_at, listings.c.price, listings.c.fields, listings.c.words,
                   s.c.name.label("source"),
                   s.c.site_url)
         .select_from(n.join(listings, listings.c.id == n.c.listing_id).join(s, s.c.id == listings.c.source_id))

@@ -30,10 +30,24 @@ from sqlalchemy.engine import Engine
 
 from pipeline.catalogue.users import compile_filter, find_user
 from pipeline.core.settings import Settings
-from pipeline.core.words import AUTHOR_PREFIX, category_key, stored_text_words
+from pipeline.core.words import (
+    AUTHOR_PREFIX,
+    COMPANY_PREFIX,
+    LOCATION_PREFIX,
+    category_key,
+    stored_text_words,
+)
 from pipeline.notify.matching import Filter, FilterIndex, ListingText, reasons
 from pipeline.notify.notifier import Notifier
-from pipeline.notify.query import AUTHOR_KEY, CATEGORY_KEY, SOURCE_KEY, Field, Query
+from pipeline.notify.query import (
+    AUTHOR_KEY,
+    CATEGORY_KEY,
+    COMPANY_KEY,
+    LOCATION_KEY,
+    SOURCE_KEY,
+    Field,
+    Query,
+)
 from pipeline.storage import schema
 from pipeline.storage.functions import position
 
@@ -41,7 +55,7 @@ DEFAULT_DAYS = 30
 DEFAULT_SHOWN = 20
 _CHUNK = 2000  # candidates matched at once
 _READ = ("id", "source_id", "url", "title", "summary", "author", "categories", "published_at", "ingested_at",
-         "price")
+         "price", "fields")
 
 
 @dataclass(frozen=True)
@@ -104,10 +118,14 @@ def candidates(query: Query) -> sa.ColumnElement[bool] | None:
     return sa.or_(t.c.words.is_(None), *alternatives)
 
 
+_STORED_PREFIXES = {AUTHOR_KEY: AUTHOR_PREFIX, LOCATION_KEY: LOCATION_PREFIX, COMPANY_KEY: COMPANY_PREFIX}
+
+
 def _stored(key: str) -> str:
     """A matcher's key (pipeline/notify/query.py) as ``listings.words`` holds it."""
-    if key.startswith(AUTHOR_KEY):
-        return AUTHOR_PREFIX + key.removeprefix(AUTHOR_KEY)
+    for prefix, stored in _STORED_PREFIXES.items():
+        if key.startswith(prefix):
+            return stored + key.removeprefix(prefix)
     if key.startswith(CATEGORY_KEY):
         return category_key(key.removeprefix(CATEGORY_KEY))
     return key

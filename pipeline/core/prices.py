@@ -16,7 +16,7 @@ from price_parser import Price
 
 # Symbols that name one currency only ("$" names several, so it stays "$").
 _SYMBOLS = {"€": "EUR", "£": "GBP", "₹": "INR", "₩": "KRW", "₺": "TRY", "₴": "UAH", "zł": "PLN", "Kč": "CZK"}
-_MAX_AMOUNT = Decimal(10) ** 15  # past any real price: a page's digits run together
+MAX_AMOUNT = Decimal(10) ** 15  # past any real price: a page's digits run together
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ def parse_price(text: str | None) -> Amount | None:
     if not text:
         return None
     price = Price.fromstring(text)
-    if price.amount is None or not price.amount.is_finite() or not 0 <= price.amount < _MAX_AMOUNT:
+    if price.amount is None or not price.amount.is_finite() or not 0 <= price.amount < MAX_AMOUNT:
         return None
     return Amount(price.amount, currency_code((price.currency or "").strip()) or None)
 
@@ -70,6 +70,6 @@ def condition_problem(drop: float | None, below: float | None) -> str | None:
     """What is wrong with a price condition an operator gives, or None."""
     if drop is not None and not 0 < drop < 100:
         return f"--price-drop {drop:g} must be a percent above 0 and below 100"
-    if below is not None and not 0 < below < float(_MAX_AMOUNT):
+    if below is not None and not 0 < below < float(MAX_AMOUNT):
         return f"--price-below {below:g} must be a positive amount"
     return None

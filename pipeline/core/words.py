@@ -58,6 +58,8 @@ def listing_text(title: str, summary: str) -> str:
 # prefix no word holds (a word has no colon), a category's spaces as U+001F (a key holds
 # no space).
 AUTHOR_PREFIX, CATEGORY_PREFIX = "a:", "c:"
+LOCATION_PREFIX, COMPANY_PREFIX = "l:", "o:"  # the words of a listing's fields (pipeline/core/fields.py)
+_PREFIXES = (AUTHOR_PREFIX, CATEGORY_PREFIX, LOCATION_PREFIX, COMPANY_PREFIX)
 
 
 def category_key(category: str) -> str:
@@ -65,16 +67,20 @@ def category_key(category: str) -> str:
     return CATEGORY_PREFIX + folded(category).replace(" ", "\x1f")
 
 
-def word_string(title: str, summary: str, author: str | None = None, categories: Iterable[str] = ()) -> str:
+def word_string(title: str, summary: str, author: str | None = None, categories: Iterable[str] = (),
+                location: str | None = None, company: str | None = None) -> str:
     """What ``listings.words`` stores: the listing's keys, sorted, each between spaces
     (" a:smith c:remote node node.js python "): the words of its title and summary, its
-    author's words and its categories, so that SQL finds the listings holding a key by
+    author's words, its categories, and its location's and company's words ("l:berlin",
+    "o:acme"), so that SQL finds the listings holding a key by
     searching for " python " and Python by ``" python " in it``, without reading the
     text into words again (``pipeline filters test``). A change to ``words``, ``folded``
     or these keys needs a migration that stores them again."""
     keys = words(listing_text(title, summary))
     keys.update(AUTHOR_PREFIX + w for w in words(author or ""))
     keys.update(category_key(c) for c in categories)
+    keys.update(LOCATION_PREFIX + w for w in words(location or ""))
+    keys.update(COMPANY_PREFIX + w for w in words(company or ""))
     return f" {' '.join(sorted(keys))} "
 
 
@@ -83,4 +89,4 @@ def stored_text_words(stored: str | None) -> set[str] | None:
     (``word_string``); None for a listing stored before it had them."""
     if stored is None:
         return None
-    return {k for k in stored.split() if not k.startswith((AUTHOR_PREFIX, CATEGORY_PREFIX))}
+    return {k for k in stored.split() if not k.startswith(_PREFIXES)}

@@ -7,6 +7,11 @@ item (change alerts, pipeline/storage/watches.py). Without
 them, the page is a change detector: one item per distinct page text, identified by
 the hash of that text, so a change to the page yields a new item and an unchanged page
 yields nothing new.
+
+A listing's fields (price, salary, area, rooms, location, company: pipeline/core/fields.py)
+come from the selectors ``rooms``, ``area``, ``salary``, ``location`` and ``company``
+inside an item, and from the page's structured data (schema.org JSON-LD and microdata,
+OpenGraph: pipeline/fetching/structured.py), in that order.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ from soupsieve import SelectorSyntaxError
 
 from pipeline.core.errors import FetchError
 from pipeline.core.failures import FailureReason
+from pipeline.core.fields import Fields, from_selected
+from pipeline.core.urls import web_urls
+from pipeline.fetching import structured
 from pipeline.fetching.base import Item, Outcome, challenge, fetch_and_parse, markup
 from pipeline.net.http import Fetcher
 
@@ -33,6 +41,9 @@ SUMMARY_CHARS = 2000
 MAX_ELEMENTS = 50_000
 _START_TAG = re.compile(rb"<[a-zA-Z]")
 SELECTOR_KEYS = ("item", "title", "link", "summary", "price")
+# Selectors of a listing's fields, inside an item, read from their element's text
+# (pipeline/core/fields.py ``from_selected``): "3 rooms", "75 m²", "€60,000 a year".
+FIELD_KEYS = ("rooms", "area", "salary", "location", "company")
 _NOT_TEXT = ("script", "style", "noscript", "template", "head")
 
 
@@ -64,9 +75,14 @@ def parse_page(body: bytes, url: str, config: Mapping[str, Any]) -> list[Item]:
     title = _text(soup.title) if soup.title else ""
     if found := challenge(title, body):
         raise FetchError(FailureReason.BLOCKED, f"the site answered with a bot challenge ({found}), not the page")
+    kinds = structured.syntaxes(body)
+    selector = config.get("item")
+    # The page's JSON-LD and OpenGraph, read before the scripts go; an item's microdata
+    # is read from its own element.
+    data = structured.extract(body, url, [k for k in kinds if k != "microdata" or not selector],
+                              [tag.string for tag in soup.find_all("script", type="application/ld+json")])
     for tag in soup(_NOT_TEXT):
         tag.decompose()
-    selector = config.get("item")
     if not selector:
         text = _text(soup.body or soup)
         if not text:
@@ -74,10 +90,12 @@ def parse_page(body: bytes, url: str, config: Mapping[str, Any]) -> list[Item]:
         digest = hashlib.sha256(text.encode()).hexdigest()
         raw: dict[str, Any] = {"title": markup(title or url), "url": url, "summary": markup(text[:SUMMARY_CHARS]),
                "published_at": None, "author": None, "categories": []}
+        _add_fields(raw, structured.page_fields(data))
         return [Item(source_item_id=f"sha256:{digest}", url=url, raw=raw)]
+    linked = structured.by_link(data, url)
     try:
         elements = soup.select(selector)
-        items = [_selected_item(element, url, config) for element in elements]
+        items = [_selected_item(element, url, config, linked, "microdata" in kinds) for element in elements]
     except SelectorSyntaxError as exc:
         raise FetchError(FailureReason.INVALID_CONFIG, f"bad CSS selector: {exc}".splitlines()[0]) from None
     if not items:
@@ -86,7 +104,31 @@ def parse_page(body: bytes, url: str, config: Mapping[str, Any]) -> list[Item]:
     return items
 
 
-def _selected_item(element: Tag, page_url: str, config: Mapping[str, Any]) -> Item:
+def _add_fields(raw: dict[str, Any], found: Fields) -> None:
+    """The item's fields, and its price as text when no selector gave one (so that a
+    marked-up price's change is a change of the item, as a selected one's is)."""
+    if not found:
+        return
+    raw["fields"] = found.as_json()
+    if "price" not in raw and found.price is not None:
+        raw["price"] = markup(" ".join(str(part) for part in (found.price, found.currency) if part))
+
+
+def _item_fields(element: Tag, page_url: str, link: str, config: Mapping[str, Any],
+                 linked: Mapping[str, Fields], microdata: bool) -> Fields:
+    """What the source's field selectors pick in ``element``, then the microdata inside
+    it, then the page's JSON-LD thing at the item's link."""
+    selected = {key: _text(node) for key in FIELD_KEYS if (node := _select_one(element, config.get(key)))}
+    found = from_selected(selected)
+    if microdata and (element.has_attr("itemscope") or element.find(attrs={"itemscope": True}) is not None):
+        found = found.merged(structured.page_fields(structured.extract(str(element), page_url, ["microdata"])))
+    if link and (canonical := web_urls(link)) is not None and canonical[1] in linked:
+        found = found.merged(linked[canonical[1]])
+    return found
+
+
+def _selected_item(element: Tag, page_url: str, config: Mapping[str, Any],
+                   linked: Mapping[str, Fields] | None = None, microdata: bool = False) -> Item:
     title_node = _select_one(element, config.get("title"))
     link_node = _select_one(element, config.get("link")) or (
         element if element.name == "a" else element.find("a", href=True)
@@ -111,15 +153,16 @@ def _selected_item(element: Tag, page_url: str, config: Mapping[str, Any]) -> It
     # the item, not another item.
     own_text = text.replace(price, "", 1) if price else text
     identity = link or f"sha256:{hashlib.sha256(own_text.encode()).hexdigest()}"
+    _add_fields(raw, _item_fields(element, page_url, link, config, linked or {}, microdata))
     return Item(source_item_id=identity, url=link or page_url, raw=raw)
 
 
 class PageAdapter:
     def check_config(self, config: Mapping[str, Any]) -> None:
-        unknown = set(config) - {*SELECTOR_KEYS, "category"}
+        unknown = set(config) - {*SELECTOR_KEYS, *FIELD_KEYS, "category"}
         if unknown:
-            raise ValueError(f"unknown http config keys {sorted(unknown)}: use {list(SELECTOR_KEYS)}")
-        for key in SELECTOR_KEYS:
+            raise ValueError(f"unknown http config keys {sorted(unknown)}: use {[*SELECTOR_KEYS, *FIELD_KEYS]}")
+        for key in (*SELECTOR_KEYS, *FIELD_KEYS):
             if key not in config:
                 continue
             if not isinstance(config[key], str) or not config[key].strip():
@@ -128,8 +171,9 @@ class PageAdapter:
                 soupsieve.compile(config[key])
             except SelectorSyntaxError as exc:
                 raise ValueError(f"http config {key!r}: bad CSS selector: {exc}".splitlines()[0]) from None
-        if any(key in config for key in SELECTOR_KEYS[1:]) and "item" not in config:
-            raise ValueError("http config: title, link, summary and price select inside an 'item'; set 'item' too")
+        if any(key in config for key in (*SELECTOR_KEYS[1:], *FIELD_KEYS)) and "item" not in config:
+            raise ValueError(f"http config: {', '.join((*SELECTOR_KEYS[1:], *FIELD_KEYS))} select inside an"
+                             " 'item'; set 'item' too")
 
     def fetch(self, source: Mapping[str, Any], fetcher: Fetcher) -> Outcome:
         config = source.get("config") or {}

@@ -19,7 +19,10 @@ from datetime import UTC, datetime
 from html import unescape
 from typing import Any
 
+from pipeline.core import fields
 from pipeline.core.errors import NormaliseError
+from pipeline.core.fields import Fields
+from pipeline.core.prices import parse_price
 from pipeline.core.urls import web_urls
 
 TITLE_CHARS = 500
@@ -50,6 +53,9 @@ class Listing:
     canonical_url: str | None
     identity_url: str
     price: str | None = None  # as the page shows it (a page source's ``price`` selector)
+    # What it says of itself beyond its words (pipeline/core/fields.py ``Fields.as_json``),
+    # None when nothing: the structured data's, and its price's amount and currency.
+    fields: dict[str, str] | None = None
 
     @property
     def content_hash(self) -> str:
@@ -61,6 +67,10 @@ class Listing:
             "\x1f".join(self.categories),
             # Only when there is one: the hashes of listings without a price stay as they were.
             *(() if self.price is None else (self.price,)),
+            # Likewise its fields besides the price, which the price's text tells already:
+            # the hashes of listings without other fields stay as they were.
+            *((json.dumps(other, sort_keys=True),) if (other := {
+                k: v for k, v in (self.fields or {}).items() if k not in ("price", "currency")}) else ()),
         )
         return hashlib.sha256("\x1e".join(fields).encode()).hexdigest()
 
@@ -85,6 +95,7 @@ def normalise(raw: Any, *, fallback_url: str | None = None, source_category: str
     title = _bounded(html_to_text(_text(raw.get("title"), "title")), TITLE_CHARS)
     summary = _bounded(html_to_text(_text(raw.get("summary"), "summary")), SUMMARY_CHARS)
     author = _bounded(html_to_text(_text(raw.get("author"), "author")), AUTHOR_CHARS) or None
+    price = _bounded(html_to_text(_text(raw.get("price"), "price")), PRICE_CHARS) or None
     return Listing(
         url=url,
         title=title or url,
@@ -94,8 +105,18 @@ def normalise(raw: Any, *, fallback_url: str | None = None, source_category: str
         categories=_categories(raw.get("categories"), source_category),
         canonical_url=canonical,
         identity_url=identity[1],
-        price=_bounded(html_to_text(_text(raw.get("price"), "price")), PRICE_CHARS) or None,
+        price=price,
+        fields=_fields(raw.get("fields"), price),
     )
+
+
+def _fields(value: Any, price: str | None) -> dict[str, str] | None:
+    """The item's fields as stored; the price's amount and currency read from its text
+    where its fields name none (a price selector's, a feed's g:price)."""
+    found = Fields.from_json(value)
+    if found.price is None and (amount := parse_price(price)) is not None:
+        found = found.merged(fields.price(amount.value, amount.currency))
+    return found.as_json() or None
 
 
 def _text(value: Any, field: str) -> str:

@@ -39,12 +39,12 @@ log = logging.getLogger("pipeline.listings.processor")
 
 _COLUMNS = (
     "source_id", "source_item_id", "url", "title", "summary", "author", "published_at",
-    "categories", "price", "content_hash", "raw_id", "item_key", "words", "simhash", *schema.STORY_KEYS,
+    "categories", "price", "fields", "content_hash", "raw_id", "item_key", "words", "simhash", *schema.STORY_KEYS,
 )
 # What the processor reads of a claimed raw row (besides its id, order and attempts).
 _CLAIMED = ("source_id", "source_item_id", "url", "raw_json")
-_CONTENT = ("url", "title", "summary", "author", "published_at", "categories", "price", "content_hash", "item_key",
-            "words")
+_CONTENT = ("url", "title", "summary", "author", "published_at", "categories", "price", "fields", "content_hash",
+            "item_key", "words")
 
 
 @dataclass
@@ -281,6 +281,7 @@ def reopen_window(engine: Engine, start: datetime, end: datetime) -> int:
 
 
 def _listing_row(row: Row, listing: Listing) -> dict[str, Any]:
+    fields = listing.fields or {}
     return {
         "source_id": row["source_id"],
         "source_item_id": row["source_item_id"],
@@ -288,13 +289,15 @@ def _listing_row(row: Row, listing: Listing) -> dict[str, Any]:
         "title": listing.title,
         "summary": listing.summary,
         "price": listing.price,
+        "fields": listing.fields,
         "author": listing.author,
         "published_at": listing.published_at,
         "categories": listing.categories,
         "content_hash": listing.content_hash,
         "raw_id": row["id"],
         "item_key": item_key(listing.identity_url, row["source_item_id"], canonical=True),
-        "words": word_string(listing.title, listing.summary, listing.author, listing.categories),
+        "words": word_string(listing.title, listing.summary, listing.author, listing.categories,
+                             *(fields.get("location"), fields.get("company"))),
         # Set for a new listing (its fingerprint and keys are taken once, when first stored).
         **dict.fromkeys(("simhash", *schema.STORY_KEYS)),
     }

@@ -26,12 +26,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+from pipeline.core.fields import Fields
 from pipeline.core.prices import Amount, parse_price
 from pipeline.core.words import folded, listing_text, phrase_tokens, words
 from pipeline.notify.query import (
-    AUTHOR_KEY,
+    AMOUNT_FIELDS,
     CATEGORY_KEY,
     SOURCE_KEY,
+    WORD_KEYS,
     Clause,
     Condition,
     Field,
@@ -75,6 +77,7 @@ class ListingText:
     author: str | None = None
     published_at: datetime | None = None
     price: str | None = None  # as the page shows it (``price:`` reads its amount)
+    fields: Fields = Fields()  # what it says of itself beyond its words (pipeline/core/fields.py)
 
     @classmethod
     def of(cls, row: Mapping[Any, Any]) -> ListingText:
@@ -82,7 +85,12 @@ class ListingText:
         row's ``_mapping``)."""
         return cls(id=row["id"], source_id=row["source_id"], title=row["title"], summary=row["summary"],
                    categories=row["categories"] or (), ingested_at=row["ingested_at"], author=row["author"],
-                   published_at=row["published_at"], price=row["price"])
+                   published_at=row["published_at"], price=row["price"], fields=Fields.from_json(row["fields"]))
+
+    def field_text(self, fld: Field) -> str:
+        """The text a field's words are taken from (``author:``, ``location:``, ...)."""
+        return {Field.TITLE: self.title, Field.SUMMARY: self.summary, Field.AUTHOR: self.author,
+                Field.LOCATION: self.fields.location, Field.COMPANY: self.fields.company}.get(fld) or ""
 
 
 class Match(NamedTuple):
@@ -215,8 +223,9 @@ class FilterIndex:
         if not self._prefixes:
             return text_words
         extra: list[str] = []
-        if AUTHOR_KEY in self._prefixes and listing.author:
-            extra.extend(AUTHOR_KEY + w for w in words(listing.author))
+        for fld, prefix in WORD_KEYS.items():
+            if prefix in self._prefixes and (text := listing.field_text(fld)):
+                extra.extend(prefix + w for w in words(text))
         if CATEGORY_KEY in self._prefixes:
             extra.extend(dict.fromkeys(CATEGORY_KEY + folded(c) for c in listing.categories))
         if SOURCE_KEY in self._prefixes:
@@ -299,6 +308,9 @@ def _written(condition: Condition, fields: _Fields) -> str:
         text = f"published {published:%Y-%m-%d}" if published else "published"
     elif term.field is Field.PRICE:
         text = f"price {fields.listing.price}" if fields.price and not condition.negated else f"price:{term.bounds}"
+    elif term.field in AMOUNT_FIELDS:
+        text = (f"{term.field}:{term.bounds}" if condition.negated
+                else _amount_written(term.field, fields.listing.fields))
     elif term.words:
         what = f'"{" ".join(term.words)}"' if term.phrase else term.words[0]
         if term.field is Field.TEXT and not condition.negated:
@@ -310,6 +322,16 @@ def _written(condition: Condition, fields: _Fields) -> str:
     else:
         text = f"{term.field}:{term.value}"
     return f"without {text}" if condition.negated else text
+
+
+def _amount_written(fld: Field, stored: Fields) -> str:
+    """A listing's amount as the workbench shows what matched: "salary 70000..90000 EUR a year"."""
+    if fld is Field.SALARY:
+        low, high = stored.salary_min, stored.salary_max
+        span = f"{low:f}" if low == high else f"{low:f}..{high:f}"
+        return f"salary {span}{' ' + stored.salary_currency if stored.salary_currency else ''} a year"
+    value = stored.area if fld is Field.AREA else stored.rooms
+    return f"{fld} {value:f}" + (" m²" if fld is Field.AREA else "")
 
 
 def _phrase_where(fields: _Fields, term: Term) -> str:
@@ -327,22 +349,20 @@ class _Fields:
 
     @functools.cached_property
     def price(self) -> Amount | None:
-        return parse_price(self.listing.price)
-
-    def _text(self, fld: Field) -> str:
-        listing = self.listing
-        return {Field.TITLE: listing.title, Field.SUMMARY: listing.summary}.get(fld, listing.author or "")
+        """Its fields' price; for a listing stored before it had fields, its price's text read."""
+        stored = self.listing.fields
+        return Amount(stored.price, stored.currency) if stored.price is not None else parse_price(self.listing.price)
 
     def words(self, fld: Field) -> set[str]:
         if fld not in self._words:
-            self._words[fld] = words(self._text(fld))
+            self._words[fld] = words(self.listing.field_text(fld))
         return self._words[fld]
 
     def has_phrase(self, fld: Field, phrase: tuple[str, ...]) -> bool:
         if fld is Field.TEXT:  # in the title or in the summary, not across the two
             return self.has_phrase(Field.TITLE, phrase) or self.has_phrase(Field.SUMMARY, phrase)
         if fld not in self._tokens:
-            self._tokens[fld] = phrase_tokens(self._text(fld))
+            self._tokens[fld] = phrase_tokens(self.listing.field_text(fld))
         tokens, n = self._tokens[fld], len(phrase)
         first = phrase[0]
         return any(tokens[i:i + n] == phrase for i, t in enumerate(tokens) if t == first)
@@ -363,6 +383,12 @@ class _Fields:
             found = term.bounds.holds(self.price.value if self.price else None)
         elif term.field is Field.CURRENCY:
             found = self.price is not None and self.price.currency == term.value
+        elif term.field is Field.SALARY:
+            assert term.bounds is not None
+            found = term.bounds.reaches(listing.fields.salary_min, listing.fields.salary_max)
+        elif term.field in (Field.AREA, Field.ROOMS):
+            assert term.bounds is not None
+            found = term.bounds.holds(listing.fields.area if term.field is Field.AREA else listing.fields.rooms)
         elif term.phrase:
             found = self.has_phrase(term.field, term.words)
         else:

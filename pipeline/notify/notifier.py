@@ -753,7 +753,7 @@ def _stories(rows: Iterable[Row]) -> dict[int, Story]:
 
 # The listing columns matching reads, besides ``id``: ``_texts``' and ``_stories``'.
 MATCHED_COLUMNS = ("source_id", "title", "summary", "categories", "ingested_at", "author", "published_at",
-                   "item_key", "cluster_id")
+                   "fields", "item_key", "cluster_id")
 
 
 def _texts(rows: Sequence[Row]) -> Iterator[ListingText]:
@@ -770,7 +770,7 @@ def load_messages(engine: Engine, ids: Sequence[int]) -> list[Message]:
         listings.c.id.label("listing_id"),
         listings.c.item_key, listings.c.url,
         listings.c.title, listings.c.summary, listings.c.published_at, listings.c.source_id, listings.c.price,
-        s.c.site_url,
+        listings.c.fields, s.c.site_url,
     )
     joined = (n.join(listings, listings.c.id == n.c.listing_id).outerjoin(f, f.c.id == n.c.filter_id)
               .outerjoin(s, s.c.id == listings.c.source_id))
@@ -816,6 +816,7 @@ def _item(r: Any) -> Item:  # a row with the item columns
             "published_at": r.published_at.isoformat() if r.published_at else None,
             "source_id": r.source_id,
             **({} if r.price is None else {"price": r.price}),  # a page item's
+            **({} if not r.fields else {"fields": dict(r.fields)}),  # pipeline/core/fields.py, amounts as text
             **({} if r.url else {"site_url": r.site_url}),
         },
         event=watches.event_kind(r.event),

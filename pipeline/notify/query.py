@@ -11,6 +11,7 @@ by one of their words (pipeline/notify/matching.py).
     category:remote  source:12  source:"Hacker News"
     published:7d  published:24h  published:2026-01-01..2026-01-31  published:2026-03-01..
     price:<1500  price:<=1500  price:>1000  price:1000..2000  currency:EUR  currency:€
+    salary:>=80000  area:>=60  rooms:3..4  location:berlin  company:"acme corp"
 
 Words and phrases without a field look in the title and the summary (a phrase in one of
 them, not across the two). ``category:`` is one of the listing's categories, whole and
@@ -19,11 +20,17 @@ listing's publication time (UTC days, both ends included; ``7d``/``24h``/``2w`` 
 from the moment of matching), which a listing without a date is never in; ``price:`` its
 price's amount (pipeline/core/prices.py: "€1,299" is 1299; both ends of ``a..b``
 included; write 1500, not 1,500) and ``currency:`` its currency (€ is EUR), which a
-listing without a price that reads as an amount never has. ``AND``,
+listing without a price that reads as an amount never has. A listing's fields
+(pipeline/core/fields.py, from its page's structured data or its source's selectors):
+``salary:`` a year's salary, holding when its range reaches into the bounds (70000..90000
+meets ``salary:>=80000``); ``area:`` square metres; ``rooms:``; ``location:`` and
+``company:`` words of them (as ``author:``); a listing without the field never meets it.
+``AND``,
 ``OR`` and ``NOT`` are operators in any case ("python or rust"; juxtaposition already
 means AND): to look for one of those words, quote it (``"or"``); commas
 separate like spaces. Every alternative needs something that must appear (a word, a
-phrase, an author, a category or a source): that is what it is filed under, and a filter
+phrase, an author, a category, a source, a location or a company): that is what it is
+filed under, and a filter
 of exclusions (or of windows and prices) alone would match nearly everything. A filter is at most ``MAX_CHARS``
 characters, ``MAX_TERMS`` conditions and ``MAX_DEPTH`` nested parentheses.
 
@@ -36,7 +43,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
@@ -68,10 +75,19 @@ class Field(StrEnum):
     PUBLISHED = "published"
     PRICE = "price"
     CURRENCY = "currency"
+    SALARY = "salary"
+    AREA = "area"
+    ROOMS = "rooms"
+    LOCATION = "location"
+    COMPANY = "company"
 
 
 WRITTEN_FIELDS = tuple(f for f in Field if f is not Field.TEXT)
 TEXT_FIELDS = (Field.TEXT, Field.TITLE, Field.SUMMARY, Field.AUTHOR)
+# Conditions on an amount (``Bounds``), and the words of a listing's field besides its
+# author (each filed under its own prefix, as an author's words are).
+AMOUNT_FIELDS = (Field.PRICE, Field.SALARY, Field.AREA, Field.ROOMS)
+FIELD_WORDS = (Field.AUTHOR, Field.LOCATION, Field.COMPANY)
 
 
 # -- the expression ---------------------------------------------------------------------
@@ -130,6 +146,14 @@ class Bounds:
         if self.low is not None and (amount < self.low or (self.low_excluded and amount == self.low)):
             return False
         return self.high is None or not (amount > self.high or (self.high_excluded and amount == self.high))
+
+    def reaches(self, low: Decimal | None, high: Decimal | None) -> bool:
+        """Does some amount from ``low`` to ``high`` hold (a salary's range reaching into
+        the bounds)?"""
+        if low is None or high is None:
+            return False
+        return (replace(self, high=None, high_excluded=False).holds(high)
+                and replace(self, low=None, low_excluded=False).holds(low))
 
     def __str__(self) -> str:
         if self.low is not None and self.high is not None:
@@ -307,12 +331,12 @@ class _Parser:
             raise QueryError(f"a condition is at most {MAX_TERM_CHARS} characters", position)
         if fld is Field.PUBLISHED:
             return Term(fld, at, window=_window(value, position))
-        if fld is Field.PRICE:
+        if fld in AMOUNT_FIELDS:
             after = position - 1 + len(value)  # positions count from 1
             if not quoted and self.text[after:after + 1] == ",":
-                raise QueryError(f"price:{value}, ...: write the amount without a thousands separator"
+                raise QueryError(f"{fld}:{value}, ...: write the amount without a thousands separator"
                                  " (1500, not 1,500)", position)
-            return Term(fld, at, bounds=_bounds(value, position))
+            return Term(fld, at, bounds=_bounds(fld, value, position))
         if fld is Field.CURRENCY:
             code = currency_code(value.strip())
             if not code or len(code) > 8:
@@ -367,7 +391,7 @@ _COMPARED = re.compile(rf"(<=|>=|<|>|=)?({_AMOUNT})")
 _BETWEEN = re.compile(rf"({_AMOUNT})?\.\.({_AMOUNT})?")
 
 
-def _bounds(value: str, position: int) -> Bounds:
+def _bounds(fld: Field, value: str, position: int) -> Bounds:
     if m := _COMPARED.fullmatch(value):
         sign, amount = m.group(1) or "=", Decimal(m.group(2))
         return {
@@ -377,11 +401,11 @@ def _bounds(value: str, position: int) -> Bounds:
     if (m := _BETWEEN.fullmatch(value)) and (m.group(1) or m.group(2)):
         low, high = (Decimal(g) if g else None for g in m.groups())
         if low is not None and high is not None and high < low:
-            raise QueryError(f"price:{value} ends below where it starts", position)
+            raise QueryError(f"{fld}:{value} ends below where it starts", position)
         return Bounds(low, high)
     raise QueryError(
-        f"price:{value} is not a price condition (<1500, <=1500, >1000, >=1000, 1000..2000, 1500;"
-        " digits and a decimal point, no currency)", position)
+        f"{fld}:{value} is not an amount condition (<1500, <=1500, >1000, >=1000, 1000..2000, 1500;"
+        " digits and a decimal point, no currency or unit)", position)
 
 
 def _day_after(day: datetime) -> datetime | None:
@@ -459,6 +483,8 @@ class Query:
 # Index keys: a word of the title and summary is its own key; the other fields' keys carry
 # a prefix no word can hold.
 AUTHOR_KEY, CATEGORY_KEY, SOURCE_KEY = "\x00a:", "\x00c:", "\x00s:"
+LOCATION_KEY, COMPANY_KEY = "\x00l:", "\x00o:"
+WORD_KEYS = {Field.AUTHOR: AUTHOR_KEY, Field.LOCATION: LOCATION_KEY, Field.COMPANY: COMPANY_KEY}
 
 
 def _nnf(node: Node, negated: bool = False) -> Node:
@@ -492,7 +518,7 @@ def _dnf(node: Node) -> list[list[tuple[Term, bool]]]:
 
 
 def _key(term: Term, word: str) -> str:
-    return AUTHOR_KEY + word if term.field is Field.AUTHOR else word
+    return WORD_KEYS.get(term.field, "") + word
 
 
 def _clause(alternative: list[tuple[Term, bool]], sources: Mapping[str, frozenset[int]]) -> Clause | None:
@@ -534,8 +560,8 @@ def _clause(alternative: list[tuple[Term, bool]], sources: Mapping[str, frozense
     if not filings and not any(c.term.field is Field.SOURCE and not c.negated for c in checks):
         first = min(t.position for t, _ in alternative)
         raise QueryError(
-            "nothing here must appear (only exclusions, a published window or a price), so it would match"
-            " nearly every listing: add a word, phrase, author, category or source", first)
+            "nothing here must appear (only exclusions, a published window or amounts), so it would match"
+            " nearly every listing: add a word, phrase, author, category, source, location or company", first)
     return Clause(tuple(dict.fromkeys(words)), tuple(absent), tuple(checks), tuple(filings))
 
 

@@ -293,6 +293,12 @@ listings = sa.Table(
     # A page item's price as the page shows it (its source's ``price`` selector), a part
     # of its content (change alerts); NULL for everything else. Revision 0016.
     sa.Column("price", sa.Text()),
+    # What it says of itself beyond its words (pipeline/core/fields.py ``Fields.as_json``:
+    # price, currency, salary_min/max a year, salary_currency, area in m², rooms,
+    # location, company; amounts as decimal strings), read from its page's structured
+    # data, its feed's g:price or its source's selectors; NULL when it says none.
+    # Revision 0026.
+    sa.Column("fields", JSONType),
     # Its words (pipeline/core/words.py word_string: " node node.js python "), which
     # `pipeline filters test` searches without reading the text again. Revision 0021.
     sa.Column("words", sa.Text()),

@@ -18,7 +18,7 @@ c AS MATERIALIZED
 FROM expired UNION ALL SELECT free.id AS id
 FROM free
  LIMIT %(claim_limit)s::INTEGER)
- UPDATE listings SET locked_until=(now() + %(claim_lease)s), claimed_by=%(claim_worker)s::VARCHAR, claim_token=%(claim_token)s::VARCHAR FROM c WHERE listings.id = c.id RETURNING listings.id, listings.source_id, listings.source_item_id, listings.url, listings.title, listings.summary, listings.author, listings.published_at, listings.categories, listings.content_hash, listings.ingested_at, listings.updated_at, listings.matched_at, listings.raw_id, listings.item_key, listings.locked_until, listings.claimed_by, listings.claim_token, listings.cluster_id, listings.simhash, listings.gone_at, listings.story_key, listings.story_band_0, listings.story_band_1, listings.story_band_2, listings.story_band_3, listings.price, listings.words, listings.missed;
+ UPDATE listings SET locked_until=(now() + %(claim_lease)s), claimed_by=%(claim_worker)s::VARCHAR, claim_token=%(claim_token)s::VARCHAR FROM c WHERE listings.id = c.id RETURNING listings.id, listings.source_id, listings.source_item_id, listings.url, listings.title, listings.summary, listings.author, listings.published_at, listings.categories, listings.content_hash, listings.ingested_at, listings.updated_at, listings.matched_at, listings.raw_id, listings.item_key, listings.locked_until, listings.claimed_by, listings.claim_token, listings.cluster_id, listings.simhash, listings.gone_at, listings.story_key, listings.story_band_0, listings.story_band_1, listings.story_band_2, listings.story_band_3, listings.price, listings.fields, listings.words, listings.missed;
 
 -- complete (sets matched_at)
 -- served by pk_listings (the ids held), fenced by claim_token and claimed_by

@@ -12,7 +12,7 @@ FROM (SELECT listings.id AS id
 FROM listings
 WHERE listings.matched_at IS NULL AND listings.locked_until IS NULL ORDER BY listings.updated_at ASC, listings.id ASC
  LIMIT ? OFFSET ?) AS anon_2
- LIMIT ? OFFSET ?) RETURNING id, source_id, source_item_id, url, title, summary, author, published_at, categories, content_hash, ingested_at, updated_at, matched_at, raw_id, item_key, locked_until, claimed_by, claim_token, cluster_id, simhash, gone_at, story_key, story_band_0, story_band_1, story_band_2, story_band_3, price, words, missed;
+ LIMIT ? OFFSET ?) RETURNING id, source_id, source_item_id, url, title, summary, author, published_at, categories, content_hash, ingested_at, updated_at, matched_at, raw_id, item_key, locked_until, claimed_by, claim_token, cluster_id, simhash, gone_at, story_key, story_band_0, story_band_1, story_band_2, story_band_3, price, fields, words, missed;
 
 -- complete (sets matched_at)
 -- served by pk_listings (the ids held), fenced by claim_token and claimed_by
