@@ -69,6 +69,10 @@ def test_every_demo_source_feeds_the_pipeline_and_the_receiver_gets_signed_deliv
     # 20 jobs + 20 news (rss), 10 events (http), 15 videos (youtube)
     assert per_source == {"rss": 40, "http": 10, "youtube": 15}
     assert Processor(engine, settings, "demo-test").run().inserted == 65
+    with engine.connect() as conn:  # the events page's microdata: each event's place and ticket price
+        events = conn.execute(sa.select(schema.listings.c.fields).join(schema.sources).where(
+            schema.sources.c.source_type == "http")).scalars().all()
+    assert len(events) == 10 and all(f["location"] and f["currency"] == "EUR" and f["price"] for f in events)
     notified = Notifier(engine, settings, "demo-test").run()
     n = schema.notifications
     with engine.connect() as conn:

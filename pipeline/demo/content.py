@@ -27,9 +27,10 @@ DEMO_USER = "demo"
 # A second user at the same receiver, with a daily digest (08:00 UTC) of a phrase.
 DIGEST_USER, DIGEST_AT, DIGEST_FILTER = "demo-digest", "daily@08:00", '"data engineer" OR "machine learning"'
 # In the filter language (README, "Filters"): words, a phrase, an alternative, a field,
-# a price condition (the events page's tickets start at PRICE_FROM euros and rise).
+# a price condition (the events page's tickets start at PRICE_FROM euros and rise), and
+# a location (the events page marks up each event's place).
 DEMO_FILTERS = ("python -frontend", "rust remote", '"data engineer" OR postgresql', "title:dagster",
-                '"office hours" price:<=15')
+                '"office hours" price:<=15', "workshop location:berlin")
 # A filter that watches what it notified of (`filters add --changes`): an event's ticket
 # price rises, then the event leaves the page; each is a change alert.
 DEMO_WATCH = '"python meetup" OR "rust workshop"'
@@ -143,10 +144,16 @@ def _events(base: str, ks: list[int], now: datetime) -> bytes:
         rng = _rng("event", k)
         name = rng.choice(_EVENTS)
         day = (EVENTS.published(k) + timedelta(days=rng.randint(3, 30))).strftime("%d %B")
+        # Marked up as schema.org microdata, as event sites do: the pipeline reads each
+        # event's place and ticket price from it (pipeline/core/fields.py).
         rows.append(
-            f'<li class="event"><h3><a href="/events/{k}">{html.escape(name)} #{k}</a></h3>'
-            f'<p class="blurb">On {day}, {rng.choice(_PLACES)}. Talks, pizza and questions.</p>'
-            f'<p>Tickets <span class="price">&euro;{ticket_price(k, now)}</span></p></li>'
+            f'<li class="event" itemscope itemtype="https://schema.org/Event"><h3><a href="/events/{k}">'
+            f'<span itemprop="name">{html.escape(name)} #{k}</span></a></h3>'
+            f'<p class="blurb">On {day}, <span itemprop="location" itemscope itemtype="https://schema.org/Place">'
+            f'<span itemprop="name">{rng.choice(_PLACES)}</span></span>. Talks, pizza and questions.</p>'
+            f'<p>Tickets <span class="price" itemprop="offers" itemscope itemtype="https://schema.org/Offer">'
+            f'<meta itemprop="priceCurrency" content="EUR"><span itemprop="price" content="{ticket_price(k, now)}">'
+            f'&euro;{ticket_price(k, now)}</span></span></p></li>'
         )
     return (
         "<!doctype html><html><head><title>Demo events</title></head><body>"
