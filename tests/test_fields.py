@@ -165,6 +165,29 @@ def test_each_item_takes_its_own_microdata_the_json_ld_at_its_link_and_its_selec
     assert "price" not in (normalise(three.raw).fields or {})
 
 
+@pytest.mark.parametrize("markup", [
+    # A shop template's trailing commas and a comment: not strict JSON, read as readers do.
+    '<script type="application/ld+json">// product\n{"@type": "Product", "offers": {"@type": "Offer",'
+    ' "price": 155.55, "priceCurrency": "AUD",},}</script>',
+    # "Offers" capitalised, a list of types.
+    '<script type="application/ld+json">{"@type": ["Product", "SubType"], "Offers": {"@type": "Offer",'
+    ' "price": 155.55, "priceCurrency": "AUD"}}</script>',
+    # A list of offers, the first with a price specification; the site's WebSite beside it.
+    '<script type="application/ld+json">{"@type": "WebSite", "url": "/"}</script>'
+    '<script type="application/ld+json">{"@type": "Product", "offers": [{"@type": "Offer", "priceSpecification":'
+    ' {"@type": "PriceSpecification", "price": 155.55, "priceCurrency": "AUD"}}]}</script>',
+    # Microdata whose currency is a symbol shown with a machine-readable code, the price
+    # in a content attribute beside its shown text.
+    '<div itemscope itemtype="http://schema.org/Product"><span itemprop="offers" itemscope'
+    ' itemtype="http://schema.org/Offer"><sup itemprop="priceCurrency" content="AUD">$</sup>'
+    '<span itemprop="price" content="155.55">155.55</span></span></div>',
+])
+def test_prices_as_shops_mark_them_up_are_read(markup):
+    body = f"<html><body><p>Price: $155.55</p>{markup}</body></html>".encode()
+    [item] = parse_page(body, "http://127.0.0.1/product", {})
+    assert item.raw["fields"] == {"price": "155.55", "currency": "AUD"}
+
+
 def test_a_product_page_s_open_graph_price_is_its_price_and_a_change_of_it_a_change_of_the_item():
     page = (b'<html><head><meta property="product:price:amount" content="%s">'
             b'<meta property="product:price:currency" content="EUR"></head><body>Lamp</body></html>')

@@ -255,7 +255,9 @@ def _offer_price(offer: Mapping[str, Any]) -> Fields:
 
 
 def _offer(node: Mapping[str, Any]) -> Fields:
-    for offer in _nodes(node.get("offers")):
+    # "Offers" too: shops' templates write it so, and readers take it (schema.org is
+    # case-sensitive; a reader of prices is not the place to insist).
+    for offer in _nodes(node.get("offers", node.get("Offers"))):
         if found := _offer_price(offer):
             return found
     return Fields()

@@ -61,8 +61,7 @@ def extract(html: str | bytes, url: str, kinds: Iterable[str], scripts: Iterable
         try:
             found = json.loads(script or "", strict=False)
         except ValueError:
-            log.debug("a JSON-LD script of %s is not JSON", url)
-            continue
+            found = _lenient_json_ld(script or "", url)
         data["json-ld"].extend(found if isinstance(found, list) else [found])
     kinds = [kind for kind in kinds if kind != "json-ld"]
     if not kinds:
@@ -75,6 +74,19 @@ def extract(html: str | bytes, url: str, kinds: Iterable[str], scripts: Iterable
         except Exception as exc:  # a page's broken data is no failed fetch: it has no fields
             log.debug("the %s of %s is unreadable: %s", kind, url, exc)
     return data
+
+
+def _lenient_json_ld(script: str, url: str) -> list[Any]:
+    """A script that is not strict JSON, read as extruct reads JSON-LD (comments and
+    trailing commas, which shops' templates leave, are forgiven); [] when it cannot be."""
+    from extruct.jsonld import JsonLdExtractor
+
+    try:
+        # The text of one script element: it holds no "</script>", so it is put back whole.
+        return list(JsonLdExtractor().extract(f'<script type="application/ld+json">{script}</script>'))
+    except Exception as exc:
+        log.debug("a JSON-LD script of %s is unreadable: %s", url, exc)
+        return []
 
 
 def listing_things(data: Mapping[str, list[Any]]) -> list[Mapping[str, Any]]:
