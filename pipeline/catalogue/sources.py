@@ -621,6 +621,10 @@ def show_source(conn: sa.Connection, source_id: int) -> dict[str, Any]:
     for fetch in source["recent_fetches"]:
         fetch["error"] = fetch_error(fetch.pop("details"))
     source["owner"] = owner_of(conn, source_id)
+    w = schema.websub_subscriptions
+    pushed = conn.execute(sa.select(w.c.hub, w.c.state, w.c.lease_until, w.c.pushes, w.c.last_push_at, w.c.last_error)
+                          .where(w.c.source_id == source_id)).mappings().first()
+    source["websub"] = None if pushed is None else dict(pushed)
     return source
 
 

@@ -197,6 +197,13 @@ def sources_show(source_id: int, as_json: bool) -> None:
                f" ({source['last_failure_reason']})" if source["consecutive_failures"] else "")
     click.echo(f"  last fetch {at(source['last_fetched_at'])}, last success {at(source['last_success_at'])}{failing}")
     click.echo(f"  {_owner_line(source['owner'])}")
+    if pushed := source["websub"]:  # pipeline/fetching/websub.py
+        state = {"active": f"pushed by {pushed['hub']} until {at(pushed['lease_until'])}",
+                 "requested": f"asked {pushed['hub']} to push; not verified yet",
+                 "denied": f"{pushed['hub']} denied the subscription"}[pushed["state"]]
+        last = f", the last {at(pushed['last_push_at'])}" if pushed["last_push_at"] else ""
+        error = f"; {pushed['last_error']}" if pushed["last_error"] else ""
+        click.echo(f"  WebSub: {state} (pushes: {pushed['pushes']:,}{last}){error}")
     click.echo(f"  {common.counted(source['listings'], 'listing')}" + (", the latest:" if source["listings"] else ""))
     for listing in source["recent_listings"]:
         click.echo(f"    {at(listing['ingested_at'])}  {listing['title']}  {listing['url'] or '(no link)'}")

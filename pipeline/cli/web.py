@@ -74,14 +74,16 @@ def feeds_revoke(feed_id: int) -> None:
 @click.option("--max-connections", type=click.IntRange(1, 10_000), default=64, show_default=True,
               help="Connections served at once; past it a new one is closed.")
 def serve(host: str, port: int | None, max_connections: int) -> None:
-    """Answer for the output feeds (/feeds/TOKEN.atom, /feeds/TOKEN.json) and /healthz
-    on http://HOST:PORT, reading the database at each request. Ctrl-C stops it."""
+    """Answer for the output feeds (/feeds/TOKEN.atom, /feeds/TOKEN.json), the WebSub
+    callback (/websub/TOKEN: hubs' verifications and pushes) and /healthz on
+    http://HOST:PORT, reading the database at each request. Ctrl-C stops it."""
     from pipeline.core.settings import Settings, web_port
     from pipeline.web.app import FeedApp
     from pipeline.web.server import run_until_interrupted
     from pipeline.web.server import serve as serve_app
 
-    server = serve_app(host, port or web_port(), FeedApp(common.engine(), Settings.from_env().public_url),
+    settings = Settings.from_env()
+    server = serve_app(host, port or web_port(), FeedApp(common.engine(), settings.public_url, settings),
                        max_connections=max_connections)
     click.echo(f"serving output feeds on http://{host}:{server.server_address[1]}/feeds/", err=True)
     run_until_interrupted(server)

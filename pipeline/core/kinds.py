@@ -33,6 +33,14 @@ class SourceHealth(StrEnum):
     RECOVERED = "recovered"  # a fetch succeeded again after the owner was told it fails
 
 
+class WebSubState(StrEnum):
+    """Where a source's WebSub subscription stands (``websub_subscriptions.state``)."""
+
+    REQUESTED = "requested"  # asked of the hub, not yet verified
+    ACTIVE = "active"  # verified: pushes are taken until its lease ends
+    DENIED = "denied"  # the hub refused it
+
+
 class ChannelKind(StrEnum):
     """How a user is notified (``users.channel``, ``notifications.channel``)."""
 

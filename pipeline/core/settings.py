@@ -48,6 +48,7 @@ DEFAULT_ADAPTIVE_MAX_MINUTES = 1440
 # a window): pipeline/notify/notifier.py, docs/runbook.md "Limits".
 DEFAULT_ALERT_LIMIT = 20
 DEFAULT_ALERT_WINDOW_MINUTES = 10
+DEFAULT_WEBSUB_SAFETY_HOURS = 6  # a pushed source's polling interval, at least
 DEFAULT_OWNER_ALERT_FAILURES = 3  # failed fetches in a row before a source's owner is told
 
 
@@ -175,6 +176,11 @@ class Settings:
     # Where readers reach `pipeline serve` (its output feeds' URLs start with it); None:
     # the address it listens on, or, in a feed, the request's own host.
     public_url: str | None = None
+    # WebSub (pipeline/fetching/websub.py): the base URL hubs reach `pipeline serve` at,
+    # whose /websub/ paths take their verifications and pushes; None: no subscriptions.
+    websub_callback_url: str | None = None
+    # A pushed source is still polled, this often (hours): a safety net for lost pushes.
+    websub_safety_hours: int = DEFAULT_WEBSUB_SAFETY_HOURS
 
     def max_runs(self, stage: str) -> int:
         """Runs of ``stage`` (one of STAGES) in flight at once: PIPELINE_<STAGE>_MAX_RUNS."""
@@ -237,4 +243,6 @@ class Settings:
             operator_alert_secret=os.environ.get("PIPELINE_OPERATOR_ALERT_SECRET", "").strip() or None,
             ui_url=(os.environ.get("PIPELINE_UI_URL", "").strip() or DEFAULT_UI_URL).rstrip("/"),
             public_url=_url_env("PIPELINE_PUBLIC_URL"),
+            websub_callback_url=_url_env("PIPELINE_WEBSUB_CALLBACK_URL"),
+            websub_safety_hours=_int_env("PIPELINE_WEBSUB_SAFETY_HOURS", DEFAULT_WEBSUB_SAFETY_HOURS),
         )

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from pipeline.core.errors import FetchError
 from pipeline.core.failures import FailureReason
 from pipeline.core.inputs import MAX_ITEM_ID_CHARS
+from pipeline.fetching import websub
 from pipeline.net.http import Fetcher, FetchResult
 
 # Longer item ids are stored as their hash (pipeline/core/inputs.py says why this long).
@@ -174,6 +175,9 @@ class Outcome:
     # The site a feed says it is of: where a message about an item without a link of its
     # own sends the reader (sources.site_url).
     site_url: str | None = None
+    # The WebSub hub the document advertises, and its topic (pipeline/fetching/websub.py).
+    hub: str | None = None
+    topic: str | None = None
 
 
 class Adapter(Protocol):
@@ -214,7 +218,10 @@ def fetch_and_parse(
     if isinstance(parsed, list):
         parsed = Parsed(parsed)
     hints = [m for m in (fresh, parsed.refresh_minutes) if m is not None]
+    hub, topic = websub.discover(result)
     return Outcome(
+        hub=hub,
+        topic=topic,
         items=parsed.items,
         refresh_minutes=max(hints) if hints else None,
         http_status=result.status,

@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from pipeline.core.errors import FetchError
 from pipeline.core.failures import FailureReason
 from pipeline.core.kinds import SourceType
 from pipeline.core.settings import Settings
+from pipeline.fetching import websub
 from pipeline.fetching.base import Item, Outcome
 from pipeline.fetching.decide import (
     Cadence,
@@ -143,6 +144,8 @@ class Collector:
     _watching: bool = field(default=False, init=False, repr=False, compare=False)
     # Whether any source has an owner (read once per run): if none, no owner is looked up.
     _owned: bool = field(default=False, init=False, repr=False, compare=False)
+    # Whether any source has a WebSub subscription (read once per run).
+    _pushed: bool = field(default=False, init=False, repr=False, compare=False)
 
     def run(self, *, max_sources: int | None = None, concurrency: int | None = None) -> CollectStats:
         """Claim due sources until none is due or ``max_sources`` were claimed."""
@@ -150,6 +153,7 @@ class Collector:
         with self.engine.connect() as conn:
             self._watching = conn.execute(sa.select(schema.watches.c.user_id).limit(1)).first() is not None
             self._owned = owners.any_owned(conn)
+            self._pushed = websub.any_subscribed(conn)
         # Politeness is in the claim: a source is handed out only when its group has room.
         # Each claim writes its sources' started events itself (before any request
         # leaves: a fetch that reached its host always has its event), in its own
@@ -210,7 +214,20 @@ class Collector:
             log.exception("adapter crashed on source %s", source["id"])
             error = FetchError(FailureReason.PARSE_ERROR, f"unexpected {type(exc).__name__}: {exc}")
         duration_ms = int((time.monotonic() - started) * 1000)
+        # Feeds only, for now: a push is read as the rss adapter reads a feed (a YouTube
+        # channel's items are made by its own adapter, and would not be the same items).
+        if self.settings.websub_callback_url and outcome is not None and source["source_type"] == SourceType.RSS and (
+                outcome.hub or (outcome.not_modified and self._pushed)):
+            self._subscribe(source["id"], outcome, fetcher)
         return Fetched(claim, source, outcome, error, datetime.now(UTC), duration_ms)
+
+    def _subscribe(self, source_id: int, outcome: Outcome, fetcher: Fetcher) -> None:
+        """Ask the hub the document advertises to push to us (pipeline/fetching/websub.py),
+        under this fetch's claim; a failure to is logged, never the fetch's."""
+        try:
+            websub.ensure(self.engine, self.settings, fetcher, source_id, outcome.hub, outcome.topic)
+        except Exception:  # a hub's trouble is no failed fetch
+            log.exception("source %s: subscribing at %s failed", source_id, outcome.hub)
 
     # -- storing (on the collector's own thread) ----------------------------------------
 
@@ -253,6 +270,12 @@ class Collector:
             for fetched in batch:
                 self._cap_items(conn, fetched)
                 decisions[fetched.source["id"]] = self._decide(conn, fetched)
+            if self._pushed:  # a pushed source is polled as a safety net only
+                floor = timedelta(hours=self.settings.websub_safety_hours)
+                for source_id in websub.pushed(conn, list(decisions), datetime.now(UTC)):
+                    d = decisions[source_id]
+                    if d.failure is None and d.next_fetch_at < d.fetched_at + floor:
+                        decisions[source_id] = dataclasses.replace(d, next_fetch_at=d.fetched_at + floor)
             completions = {source_id: decision.values() for source_id, decision in decisions.items()}
             fenced = queue.complete_each(
                 [RowCompletion(f.claim, f.source["id"], completions[f.source["id"]]) for f in batch],

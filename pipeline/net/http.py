@@ -18,7 +18,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from importlib.metadata import PackageNotFoundError, version
@@ -288,6 +288,8 @@ class FetchResult:
     content_location: str | None = None
     # How long the response says it stays fresh (Cache-Control max-age, else Expires).
     fresh_seconds: float | None = None
+    # Its Link header's targets by relation, made absolute ({"hub": ..., "self": ...}).
+    links: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def not_modified(self) -> bool:
@@ -477,6 +479,8 @@ class Fetcher:
                 ),
                 etag=response.headers.get("etag"),
                 last_modified=response.headers.get("last-modified"),
+                links={rel: urljoin(current, link["url"]) for rel, link in response.links.items()
+                       if isinstance(rel, str) and link.get("url")},
                 moved_to=moved_to,
                 elapsed_ms=int((time.monotonic() - started) * 1000),
                 fresh_seconds=fresh_for(response.headers, datetime.now(UTC)),

@@ -16,7 +16,14 @@ from sqlalchemy.engine import Dialect
 
 from pipeline.core import cadence
 from pipeline.core.inputs import MAX_ITEM_ID_CHARS, NAME_CHARS
-from pipeline.core.kinds import ChannelKind, NotificationStatus, SourceHealth, SourceType, sql_in
+from pipeline.core.kinds import (
+    ChannelKind,
+    NotificationStatus,
+    SourceHealth,
+    SourceType,
+    WebSubState,
+    sql_in,
+)
 from pipeline.queue.claim import MARIADB, AgedTerm, OrderTerm, QueueSpec, sql_now
 
 _ZERO = timedelta(0)
@@ -517,6 +524,30 @@ source_alerts = sa.Table(
     sa.CheckConstraint(sql_in("event", SourceHealth), name="event"),
     sa.Index(None, "source_id"),
     sa.Index(None, "user_id"),
+)
+
+# A source's WebSub subscription (pipeline/fetching/websub.py): its hub and topic as the
+# feed advertised them, the unguessable path token of its callback
+# (/websub/<callback_token>) and the secret the hub signs pushes with. ``state``:
+# requested (asked, not yet verified), active (verified: pushes are taken until
+# ``lease_until``), denied (the hub refused). Revision 0027.
+websub_subscriptions = sa.Table(
+    "websub_subscriptions",
+    metadata,
+    sa.Column("source_id", IdType, sa.ForeignKey("sources.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("hub", sa.Text(), nullable=False),
+    sa.Column("topic", sa.Text(), nullable=False),
+    sa.Column("callback_token", sa.String(64), nullable=False),
+    sa.Column("secret", sa.String(64), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("requested_at", UTCDateTime(), nullable=False),
+    sa.Column("verified_at", UTCDateTime()),
+    sa.Column("lease_until", UTCDateTime()),
+    sa.Column("pushes", sa.Integer(), nullable=False, server_default=sa.text("0")),
+    sa.Column("last_push_at", UTCDateTime()),
+    sa.Column("last_error", sa.Text()),
+    sa.UniqueConstraint("callback_token"),
+    sa.CheckConstraint(sql_in("state", WebSubState), name="state"),
 )
 
 # The events of ingestion_events: a source handed out for a fetch, and its fetch's end.

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from pipeline.core.kinds import NotificationStatus
+from pipeline.core.kinds import NotificationStatus, WebSubState
 from pipeline.queue.claim import QueueSpec
 from pipeline.storage import counters, db, health, schema
 from pipeline.storage.bulk import on_conflict_insert
@@ -73,6 +73,9 @@ class PipelineStatus:
     lateness: list[health.Lateness]
     # the longest failing sources (at most SHOWN_FAILING), each with since when and why
     failing_sources: list[health.FailingSource]
+    # WebSub subscriptions by state, and when the first active lease ends
+    pushed: dict[str, int] = field(default_factory=dict)
+    first_lease_end: datetime | None = None
 
 
 def _count(conn: sa.Connection, table: sa.Table, *where: sa.ColumnElement[bool]) -> int:
@@ -211,7 +214,17 @@ def collect_status(engine: Engine) -> PipelineStatus:
             lateness=health.lateness_by_hour(conn, LATENESS_HOURS),
             failing_sources=health.which_sources_fail(conn, SHOWN_FAILING) if failing.failing
             or failing.disabled_by_failures else [],
+            **_pushed(conn),
         )
+
+
+def _pushed(conn: sa.Connection) -> dict[str, Any]:
+    """WebSub subscriptions by state (pipeline/fetching/websub.py), and the first active
+    lease's end."""
+    t = schema.websub_subscriptions
+    counts = dict(conn.execute(sa.select(t.c.state, sa.func.count()).group_by(t.c.state)).all())
+    first = conn.execute(sa.select(sa.func.min(t.c.lease_until)).where(t.c.state == WebSubState.ACTIVE)).scalar()
+    return {"pushed": {str(state): int(counts.get(state, 0)) for state in WebSubState}, "first_lease_end": first}
 
 
 def status_as_json(status: PipelineStatus) -> dict[str, Any]:
@@ -283,6 +296,9 @@ def status_as_text(status: PipelineStatus) -> str:
         (f"notifications  {sent}{notes['pending']:,} pending, {notes['failed']:,} retrying,"
          f" {notes['dead']:,} dead, {notes['held']:,} held for digests, quiet hours or alert limits"
          f" ({status.batched:,} held past users' alert limits so far)"),
+        *([f"pushed         {status.pushed['active']:,} by their hubs (WebSub; the first lease ends"
+           f" {_ago(status.first_lease_end, now)}), {status.pushed['requested']:,} awaiting verification,"
+           f" {status.pushed['denied']:,} denied"] if any(status.pushed.values()) else []),
         *([f"filters        {status.failing_filters:,} left out of matching in the last day: they failed"
            " (`pipeline filters list` shows why); every other filter was matched"]
           if status.failing_filters else []),

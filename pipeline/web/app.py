@@ -9,7 +9,8 @@ If-None-Match names the ETag, or, without If-None-Match, whose If-Modified-Since
 older than Last-Modified, gets 304 and no body. A feed is private to whoever holds the
 URL: ``Cache-Control: private``, and no request is logged (its path holds the token).
 A body over 1 KB is gzipped for a client that accepts it (each encoding its own
-ETag). ``GET /healthz`` says whether the database answers. A database that does not answer
+ETag). ``GET /healthz`` says whether the database answers. ``/websub/<token>`` is
+the WebSub callback: a hub's verification (GET) and pushes (POST), pipeline/fetching/websub.py. A database that does not answer
 is 503 with Retry-After, never a traceback.
 """
 
@@ -21,18 +22,23 @@ import logging
 import re
 from collections.abc import Callable, Iterable
 from email.utils import format_datetime, parsedate_to_datetime
+from http import HTTPStatus
 from typing import Any
+from urllib.parse import parse_qs
 from wsgiref.util import application_uri
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from pipeline.catalogue import feeds as catalogue
+from pipeline.core.settings import Settings
+from pipeline.fetching import push, websub
 from pipeline.web.feeds import ATOM_TYPE, JSON_FEED_TYPE, Document, atom, json_feed
 
 log = logging.getLogger(__name__)
 
 _FEED_PATH = re.compile(r"/feeds/([^/.]+)\.(atom|json)")
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{20,100}")  # a WebSub callback's (secrets.token_urlsafe(32))
 FORMATS: dict[str, tuple[str, Callable[[Document], bytes]]] = {
     "atom": (f"{ATOM_TYPE}; charset=utf-8", atom),
     "json": (f"{JSON_FEED_TYPE}; charset=utf-8", json_feed),
@@ -56,13 +62,21 @@ class FeedApp:
     (PIPELINE_PUBLIC_URL), which the feeds' own links start with; None: the request's
     own scheme and host."""
 
-    def __init__(self, engine: Engine, public_url: str | None = None) -> None:
+    def __init__(self, engine: Engine, public_url: str | None = None, settings: Settings | None = None) -> None:
         self.engine = engine
         self.public_url = public_url.rstrip("/") if public_url else None
+        self.settings = settings or Settings(database_url=str(engine.url))
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO", "")
+        if path.startswith(websub.CALLBACK_PATH):
+            try:
+                return self._websub(environ, start_response, path.removeprefix(websub.CALLBACK_PATH), method)
+            except sa.exc.DBAPIError as exc:  # the hub retries a push it could not deliver
+                log.warning("the database did not answer: %s", type(exc).__name__)
+                return _plain(start_response, "503 Service Unavailable", "retry later\n",
+                              [("Retry-After", str(RETRY_AFTER_SECONDS))])
         if method not in ("GET", "HEAD"):
             return _plain(start_response, "405 Method Not Allowed", "only GET and HEAD\n", [("Allow", "GET, HEAD")])
         try:
@@ -104,6 +118,33 @@ class FeedApp:
         start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body))), *encoding,
                                   *headers])
         return [] if head else [body]
+
+
+    def _websub(self, environ: dict[str, Any], start_response: StartResponse, token: str,
+                method: str) -> Iterable[bytes]:
+        """A hub's verification of intent (GET) or distribution (POST) for the
+        subscription ``token`` names (pipeline/fetching/websub.py)."""
+        if not _TOKEN.fullmatch(token):
+            return _plain(start_response, "404 Not Found", "no such subscription\n")
+        if method == "GET":
+            params = {k: v[-1] for k, v in parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True).items()}
+            challenge = websub.verify(self.engine, token, params)
+            if challenge is None:
+                return _plain(start_response, "404 Not Found", "no such subscription\n")
+            return _plain(start_response, "200 OK", challenge)
+        if method != "POST":
+            return _plain(start_response, "405 Method Not Allowed", "GET or POST\n", [("Allow", "GET, POST")])
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= self.settings.max_response_bytes:
+            return _plain(start_response, "413 Content Too Large", "the body is too large\n")
+        body = environ["wsgi.input"].read(length) if length else b""
+        headers = {"content-type": environ.get("CONTENT_TYPE") or "",
+                   "x-hub-signature": environ.get("HTTP_X_HUB_SIGNATURE") or ""}
+        got = push.receive(self.engine, self.settings, token, body, headers)
+        return _plain(start_response, f"{got.status} {HTTPStatus(got.status).phrase}", got.reason + "\n")
 
 
 def _accepts_gzip(header: str) -> bool:

@@ -1,0 +1,62 @@
+"""What a WebSub hub pushes (pipeline/fetching/websub.py), taken in: the callback's
+distribution checked against its subscription's secret, read as the feed adapter reads
+the feed, and stored as a fetch stores it (``store_items``: the same item identity, so
+a pushed item and the next poll are one item). The processor and the notifier take it
+from ``listings_raw`` as they take a fetch's."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from pipeline.core.errors import FetchError
+from pipeline.core.settings import Settings
+from pipeline.fetching import websub
+from pipeline.fetching.collector import store_items
+from pipeline.fetching.rss import read_feed
+from pipeline.storage import schema
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Received:
+    """What became of one distribution: ``status`` to answer with, and why."""
+
+    status: int  # 202 taken (or dropped unsigned), 410 no such subscription (any more), 400 unreadable
+    reason: str
+    stored: int = 0  # new or changed items
+
+
+def receive(engine: Engine, settings: Settings, token: str, body: bytes, headers: Mapping[str, str]) -> Received:
+    """Take a distribution pushed to ``/websub/<token>`` (``headers`` lower-cased)."""
+    t, s = schema.websub_subscriptions, schema.sources
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(t.c.source_id, t.c.topic, t.c.secret, t.c.state, s.c.enabled)
+                           .join(s, s.c.id == t.c.source_id).where(t.c.callback_token == token)).first()
+    if row is None or row.state != websub.ACTIVE or not row.enabled:
+        if row is not None and not row.enabled:  # a disabled source is pushed to no more
+            with engine.begin() as conn:
+                conn.execute(sa.delete(t).where(t.c.callback_token == token))
+        # 410: the hub may end the subscription (section 7); a removed source's row is gone.
+        return Received(410, "no such subscription")
+    if not websub.signed(row.secret, body, headers.get("x-hub-signature")):
+        log.warning("source %s: a push with a bad or missing signature, dropped", row.source_id)
+        return Received(202, "bad or missing signature: dropped")
+    try:
+        items = read_feed(body, row.topic, headers.get("content-type")).items[: settings.max_items_per_fetch]
+    except FetchError as exc:
+        log.warning("source %s: a push that is no feed: %s", row.source_id, exc.message)
+        return Received(400, f"not a feed: {exc.message}")
+    now = datetime.now(UTC)
+    with engine.begin() as conn:
+        stored = store_items(conn, [(row.source_id, items)]).get(row.source_id, 0)
+        conn.execute(sa.update(t).where(t.c.callback_token == token)
+                     .values(pushes=t.c.pushes + 1, last_push_at=now))
+    log.info("source %s: a push of %d items, %d new or changed", row.source_id, len(items), stored)
+    return Received(202, "taken", stored)
