@@ -6,6 +6,7 @@ import multiprocessing
 import re
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -27,6 +28,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextmanager
+def served(app: Any) -> Iterator[str]:
+    """A WSGI application (`pipeline serve`'s) on a real server on a free port, in a
+    thread; yields its base URL."""
+    from pipeline.web.server import serve
+
+    server = serve("127.0.0.1", 0, app)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
 
 
 def worker_processes() -> multiprocessing.context.BaseContext:

@@ -6,7 +6,6 @@ unknown or of someone else open nothing; hostile listing text stays text."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -24,8 +23,7 @@ from pipeline.fetching.jsonfeed import parse_json_feed
 from pipeline.storage import schema
 from pipeline.web import feeds as render
 from pipeline.web.app import FeedApp
-from pipeline.web.server import serve
-from tests.helpers import add_source
+from tests.helpers import add_source, served
 from tests.test_cli import assert_one_line_error, run
 from tests.test_notifier import add_listing, add_user, notifier
 
@@ -33,13 +31,8 @@ from tests.test_notifier import add_listing, add_user, notifier
 @pytest.fixture
 def site(engine) -> Iterator[str]:
     """`pipeline serve`'s application on a real server on a free port (a thread)."""
-    server = serve("127.0.0.1", 0, FeedApp(engine))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-    thread.join(5)
+    with served(FeedApp(engine)) as url:
+        yield url
 
 
 def seeded(engine, receiver) -> dict[str, int]:

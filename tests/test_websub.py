@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qs, urlencode
@@ -25,8 +24,7 @@ from pipeline.fetching.collector import Collector
 from pipeline.net.http import FetchResult
 from pipeline.storage import schema
 from pipeline.web.app import FeedApp
-from pipeline.web.server import serve
-from tests.helpers import add_source
+from tests.helpers import add_source, served
 from tests.http_server import LocalServer
 from tests.test_cli import run
 
@@ -42,14 +40,8 @@ def feed(hub: str, topic: str, items: list[tuple[str, str]], *, advertise: bool 
 @pytest.fixture
 def callback(engine) -> Iterator[str]:
     """`pipeline serve`'s application on a free port (a thread): the callback's base URL."""
-    server = serve("127.0.0.1", 0, FeedApp(engine, settings=Settings(database_url=str(engine.url),
-                                                                       max_response_bytes=20_000)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-    thread.join(5)
+    with served(FeedApp(engine, settings=Settings(database_url=str(engine.url), max_response_bytes=20_000))) as url:
+        yield url
 
 
 @pytest.fixture
@@ -59,6 +51,21 @@ def hub() -> Iterator[LocalServer]:
     srv.routes["/hub"] = lambda h: h.reply(202)
     yield srv
     srv.stop()
+
+
+def subscribed(engine: sa.Engine, hub: LocalServer, callback: str, *, verify: bool) -> tuple[int, dict[str, str]]:
+    """A source of a feed that advertises ``hub``, fetched once: its id and what it
+    asked the hub (verified by the hub when ``verify``)."""
+    topic, hub_url = hub.url("/feed"), hub.url("/hub")
+    hub.routes["/feed"] = lambda h: h.reply(200, feed(hub_url, topic, [("a", "First")]))
+    with engine.begin() as conn:
+        source_id = add_source(conn, topic)
+    collector(engine, callback).run()
+    [asked] = requests_to_hub(hub)
+    if verify:
+        assert httpx.get(asked["hub.callback"] + "?" + urlencode(
+            {"hub.mode": "subscribe", "hub.topic": topic, "hub.challenge": "c"})).text == "c"
+    return source_id, asked
 
 
 def collector(engine: sa.Engine, callback: str) -> Collector:
@@ -150,12 +157,8 @@ def test_a_feed_with_a_hub_is_subscribed_verified_and_pushed_to_once(engine, hub
 
 def test_a_lapsed_or_denied_subscription_is_asked_again_and_the_source_polls_on_its_own_cadence(engine, hub,
                                                                                                  callback):
-    topic, hub_url = hub.url("/feed"), hub.url("/hub")
-    hub.routes["/feed"] = lambda h: h.reply(200, feed(hub_url, topic, [("a", "First")]))
-    with engine.begin() as conn:
-        source_id = add_source(conn, topic)
-    collector(engine, callback).run()
-    [asked] = requests_to_hub(hub)
+    topic = hub.url("/feed")
+    source_id, asked = subscribed(engine, hub, callback, verify=False)
     denied = httpx.get(asked["hub.callback"] + "?" + urlencode({"hub.mode": "denied", "hub.topic": topic,
                                                                    "hub.reason": "not here"}))
     assert denied.status_code == 200
@@ -189,13 +192,7 @@ def test_a_lapsed_or_denied_subscription_is_asked_again_and_the_source_polls_on_
 
 def test_a_disabled_source_s_pushes_end_its_subscription(engine, hub, callback):
     topic, hub_url = hub.url("/feed"), hub.url("/hub")
-    hub.routes["/feed"] = lambda h: h.reply(200, feed(hub_url, topic, [("a", "First")]))
-    with engine.begin() as conn:
-        source_id = add_source(conn, topic)
-    collector(engine, callback).run()
-    [asked] = requests_to_hub(hub)
-    httpx.get(asked["hub.callback"] + "?" + urlencode({"hub.mode": "subscribe", "hub.topic": topic,
-                                                       "hub.challenge": "c"}))
+    source_id, asked = subscribed(engine, hub, callback, verify=True)
     with engine.begin() as conn:
         sources.disable_source(conn, source_id)
     body = feed(hub_url, topic, [("b", "Second")])
