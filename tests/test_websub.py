@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qs, urlencode
@@ -17,16 +18,17 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from pipeline.catalogue import sources
+from pipeline.catalogue import sources, users
 from pipeline.core.settings import Settings
 from pipeline.fetching import websub
 from pipeline.fetching.collector import Collector
 from pipeline.net.http import FetchResult
 from pipeline.storage import schema
 from pipeline.web.app import FeedApp
-from tests.helpers import add_source, served
+from tests.helpers import add_source, served, wait_until
 from tests.http_server import LocalServer
 from tests.test_cli import run
+from tests.test_notifier import SECRET
 
 
 def feed(hub: str, topic: str, items: list[tuple[str, str]], *, advertise: bool = True) -> bytes:
@@ -40,7 +42,8 @@ def feed(hub: str, topic: str, items: list[tuple[str, str]], *, advertise: bool 
 @pytest.fixture
 def callback(engine) -> Iterator[str]:
     """`pipeline serve`'s application on a free port (a thread): the callback's base URL."""
-    with served(FeedApp(engine, settings=Settings(database_url=str(engine.url), max_response_bytes=20_000))) as url:
+    settings = Settings(database_url=str(engine.url), max_response_bytes=20_000, allow_networks=("127.0.0.1/32",))
+    with served(FeedApp(engine, settings=settings)) as url:
         yield url
 
 
@@ -95,6 +98,9 @@ def test_a_feed_with_a_hub_is_subscribed_verified_and_pushed_to_once(engine, hub
                                             {"Content-Type": "application/rss+xml"})
     with engine.begin() as conn:
         source_id = add_source(conn, topic)
+        users.add_user(conn, "alice", webhook=hub.url("/hook"), secret=SECRET)
+        users.add_filter(conn, "alice", "second")
+    hub.routes["/hook"] = lambda h: h.reply(204)
     assert collector(engine, callback).run().succeeded == 1
     [asked] = requests_to_hub(hub)
     assert (asked["hub.mode"], asked["hub.topic"]) == ("subscribe", topic)
@@ -120,6 +126,10 @@ def test_a_feed_with_a_hub_is_subscribed_verified_and_pushed_to_once(engine, hub
     pushed = httpx.post(asked["hub.callback"], content=body,
                         headers={"Content-Type": "application/rss+xml", "X-Hub-Signature": signature(secret, body)})
     assert pushed.status_code == 202 and raw_titles(engine) == ["First", "Second"]
+    # Processed and notified at once by the service itself: no stage run, no sensor tick.
+    delivered = wait_until("the pushed item's alert", lambda: [
+        json.loads(r["body"]) for r in hub.requests if r["path"] == "/hook"], timeout=60, every=0.05)
+    assert [d["listing"]["title"] for d in delivered] == ["Second"]
     for method in ("sha1", "sha384", "sha512"):  # every algorithm the Recommendation names
         again = feed(hub_url, topic, [(f"{method}", method)])
         assert httpx.post(asked["hub.callback"], content=again,

@@ -33,6 +33,7 @@ from sqlalchemy.engine import Engine
 from pipeline.catalogue import feeds as catalogue
 from pipeline.core.settings import Settings
 from pipeline.fetching import push, websub
+from pipeline.web.after_push import AfterPush
 from pipeline.web.feeds import ATOM_TYPE, JSON_FEED_TYPE, Document, atom, json_feed
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class FeedApp:
         self.engine = engine
         self.public_url = public_url.rstrip("/") if public_url else None
         self.settings = settings or Settings(database_url=str(engine.url))
+        self.after_push = AfterPush(engine, self.settings)  # processes and notifies what pushes store
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
@@ -144,6 +146,8 @@ class FeedApp:
         headers = {"content-type": environ.get("CONTENT_TYPE") or "",
                    "x-hub-signature": environ.get("HTTP_X_HUB_SIGNATURE") or ""}
         got = push.receive(self.engine, self.settings, token, body, headers)
+        if got.stored:
+            self.after_push.wake()
         return _plain(start_response, f"{got.status} {HTTPStatus(got.status).phrase}", got.reason + "\n")
 
 
