@@ -23,7 +23,7 @@ from pipeline.core.settings import Settings
 from pipeline.fetching import websub
 from pipeline.fetching.collector import Collector
 from pipeline.net.http import FetchResult
-from pipeline.storage import schema
+from pipeline.storage import counters, schema
 from pipeline.web.app import FeedApp
 from tests.helpers import add_source, served, wait_until
 from tests.http_server import LocalServer
@@ -145,6 +145,10 @@ def test_a_feed_with_a_hub_is_subscribed_verified_and_pushed_to_once(engine, hub
     assert httpx.post(asked["hub.callback"], content=big,
                       headers={"X-Hub-Signature": signature(secret, big)}).status_code == 413
     assert "Forged" not in raw_titles(engine)
+    with engine.connect() as conn:  # every push counted, every refusal by why
+        counted = counters.totals(conn, [counters.WEBSUB_PUSHES.name])
+    assert {label: int(v) for (_, label), v in counted.items() if v} == {
+        "taken": 4, "bad_signature": 3, "too_large": 1}
     assert httpx.post(f"{callback}/websub/{'A' * 43}", content=body,
                       headers={"X-Hub-Signature": signature(secret, body)}).status_code == 410, "not ours"
 

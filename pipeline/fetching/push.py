@@ -19,7 +19,7 @@ from pipeline.core.settings import Settings
 from pipeline.fetching import websub
 from pipeline.fetching.collector import store_items
 from pipeline.fetching.rss import read_feed
-from pipeline.storage import schema
+from pipeline.storage import counters, schema
 
 log = logging.getLogger(__name__)
 
@@ -44,19 +44,32 @@ def receive(engine: Engine, settings: Settings, token: str, body: bytes, headers
             with engine.begin() as conn:
                 conn.execute(sa.delete(t).where(t.c.callback_token == token))
         # 410: the hub may end the subscription (section 7); a removed source's row is gone.
-        return Received(410, "no such subscription")
+        return refused(engine, "no_subscription", Received(410, "no such subscription"))
     if not websub.signed(row.secret, body, headers.get("x-hub-signature")):
         log.warning("source %s: a push with a bad or missing signature, dropped", row.source_id)
-        return Received(202, "bad or missing signature: dropped")
+        return refused(engine, "bad_signature", Received(202, "bad or missing signature: dropped"))
     try:
         items = read_feed(body, row.topic, headers.get("content-type")).items[: settings.max_items_per_fetch]
     except FetchError as exc:
         log.warning("source %s: a push that is no feed: %s", row.source_id, exc.message)
-        return Received(400, f"not a feed: {exc.message}")
+        return refused(engine, "not_a_feed", Received(400, f"not a feed: {exc.message}"))
     now = datetime.now(UTC)
     with engine.begin() as conn:
         stored = store_items(conn, [(row.source_id, items)]).get(row.source_id, 0)
         conn.execute(sa.update(t).where(t.c.callback_token == token)
                      .values(pushes=t.c.pushes + 1, last_push_at=now))
+        taken = counters.tally()
+        counters.WEBSUB_PUSHES.count(taken, value="taken")
+        counters.ITEMS_STORED.count(taken, stored)
+        counters.add(conn, taken)  # last: pipeline/storage/counters.py
     log.info("source %s: a push of %d items, %d new or changed", row.source_id, len(items), stored)
     return Received(202, "taken", stored)
+
+
+def refused(engine: Engine, outcome: str, answer: Received) -> Received:
+    """Count a refused push (``counters.PUSH_OUTCOMES``) and return ``answer``."""
+    counts = counters.tally()
+    counters.WEBSUB_PUSHES.count(counts, value=outcome)
+    with engine.begin() as conn:
+        counters.add(conn, counts)
+    return answer

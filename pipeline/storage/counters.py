@@ -146,8 +146,19 @@ DELIVERY_LATENCY = Histogram(
     buckets=(1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0),
 )
 
+# WebSub pushes (pipeline/fetching/push.py, pipeline/web/app.py)
+PUSH_OUTCOMES = ("taken", "bad_signature", "no_subscription", "too_large", "not_a_feed")
+WEBSUB_PUSHES = Counter(
+    "pipeline_websub_pushes_total",
+    "Pushes from WebSub hubs, by outcome: taken, or refused (a bad or missing signature, acknowledged"
+    " and dropped; no such subscription, or its source disabled; over PIPELINE_MAX_RESPONSE_BYTES;"
+    " not a feed).",
+    label="outcome", known=PUSH_OUTCOMES,
+)
+
 COUNTERS = (SOURCES_CLAIMED, SOURCES_FETCHED, SOURCES_FETCH_ERRORS, ITEMS_STORED, RAW_ROWS_PROCESSED,
-            LISTINGS_MATCHED, NOTIFICATIONS_CREATED, NOTIFICATIONS_BATCHED, FILTER_FAILURES, DELIVERIES)
+            LISTINGS_MATCHED, NOTIFICATIONS_CREATED, NOTIFICATIONS_BATCHED, FILTER_FAILURES, DELIVERIES,
+            WEBSUB_PUSHES)
 HISTOGRAMS = (FETCH_DURATION, DELIVERY_LATENCY)
 
 
