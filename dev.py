@@ -226,8 +226,6 @@ def up(args: list[str]) -> int:
     code = run([str(BIN / "pipeline"), "db", "upgrade"], env=env)
     if code != 0:
         return code
-    # The output feeds' web service (`pipeline serve`, http://127.0.0.1:8790/feeds/...).
-    web = subprocess.Popen([str(BIN / "pipeline"), "serve"], cwd=ROOT, env=env)
     site = None
     if demo:
         # The demo's sources live on 127.0.0.1, which the SSRF guard refuses unless allowed.
@@ -235,6 +233,12 @@ def up(args: list[str]) -> int:
         # The demo's feeds gain an item a minute: sensors that look every 10 s (instead
         # of production's 30) keep an item's wait for its run short (bench/freshness.py).
         env.setdefault("PIPELINE_SENSOR_INTERVAL_SECONDS", "10")
+        # The demo's job board is pushed by the demo site's WebSub hub to `pipeline serve`.
+        env.setdefault("PIPELINE_WEBSUB_CALLBACK_URL", f"http://127.0.0.1:{env.get('PIPELINE_WEB_PORT', '8790')}")
+    # The output feeds' web service (`pipeline serve`, http://127.0.0.1:8790/feeds/...),
+    # and the WebSub callback: what a push brings, it processes and notifies at once.
+    web = subprocess.Popen([str(BIN / "pipeline"), "serve"], cwd=ROOT, env=env)
+    if demo:
         site = subprocess.Popen([str(BIN / "pipeline"), "demo", "serve"], cwd=ROOT, env=env)
         code = run([str(BIN / "pipeline"), "demo", "seed"], env=env)
         if code != 0 or not answers(f"http://127.0.0.1:{env.get('PIPELINE_DEMO_PORT', '8780')}/"):

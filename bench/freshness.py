@@ -9,6 +9,8 @@ and reads the records it left:
 * appear -> delivered: a notification's ``sent_at`` less its listing's ``published_at``
   (the demo publishes item k at a moment drawn in its k-th period and lists it from then on);
 * fetch -> delivered: ``sent_at`` less the first ``fetched_at`` of the item's raw row;
+* both for the pushed items (the job board, which the demo site's WebSub hub pushes to
+  ``pipeline serve``) beside the polled ones (the other feeds), in the same run;
 * runs: Dagster's runs in the window, per job; the sensors' runs per day at that rate
   (scheduled runs come by their schedules: one in the window says nothing of a day).
 
@@ -97,17 +99,19 @@ def main() -> None:
         from pipeline.storage import db, schema
 
         engine = db.create_engine(f"sqlite:///{state / 'pipeline.db'}")
-        n, listing, raw = schema.notifications, schema.listings, schema.listings_raw
+        n, listing, raw, pushed = schema.notifications, schema.listings, schema.listings_raw, schema.websub_subscriptions
         first_fetch = (
             sa.select(raw.c.source_id, raw.c.source_item_id, sa.func.min(raw.c.fetched_at).label("fetched_at"))
             .group_by(raw.c.source_id, raw.c.source_item_id).subquery()
         )
         with engine.connect() as conn:
             rows = conn.execute(
-                sa.select(listing.c.published_at, first_fetch.c.fetched_at, n.c.sent_at)
+                sa.select(listing.c.published_at, first_fetch.c.fetched_at, n.c.sent_at,
+                          (pushed.c.state == "active").label("pushed"))
                 .join(listing, listing.c.id == n.c.listing_id)
                 .join(first_fetch, sa.and_(first_fetch.c.source_id == listing.c.source_id,
                                            first_fetch.c.source_item_id == listing.c.source_item_id))
+                .outerjoin(pushed, pushed.c.source_id == listing.c.source_id)
                 .where(n.c.sent_at.is_not(None), listing.c.published_at >= window_start,
                        listing.c.published_at < window_end)
             ).all()
@@ -121,15 +125,20 @@ def main() -> None:
                 filters=dg.RunsFilter(created_after=window_start, created_before=window_end))]
         by_job = Counter(run.job_name for run in runs)
 
-    appear = [(sent - published).total_seconds() for published, _, sent in rows]
-    fetch = [(sent - fetched).total_seconds() for _, fetched, sent in rows]
     minutes = (window_end - window_start).total_seconds() / 60
     print(f"{len(rows)} items appeared and were delivered in {minutes:.1f} min")
-    if rows:
-        print(f"appear -> delivered: median {statistics.median(appear):.1f} s, p90 {percentile(appear, 90):.1f} s,"
-              f" range {min(appear):.1f}-{max(appear):.1f} s")
-        print(f"fetch -> delivered:  median {statistics.median(fetch):.1f} s, p90 {percentile(fetch, 90):.1f} s,"
-              f" range {min(fetch):.1f}-{max(fetch):.1f} s")
+    # Pushed (the job board, by the demo site's WebSub hub) beside polled (the other feeds).
+    for label, chosen in (("all", rows), ("pushed", [r for r in rows if r.pushed]),
+                          ("polled", [r for r in rows if not r.pushed])):
+        if not chosen:
+            continue
+        appear = [(r.sent_at - r.published_at).total_seconds() for r in chosen]
+        fetch = [(r.sent_at - r.fetched_at).total_seconds() for r in chosen]
+        print(f"{label} ({len(chosen)} items):")
+        print(f"  appear -> delivered: median {statistics.median(appear):.1f} s, p90 {percentile(appear, 90):.1f} s,"
+              f" p95 {percentile(appear, 95):.1f} s, range {min(appear):.1f}-{max(appear):.1f} s")
+        print(f"  fetch -> delivered:  median {statistics.median(fetch):.1f} s, p90 {percentile(fetch, 90):.1f} s,"
+              f" p95 {percentile(fetch, 95):.1f} s, range {min(fetch):.1f}-{max(fetch):.1f} s")
     # Only the sensors' runs come at a rate the window can tell: a scheduled run (the hourly
     # health checks, the daily upkeep) comes by its schedule, once in a window or not at all.
     sensed = [run for run in runs if "dagster/sensor_name" in run.tags]

@@ -173,3 +173,53 @@ def test_items_appear_off_the_beat_yet_in_order_and_latest_agrees() -> None:
     for k in (5, 50, 150):
         for now in (moments[k], moments[k + 1] - timedelta(microseconds=1)):
             assert JOBS.latest(now) == k
+
+
+def test_the_demo_hub_pushes_each_new_job_and_the_service_alerts_at_once(engine, site, tmp_path):
+    """The demo's job board advertises the demo site's hub: the collector subscribes
+    (PIPELINE_WEBSUB_CALLBACK_URL at `pipeline serve`'s app), the hub verifies on its
+    thread, and when the site's clock passes a new job the hub pushes it and the service
+    processes and delivers it itself: no stage runs after the first fetch. Waits for
+    states (the verification, the push's delivery), never for a moment."""
+    from pipeline.fetching import websub
+    from pipeline.web.app import FeedApp
+    from tests.helpers import served, wait_until
+
+    with engine.begin() as conn:
+        content.seed(conn, site.url)
+    settings = Settings(database_url=str(engine.url), allow_networks=("127.0.0.1/32",), alert_limit=1000)
+    app = FeedApp(engine, settings=settings)
+    with served(app) as callback:
+        fetching = Settings(database_url=str(engine.url), allow_networks=("127.0.0.1/32",), alert_limit=1000,
+                            websub_callback_url=callback)
+        Collector(engine, fetching, "demo-test").run()
+        board = schema.sources.c.url == site.url + content.JOBS_PATH
+        with engine.connect() as conn:
+            board_id = conn.execute(sa.select(schema.sources.c.id).where(board)).scalar_one()
+
+        def verified() -> bool:
+            with engine.connect() as conn:
+                return bool(websub.pushed(conn, [board_id], datetime.now(UTC)))
+
+        wait_until("the hub's verification of intent", verified, timeout=60, every=0.1)
+        Processor(engine, settings, "demo-test").run()
+        Notifier(engine, settings, "demo-test").run()
+        before = received(site)["total"]
+        # The next jobs appear: the hub pushes, the service alerts the users they match.
+        site.move_to(SITE_NOW + 10 * content.JOBS.period)
+        newest = content.JOBS.latest(SITE_NOW + 10 * content.JOBS.period)
+
+        def pushed_and_stored() -> bool:
+            with engine.connect() as conn:
+                return conn.execute(sa.select(sa.func.count()).select_from(schema.listings).where(
+                    schema.listings.c.source_item_id == f"job-{newest}")).scalar_one() == 1
+
+        wait_until("the pushed job processed by the service", pushed_and_stored, timeout=60, every=0.1)
+        assert site.hub.pushes >= 1
+        wait_until("the service's round after the push", lambda: app.after_push.rounds >= 1, timeout=60, every=0.1)
+        n, listings = schema.notifications, schema.listings
+        pushed_jobs = [f"job-{k}" for k in range(content.JOBS.latest(SITE_NOW) + 1, newest + 1)]
+        with engine.connect() as conn:  # the pushed jobs' notifications: each sent (or held for a digest)
+            told = conn.execute(sa.select(n.c.status).join(listings, listings.c.id == n.c.listing_id).where(
+                listings.c.source_id == board_id, listings.c.source_item_id.in_(pushed_jobs))).scalars().all()
+        assert told and "pending" not in told and received(site)["total"] - before == told.count("sent"), told

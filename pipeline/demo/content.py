@@ -38,6 +38,7 @@ DEMO_WATCH = '"python meetup" OR "rust workshop"'
 # most PRICE_RISES times.
 PRICE_FROM, PRICE_STEP, PRICE_EVERY, PRICE_RISES = 10, 5, timedelta(minutes=4), 3
 INTERVAL_MINUTES = 1
+HUB_PATH, JOBS_PATH = "/hub", "/feeds/jobs.rss"  # the demo site's WebSub hub, and the feed it pushes
 
 _ROLES = (
     "Senior Python developer", "Rust engineer", "Data engineer (Python, SQL)",
@@ -105,8 +106,11 @@ def _jobs(base: str, ks: list[int], _now: datetime) -> bytes:
             f"<pubDate>{format_datetime(JOBS.published(k), usegmt=True)}</pubDate>"
             f"<category>jobs</category><description>{html.escape(summary)}</description></item>"
         )
+    # It advertises the demo site's WebSub hub (pipeline/demo/site.py): subscribed, the
+    # pipeline is pushed each new job within a second of its appearing.
     return (
-        '<?xml version="1.0" encoding="utf-8"?><rss version="2.0"><channel>'
+        '<?xml version="1.0" encoding="utf-8"?><rss version="2.0" xmlns:atom="http://www.w3.org/2005/Atom">'
+        f'<channel><atom:link rel="hub" href="{base}{HUB_PATH}"/><atom:link rel="self" href="{base}{JOBS_PATH}"/>'
         f"<title>Demo job board</title><link>{base}/</link><description>New jobs every minute</description>"
         + "".join(items) + "</channel></rss>"
     ).encode()
@@ -186,7 +190,7 @@ def _videos(base: str, ks: list[int], _now: datetime) -> bytes:
     ).encode()
 
 
-JOBS = Feed("/feeds/jobs.rss", timedelta(minutes=1), 20, _jobs, "application/rss+xml")
+JOBS = Feed(JOBS_PATH, timedelta(minutes=1), 20, _jobs, "application/rss+xml")
 NEWS = Feed("/feeds/news.atom", timedelta(seconds=90), 20, _news, "application/atom+xml")
 EVENTS = Feed("/events.html", timedelta(minutes=2), 10, _events, "text/html; charset=utf-8",
               changes_every=PRICE_EVERY)

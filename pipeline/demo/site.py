@@ -1,21 +1,33 @@
-"""The demo site: its feeds over HTTP on 127.0.0.1, and a webhook receiver whose home page
-lists the signed deliveries it received."""
+"""The demo site: its feeds over HTTP on 127.0.0.1, a WebSub hub that pushes its job
+board, and a webhook receiver whose home page lists the signed deliveries it received."""
 
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import html
 import json
+import secrets
 import threading
+import urllib.request
 from collections.abc import Callable
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from pipeline.core.settings import DEFAULT_DEMO_PORT
-from pipeline.demo.content import CHANNEL_ID, DEMO_SECRET, DEMO_USER, FEEDS, Feed
+from pipeline.demo.content import (
+    CHANNEL_ID,
+    DEMO_SECRET,
+    DEMO_USER,
+    FEEDS,
+    HUB_PATH,
+    JOBS_PATH,
+    Feed,
+)
 from pipeline.notify.delivery import IDEMPOTENCY_HEADER, headline, verify
 
 
@@ -72,6 +84,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if urlsplit(self.path).path == HUB_PATH:
+            status = self.server.hub.request({k: v[-1] for k, v in parse_qs(body.decode("utf-8", "replace")).items()},
+                                             self.server.url)
+            self._reply(status, b"", "text/plain")
+            return
         if urlsplit(self.path).path != "/hook":
             self._reply(404, b"not found", "text/plain")
             return
@@ -140,6 +157,71 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # the pipeline's own telemetry says what was fetched
 
 
+class Hub:
+    """The demo site's WebSub hub, for its job board (``content.JOBS_PATH``), as a hub
+    does it: a subscription request is answered 202 and its intent verified on a thread
+    (a GET of the callback, which must echo the challenge); each new job is then pushed
+    to every verified subscriber within a second of its appearing, signed
+    ``X-Hub-Signature: sha256=...`` with the subscriber's secret. Loopback only, as the
+    whole demo: a callback elsewhere is refused."""
+
+    def __init__(self, site: DemoSite) -> None:
+        self.site = site
+        self.lock = threading.Lock()
+        self.subscribers: dict[str, str] = {}  # callback -> secret, once verified
+        # The newest job pushed: a hub pushes what is published after it starts, never the past.
+        self.published = FEEDS[JOBS_PATH].latest(site.clock())
+        self.pushes = 0
+        self._stop = threading.Event()
+
+    def request(self, form: dict[str, str], site: str) -> int:
+        callback, topic = form.get("hub.callback", ""), form.get("hub.topic", "")
+        if (form.get("hub.mode") != "subscribe" or topic != f"{site}{JOBS_PATH}"
+                or urlsplit(callback).hostname != "127.0.0.1" or not form.get("hub.secret")):
+            return 400
+        threading.Thread(target=self._verify, args=(callback, topic, form["hub.secret"]), daemon=True).start()
+        return 202
+
+    def _verify(self, callback: str, topic: str, secret: str) -> None:
+        challenge = secrets.token_urlsafe(16)
+        query = urlencode({"hub.mode": "subscribe", "hub.topic": topic, "hub.challenge": challenge,
+                           "hub.lease_seconds": "864000"})
+        try:
+            with urllib.request.urlopen(f"{callback}?{query}", timeout=10) as answer:  # noqa: S310 (loopback)
+                verified = answer.status == 200 and answer.read().decode() == challenge
+        except OSError:
+            verified = False
+        if verified:
+            with self.lock:
+                self.subscribers[callback] = secret
+
+    def run(self) -> None:
+        """Push each new job to the verified subscribers (a thread of the site's)."""
+        feed = FEEDS[JOBS_PATH]
+        while not self._stop.wait(0.5):
+            now = self.site.clock()
+            latest = feed.latest(now)
+            with self.lock:
+                subscribers = dict(self.subscribers)
+                new = latest > self.published
+                self.published = latest
+            if not (new and subscribers):
+                continue
+            body = feed.render(self.site.url, list(range(latest, max(latest - feed.shown, -1), -1)), now)
+            for callback, secret in subscribers.items():
+                signature = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+                request = urllib.request.Request(callback, data=body, method="POST", headers={
+                    "Content-Type": feed.content_type, "X-Hub-Signature": f"sha256={signature}"})
+                try:
+                    with urllib.request.urlopen(request, timeout=10):  # noqa: S310 (loopback)
+                        self.pushes += 1
+                except OSError:  # a subscriber that is away misses this push; polling has it
+                    pass
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 class DemoSite(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -148,6 +230,12 @@ class DemoSite(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", port), _Handler)
         self.deliveries = Deliveries(deliveries_file)
         self.clock = clock  # what the feeds show is a function of it (content.Feed)
+        self.hub = Hub(self)
+        threading.Thread(target=self.hub.run, name="demo-hub", daemon=True).start()
+
+    def server_close(self) -> None:
+        self.hub.stop()
+        super().server_close()
 
     @property
     def url(self) -> str:
