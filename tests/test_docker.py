@@ -296,7 +296,8 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
             token = feeds.add_feed(conn, next(iter(FILTERS))).token
         assert through_proxy(proxy_port, f"/feeds/{token}.atom", None, ca) == 200
         assert through_proxy(proxy_port, "/feeds/" + "x" * 32 + ".atom", None, ca) == 404
-        assert through_proxy(proxy_port, "/healthz", None, ca) == 401, "only /feeds/ is open"
+        assert through_proxy(proxy_port, "/websub/" + "x" * 43, None, ca) == 404, "the WebSub callback is open"
+        assert through_proxy(proxy_port, "/healthz", None, ca) == 401, "only /feeds/ and /websub/ are open"
         runs = {run_worker(r.dagster_run.run_id): r for r in instance.get_run_records()}
         assert set(holders) <= set(runs), f"the claims' holders are Dagster runs: {holders}"
 

@@ -118,8 +118,9 @@ def test_every_service_listens_on_loopback_has_a_healthcheck_and_waits_for_what_
     assert ":?" in services["proxy"]["environment"]["PIPELINE_PROXY_PASSWORD_HASH"]
     caddyfile = (DEPLOY / "proxy" / "Caddyfile").read_text()
     assert "basicauth" in caddyfile and "tls {$PIPELINE_PROXY_TLS:internal}" in caddyfile
-    # Only the output feeds pass without the login (tests/test_docker.py tries both).
+    # Only the output feeds and the WebSub callback pass without the login (tests/test_docker.py tries the feeds).
     assert "handle /feeds/* {\n\t\treverse_proxy 127.0.0.1:{$PIPELINE_WEB_PORT:8790}\n\t}" in caddyfile
+    assert "handle /websub/* {\n\t\treverse_proxy 127.0.0.1:{$PIPELINE_WEB_PORT:8790}\n\t}" in caddyfile
 
 
 def test_the_dockerfile_builds_on_the_usual_python_image_by_default():
