@@ -93,6 +93,8 @@ def signature(secret: str, body: bytes, method: str = "sha256") -> str:
 
 
 def test_a_feed_with_a_hub_is_subscribed_verified_and_pushed_to_once(engine, hub, callback):
+    """Waits for a state: the pushed item's alert, which the service's own thread
+    delivers after the push is answered."""
     topic, hub_url = hub.url("/feed"), hub.url("/hub")
     hub.routes["/feed"] = lambda h: h.reply(200, feed(hub_url, topic, [("a", "First")]),
                                             {"Content-Type": "application/rss+xml"})
