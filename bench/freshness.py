@@ -67,13 +67,14 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-freshness-") as tmp:
         state = Path(tmp)
-        demo_port, ui_port = free_port(), free_port()
+        demo_port, ui_port, web_port = free_port(), free_port(), free_port()
         env = {k: v for k, v in os.environ.items()
                if k not in ("DATABASE_URL", "DAGSTER_HOME", "PIPELINE_ALLOW_NETWORKS")}
         # The demo's first fetches bring its backlog at once: past PIPELINE_ALERT_LIMIT (20)
         # the rest of the first window goes out as one summary ten minutes in, which is
         # flood control, not freshness. Measured here is the steady flow, the limit lifted.
-        env.update(PIPELINE_STATE_DIR=str(state), PIPELINE_DEMO_PORT=str(demo_port), PIPELINE_ALERT_LIMIT="1000000")
+        env.update(PIPELINE_STATE_DIR=str(state), PIPELINE_DEMO_PORT=str(demo_port), PIPELINE_WEB_PORT=str(web_port),
+                   PIPELINE_ALERT_LIMIT="1000000")
         log = (state / "dev-up.log").open("wb")
         process = subprocess.Popen([sys.executable, str(ROOT / "dev.py"), "up", "-p", str(ui_port)],
                                    cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

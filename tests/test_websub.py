@@ -240,3 +240,15 @@ def test_no_subscription_without_a_callback_url(engine, hub):
     settings = Settings(database_url=str(engine.url), allow_networks=("127.0.0.1/32",))
     assert Collector(engine, settings, "test").run().succeeded == 1
     assert requests_to_hub(hub) == []
+
+
+def test_a_hub_named_in_the_link_header_is_subscribed_to(engine, hub, callback):
+    """websub.rocks 100: the hub and topic in HTTP Link headers, none in the document."""
+    topic, hub_url = hub.url("/feed"), hub.url("/hub")
+    hub.routes["/feed"] = lambda h: h.reply(200, feed(hub_url, topic, [("a", "First")], advertise=False), {
+        "Content-Type": "application/rss+xml", "Link": f'<{hub_url}>; rel="hub", <{topic}>; rel="self"'})
+    with engine.begin() as conn:
+        add_source(conn, topic)
+    collector(engine, callback).run()
+    [asked] = requests_to_hub(hub)
+    assert (asked["hub.mode"], asked["hub.topic"]) == ("subscribe", topic)
