@@ -9,9 +9,9 @@ If-None-Match names the ETag, or, without If-None-Match, whose If-Modified-Since
 older than Last-Modified, gets 304 and no body. A feed is private to whoever holds the
 URL: ``Cache-Control: private``, and no request is logged (its path holds the token).
 A body over 1 KB is gzipped for a client that accepts it (each encoding its own
-ETag). ``GET /healthz`` says whether the database answers. ``/websub/<token>`` is
-the WebSub callback: a hub's verification (GET) and pushes (POST), pipeline/fetching/websub.py. A database that does not answer
-is 503 with Retry-After, never a traceback.
+ETag). ``GET /healthz`` says whether the database answers. ``/websub/<token>`` is the
+WebSub callback: a hub's verification (GET) and pushes (POST), pipeline/fetching/websub.py.
+A database that does not answer is 503 with Retry-After, never a traceback.
 """
 
 from __future__ import annotations
@@ -120,7 +120,6 @@ class FeedApp:
         start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body))), *encoding,
                                   *headers])
         return [] if head else [body]
-
 
     def _websub(self, environ: dict[str, Any], start_response: StartResponse, token: str,
                 method: str) -> Iterable[bytes]:
