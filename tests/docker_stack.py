@@ -38,6 +38,9 @@ BASE_RECIPE = {
 }
 IMAGE = "listings-pipeline:test"
 WHEELS = ROOT / ".docker-wheels"  # in the build context; .gitignore'd
+# Dependencies with no wheel on the package index, only a source archive of pure Python:
+# extruct's jstyleson (pipeline/fetching/structured.py).
+SOURCE_ONLY = ("jstyleson==0.0.2",)
 
 
 class NoDocker(Exception):
@@ -189,10 +192,17 @@ def wheelhouse(docker: Docker, base: str) -> None:
     cached = CACHE / f"wheels-{_key([(ROOT / 'pyproject.toml').read_text(), python])}"
     if not cached.exists():
         partial = Path(tempfile.mkdtemp(dir=CACHE, prefix="wheels-"))
+        # Dependencies published as source only (pure Python), built into wheels here, where
+        # the binary-only download below finds them (--find-links).
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps",
+             "--wheel-dir", str(partial), *SOURCE_ONLY],
+            check=True, capture_output=True, timeout=900,
+        )
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-             "--dest", str(partial), "--python-version", python, "--only-binary=:all:",
-             "setuptools>=68", "wheel", f"{ROOT}[docker]"],
+             "--dest", str(partial), "--find-links", str(partial), "--python-version", python,
+             "--only-binary=:all:", "setuptools>=68", "wheel", f"{ROOT}[docker]"],
             check=True, capture_output=True, timeout=900,
         )
         for own in partial.glob("listings_pipeline*"):
