@@ -16,7 +16,7 @@ from pipeline.core.errors import UserError
 from pipeline.core.kinds import NotificationStatus
 from pipeline.core.settings import Settings
 from pipeline.net.http import Fetcher
-from pipeline.notify.delivery import Item, Message, channels, overlapping_secret
+from pipeline.notify.delivery import Item, Message, channels
 from pipeline.notify.notifier import load_messages
 from pipeline.queue.claim import UNCLAIMED
 from pipeline.storage import schema
@@ -91,12 +91,7 @@ def send_test(engine: sa.Engine, settings: Settings, user: str) -> Message:
         "id": None, "url": None, "title": "Test notification",
         "summary": f"Sent by `pipeline users test` at {now:%Y-%m-%d %H:%M:%S} UTC: this channel works.",
         "published_at": now.isoformat(), "source_id": None})
-    message = Message(
-        notification_id=0, user_id=row.id, user_name=row.name, channel=row.channel, channel_url=row.channel_url,
-        secret=row.secret, previous_secret=overlapping_secret(row.previous_secret, row.previous_secret_until, now),
-        items=(item,),
-        key=f"test-{secrets.token_hex(8)}",
-    )
+    message = Message.to_user(row._mapping, (item,), f"test-{secrets.token_hex(8)}", now)
     with Fetcher.from_settings(settings) as fetcher:
         channels(fetcher)[row.channel].send(message)
     return message

@@ -44,15 +44,18 @@ def receive(engine: Engine, settings: Settings, token: str, body: bytes, headers
             with engine.begin() as conn:
                 conn.execute(sa.delete(t).where(t.c.callback_token == token))
         # 410: the hub may end the subscription (section 7); a removed source's row is gone.
-        return refused(engine, "no_subscription", Received(410, "no such subscription"))
+        refused(engine, "no_subscription")
+        return Received(410, "no such subscription")
     if not websub.signed(row.secret, body, headers.get("x-hub-signature")):
         log.warning("source %s: a push with a bad or missing signature, dropped", row.source_id)
-        return refused(engine, "bad_signature", Received(202, "bad or missing signature: dropped"))
+        refused(engine, "bad_signature")
+        return Received(202, "bad or missing signature: dropped")
     try:
         items = read_feed(body, row.topic, headers.get("content-type")).items[: settings.max_items_per_fetch]
     except FetchError as exc:
         log.warning("source %s: a push that is no feed: %s", row.source_id, exc.message)
-        return refused(engine, "not_a_feed", Received(400, f"not a feed: {exc.message}"))
+        refused(engine, "not_a_feed")
+        return Received(400, f"not a feed: {exc.message}")
     now = datetime.now(UTC)
     with engine.begin() as conn:
         stored = store_items(conn, [(row.source_id, items)]).get(row.source_id, 0)
@@ -66,10 +69,9 @@ def receive(engine: Engine, settings: Settings, token: str, body: bytes, headers
     return Received(202, "taken", stored)
 
 
-def refused(engine: Engine, outcome: str, answer: Received) -> Received:
-    """Count a refused push (``counters.PUSH_OUTCOMES``) and return ``answer``."""
+def refused(engine: Engine, outcome: str) -> None:
+    """Count a refused push (one of ``counters.PUSH_OUTCOMES``), in a transaction of its own."""
     counts = counters.tally()
     counters.WEBSUB_PUSHES.count(counts, value=outcome)
     with engine.begin() as conn:
         counters.add(conn, counts)
-    return answer

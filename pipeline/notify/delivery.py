@@ -35,7 +35,7 @@ from standardwebhooks.webhooks import EmptyWebhookSecretError, Webhook, WebhookV
 from pipeline.core.backoff import exponential_delay, not_before
 from pipeline.core.errors import DeliveryError, FetchError
 from pipeline.core.failures import CHANNEL_BUG, CHANNEL_ERROR, FailureReason
-from pipeline.core.kinds import ChannelKind
+from pipeline.core.kinds import ChannelKind, NotificationStatus
 from pipeline.core.redact import channel_secrets, channel_url, scrub
 from pipeline.net.http import USER_AGENT, AddressGuard, Fetcher, guarded_sockets
 from pipeline.notify.schedule import DeliveryPlan
@@ -114,6 +114,17 @@ class Message:
     is_digest: bool = False
     plan: DeliveryPlan = field(default_factory=DeliveryPlan, compare=False)
     key: str | None = None  # an idempotency key of its own: a test or a preview, no notification's
+
+    @classmethod
+    def to_user(cls, user: Mapping[str, Any], items: tuple[Item, ...], key: str, now: datetime) -> Message:
+        """A message of no notification through ``user``'s own channel (a users row by
+        name: id, name, channel, channel_url, secret, previous_secret,
+        previous_secret_until), signed as theirs, rotation and all: a test's, a source
+        owner's alert."""
+        return cls(notification_id=0, user_id=user["id"], user_name=user["name"], channel=user["channel"],
+                   channel_url=user["channel_url"], secret=user["secret"],
+                   previous_secret=overlapping_secret(user["previous_secret"], user["previous_secret_until"], now),
+                   items=items, key=key)
 
     @property
     def listing(self) -> dict[str, Any]:
@@ -281,6 +292,19 @@ def send(channels: Mapping[str, Channel], message: Message, what: str) -> Delive
 def channels(fetcher: Fetcher) -> dict[str, Channel]:
     """The channel of each kind, sending through ``fetcher``."""
     return {ChannelKind.WEBHOOK: WebhookChannel(fetcher), ChannelKind.APPRISE: AppriseChannel(fetcher.guard)}
+
+
+def attempt_outcome(error: DeliveryError | None, attempts: int, finished: datetime, *, max_attempts: int,
+                    u: float, final: bool = False) -> dict[str, Any]:
+    """The columns a delivery attempt's outcome sets on its row (a notification's, a source
+    alert's): sent; dead when ``final`` (it can never be sent) or ``attempts`` (counting
+    this one) reached ``max_attempts``; else failed, tried again at ``delivery_retry_at``."""
+    if error is None:
+        return {"status": NotificationStatus.SENT, "sent_at": finished, "last_error": None}
+    if final or attempts >= max_attempts:
+        return {"status": NotificationStatus.DEAD, "last_error": error.message}
+    return {"status": NotificationStatus.FAILED, "last_error": error.message,
+            "next_attempt_at": delivery_retry_at(attempts, finished, u, error.retry_after)}
 
 
 def delivery_retry_at(attempts: int, now: datetime, u: float, retry_after: datetime | None) -> datetime:

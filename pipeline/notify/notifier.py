@@ -36,7 +36,7 @@ from pipeline.core.settings import Settings
 from pipeline.core.words import folded
 from pipeline.net.http import Fetcher
 from pipeline.notify import delivery
-from pipeline.notify.delivery import Channel, Item, Message, delivery_retry_at
+from pipeline.notify.delivery import Channel, Item, Message, attempt_outcome
 from pipeline.notify.matching import Filter, FilterIndex, ListingText, Match
 from pipeline.notify.query import Query, QueryError, as_written, compile_query
 from pipeline.notify.schedule import DeliveryPlan, filter_digest
@@ -373,15 +373,9 @@ class Notifier:
                 values.update(next_attempt_at=a.deferred_until, attempts=max(0, a.attempts - 1))
                 if not a.digest:
                     values.update(status=NotificationStatus.HELD, digest_id=None)
-            elif a.error is None:
-                values.update(status=NotificationStatus.SENT, sent_at=a.finished, last_error=None)
-            elif a.exhausted or a.attempts >= self.settings.delivery_max_attempts:
-                values.update(status=NotificationStatus.DEAD, last_error=a.error.message)
             else:
-                values.update(
-                    status=NotificationStatus.FAILED, last_error=a.error.message,
-                    next_attempt_at=delivery_retry_at(a.attempts, a.finished, self.random_unit(), a.error.retry_after),
-                )
+                values.update(attempt_outcome(a.error, a.attempts, a.finished, final=a.exhausted,
+                                              max_attempts=self.settings.delivery_max_attempts, u=self.random_unit()))
             completions.append(RowCompletion(a.claim, a.notification_id, values))
         def write(conn: sa.Connection) -> Fenced:
             fenced = queue.complete_each(completions, conn=conn)

@@ -29,14 +29,7 @@ from pipeline.core.errors import DeliveryError
 from pipeline.core.failures import WORKER_STOPPED, FailureReason
 from pipeline.core.kinds import NotificationStatus, SourceHealth
 from pipeline.core.settings import Settings
-from pipeline.notify.delivery import (
-    Channel,
-    Item,
-    Message,
-    delivery_retry_at,
-    overlapping_secret,
-    send,
-)
+from pipeline.notify.delivery import Channel, Item, Message, attempt_outcome, send
 from pipeline.queue.claim import Claim, Row, RowCompletion, WorkQueue, in_transaction
 from pipeline.queue.workpool import work_claimed
 from pipeline.storage import schema
@@ -72,11 +65,8 @@ def message(alert: Mapping[str, Any], owner: Mapping[str, Any], source: Mapping[
         "id": None, "url": source["site_url"] or source["url"], "title": f"{TITLES[event]}: {source['name']}",
         "summary": alert["detail"], "published_at": when.isoformat(), "source_id": alert["source_id"],
         "reason": alert["reason"]})
-    return Message(
-        notification_id=0, user_id=owner["id"], user_name=owner["name"], channel=owner["channel"],
-        channel_url=owner["channel_url"], secret=owner["secret"],
-        previous_secret=overlapping_secret(owner["previous_secret"], owner["previous_secret_until"], now),
-        items=(item,), key=f"source-{event.value}-{hashlib.sha256(told.encode()).hexdigest()[:32]}")
+    return Message.to_user(owner, (item,), f"source-{event.value}-{hashlib.sha256(told.encode()).hexdigest()[:32]}",
+                           now)
 
 
 @dataclass
@@ -152,15 +142,8 @@ class SourceAlerts:
         with self._recording:
             completions = []
             for s in sent:
-                if s.error is None:
-                    values: dict[str, Any] = {"status": NotificationStatus.SENT, "sent_at": s.finished,
-                                              "last_error": None}
-                elif s.final or s.row["attempts"] >= self.settings.delivery_max_attempts:
-                    values = {"status": NotificationStatus.DEAD, "last_error": s.error.message}
-                else:
-                    values = {"status": NotificationStatus.FAILED, "last_error": s.error.message,
-                              "next_attempt_at": delivery_retry_at(s.row["attempts"], s.finished, self.random_unit(),
-                                                                   s.error.retry_after)}
+                values = attempt_outcome(s.error, s.row["attempts"], s.finished, final=s.final,
+                                         max_attempts=self.settings.delivery_max_attempts, u=self.random_unit())
                 completions.append(RowCompletion(s.claim, s.row["id"], values))
             fenced = in_transaction(self.engine, lambda conn: queue.complete_each(completions, conn=conn))
             done = set(fenced.done)

@@ -140,7 +140,7 @@ class FeedApp:
         except ValueError:
             length = -1
         if not 0 <= length <= self.settings.max_response_bytes:
-            push.refused(self.engine, "too_large", push.Received(413, "too large"))
+            push.refused(self.engine, "too_large")
             return _plain(start_response, "413 Content Too Large", "the body is too large\n")
         body = environ["wsgi.input"].read(length) if length else b""
         headers = {"content-type": environ.get("CONTENT_TYPE") or "",
