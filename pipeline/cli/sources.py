@@ -11,7 +11,7 @@ from pipeline.catalogue import sources
 from pipeline.cli import common
 from pipeline.core import redact
 from pipeline.core.errors import SourceError
-from pipeline.core.kinds import SourceType
+from pipeline.core.kinds import SourceType, WebSubState
 from pipeline.core.settings import Settings
 from pipeline.fetching import politeness
 from pipeline.storage import schema
@@ -198,9 +198,9 @@ def sources_show(source_id: int, as_json: bool) -> None:
     click.echo(f"  last fetch {at(source['last_fetched_at'])}, last success {at(source['last_success_at'])}{failing}")
     click.echo(f"  {_owner_line(source['owner'])}")
     if pushed := source["websub"]:  # pipeline/fetching/websub.py
-        state = {"active": f"pushed by {pushed['hub']} until {at(pushed['lease_until'])}",
-                 "requested": f"asked {pushed['hub']} to push; not verified yet",
-                 "denied": f"{pushed['hub']} denied the subscription"}[pushed["state"]]
+        state = {WebSubState.ACTIVE: f"pushed by {pushed['hub']} until {at(pushed['lease_until'])}",
+                 WebSubState.REQUESTED: f"asked {pushed['hub']} to push; not verified yet",
+                 WebSubState.DENIED: f"{pushed['hub']} denied the subscription"}[pushed["state"]]
         last = f", the last {at(pushed['last_push_at'])}" if pushed["last_push_at"] else ""
         error = f"; {pushed['last_error']}" if pushed["last_error"] else ""
         click.echo(f"  WebSub: {state} (pushes: {pushed['pushes']:,}{last}){error}")

@@ -89,10 +89,18 @@ def _lenient_json_ld(script: str, url: str) -> list[Any]:
         return []
 
 
+def _every_thing(data: Mapping[str, list[Any]]) -> list[Mapping[str, Any]]:
+    """Every thing of extracted JSON-LD and microdata, in page order."""
+    return [*things(data.get("json-ld", [])), *things(data.get("microdata", []))]
+
+
+def _listing_like(thing: Mapping[str, Any]) -> bool:
+    return bool(types(thing) & LISTING_TYPES) or any(name.endswith("Event") for name in types(thing))
+
+
 def listing_things(data: Mapping[str, list[Any]]) -> list[Mapping[str, Any]]:
     """The listing-like things of extracted JSON-LD and microdata, in page order."""
-    found = [*things(data.get("json-ld", [])), *things(data.get("microdata", []))]
-    return [t for t in found if types(t) & LISTING_TYPES or any(name.endswith("Event") for name in types(t))]
+    return [t for t in _every_thing(data) if _listing_like(t)]
 
 
 def page_fields(data: Mapping[str, list[Any]]) -> Fields:
@@ -101,10 +109,10 @@ def page_fields(data: Mapping[str, list[Any]]) -> Fields:
     place it marks up as such (a ``Place``: an event's venue written beside its offer;
     never an organisation's address, which is the site's)."""
     found = Fields()
-    for thing in listing_things(data):
+    every = _every_thing(data)
+    for thing in filter(_listing_like, every):
         found = found.merged(from_schema_org(thing))
     if found.location is None:
-        every = [*things(data.get("json-ld", [])), *things(data.get("microdata", []))]
         for place in (t for t in every if types(t) & {"Place", "EventVenue"}):
             found = found.merged(location(place_text(place)))
     for properties in data.get("opengraph", []):

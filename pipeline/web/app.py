@@ -72,23 +72,19 @@ class FeedApp:
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO", "")
-        if path.startswith(websub.CALLBACK_PATH):
-            try:
-                return self._websub(environ, start_response, path.removeprefix(websub.CALLBACK_PATH), method)
-            except sa.exc.DBAPIError as exc:  # the hub retries a push it could not deliver
-                log.warning("the database did not answer: %s", type(exc).__name__)
-                return _plain(start_response, "503 Service Unavailable", "retry later\n",
-                              [("Retry-After", str(RETRY_AFTER_SECONDS))])
-        if method not in ("GET", "HEAD"):
-            return _plain(start_response, "405 Method Not Allowed", "only GET and HEAD\n", [("Allow", "GET, HEAD")])
         try:
+            if path.startswith(websub.CALLBACK_PATH):
+                return self._websub(environ, start_response, path.removeprefix(websub.CALLBACK_PATH), method)
+            if method not in ("GET", "HEAD"):
+                return _plain(start_response, "405 Method Not Allowed", "only GET and HEAD\n",
+                              [("Allow", "GET, HEAD")])
             if path == "/healthz":
                 with self.engine.connect() as conn:
                     conn.execute(sa.text("SELECT 1"))
                 return _plain(start_response, "200 OK", "ok\n", head=method == "HEAD")
             if found := _FEED_PATH.fullmatch(path):
                 return self._feed(environ, start_response, found.group(1), found.group(2), head=method == "HEAD")
-        except sa.exc.DBAPIError as exc:  # the database is away: readers retry
+        except sa.exc.DBAPIError as exc:  # the database is away: readers and hubs retry
             log.warning("the database did not answer: %s", type(exc).__name__)
             return _plain(start_response, "503 Service Unavailable", "the database does not answer; retry later\n",
                           [("Retry-After", str(RETRY_AFTER_SECONDS))])
