@@ -297,7 +297,7 @@ def _listing_row(row: Row, listing: Listing) -> dict[str, Any]:
         "raw_id": row["id"],
         "item_key": item_key(listing.identity_url, row["source_item_id"], canonical=True),
         "words": word_string(listing.title, listing.summary, listing.author, listing.categories,
-                             *(fields.get("location"), fields.get("company"))),
+                             location=fields.get("location"), company=fields.get("company")),
         # Set for a new listing (its fingerprint and keys are taken once, when first stored).
         **dict.fromkeys(("simhash", *schema.STORY_KEYS)),
     }
