@@ -23,7 +23,8 @@ def max_collector_runs() -> int:
     target=ingest_job,
     minimum_interval_seconds=sensor_interval(),
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Looks (one indexed count) for due sources and records them as an observation; "
+    description="Looks (two indexed counts) for due sources and WebSub hubs due to be asked "
+    "(subscribe, renew, unsubscribe) and records them as an observation; "
     "requests an ingest run (collect, process, notify) when some are due, no collector run is "
     "starting, no ingest run lingers waiting for them, and fewer than PIPELINE_COLLECTOR_MAX_RUNS "
     "collector runs are active. The run lingers PIPELINE_INGEST_LINGER_SECONDS (300), taking "
@@ -32,7 +33,8 @@ def max_collector_runs() -> int:
 def due_sources_sensor(context: dg.SensorEvaluationContext, database: PipelineDatabase) -> dg.SensorResult:
     return look_for_work(
         context, database, stage="collector", asset=dg.AssetKey("listings_raw"),
-        queues={"due_sources": schema.SOURCES_DUE}, work="source is due",
+        queues={"due_sources": schema.SOURCES_DUE, "due_hub_requests": schema.WEBSUB_DUE},
+        work="source is due and no WebSub hub is due to be asked",
         run_key_prefix="due-sources", count_tag="pipeline/due_sources",
         linger_seconds=database.settings().ingest_linger_seconds,
     )

@@ -410,6 +410,9 @@ def test_every_queue_claims_and_completes(engine, strategy):
         )
         conn.execute(sa.insert(schema.source_alerts).values(
             source_id=sid, user_id=user, event="failing", detail="d", next_attempt_at=now() - timedelta(seconds=1)))
+        conn.execute(sa.insert(schema.websub_subscriptions).values(
+            source_id=sid, hub="http://127.0.0.1/hub", topic="http://127.0.0.1/f", callback_token="t", secret="s",
+            state="requested", requested_at=now(), due_at=now() - timedelta(seconds=1)))
     finish = {
         "due": {"next_fetch_at": now() + timedelta(hours=1)},
         "unprocessed": {"processed_at": now()},
@@ -422,6 +425,7 @@ def test_every_queue_claims_and_completes(engine, strategy):
         values = (
             {"status": "sent", "sent_at": now()}
             if spec.table in (schema.notifications, schema.source_alerts)
+            else {"due_at": None} if spec.table is schema.websub_subscriptions
             else finish[spec.name]
         )
         assert queue.complete(claim, values).done == claim.ids

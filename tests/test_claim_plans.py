@@ -133,6 +133,18 @@ def populate(conn: sa.Connection) -> None:
         "next_attempt_at": _seconds_from(dialect, t, before),
         **_claim_state(dialect, t),
     }, n)
+    # WebSub subscriptions: the due ones to ask, the rest to renew a day on (of removed
+    # sources: no source, so any number of them).
+    _insert_from(conn, s.websub_subscriptions, {
+        "hub": sa.literal("http://127.0.0.1/hub"),
+        "topic": sa.literal("http://127.0.0.1/") + i,
+        "callback_token": sa.literal("t") + i,
+        "secret": sa.literal("s"),
+        "state": sa.literal("active"),
+        "requested_at": _seconds_from(dialect, t, before),
+        "due_at": sa.case((WAITING, _seconds_from(dialect, t, before)), else_=_seconds_from(dialect, t, "86400")),
+        **_claim_state(dialect, t),
+    }, n)
 
 
 @pytest.fixture(scope="session", params=ALL_BACKENDS)
@@ -157,7 +169,8 @@ def big_engine(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[sa.
         populate(conn)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         if engine.dialect.name in MARIADB:
-            conn.exec_driver_sql("ANALYZE TABLE sources, listings_raw, listings, notifications, source_alerts")
+            conn.exec_driver_sql("ANALYZE TABLE sources, listings_raw, listings, notifications, source_alerts,"
+                                  " websub_subscriptions")
         else:
             conn.exec_driver_sql("ANALYZE")
     yield engine

@@ -32,6 +32,7 @@ COMPLETES = {
     "listings.unmatched": ("matched_at",),
     "notifications.due": ("status", "sent_at", "last_error"),  # a delivery sent
     "source_alerts.due": ("status", "sent_at", "last_error"),  # an owner's alert sent
+    "websub_subscriptions.due": ("state", "requested_at", "due_at", "last_error"),  # a hub asked
 }
 
 

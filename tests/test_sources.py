@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
-from pipeline.catalogue.sources import make_spec, read_source_file
+from pipeline.catalogue.sources import make_spec, read_source_file, remove_sources
 from pipeline.core.errors import SourceError
 from pipeline.storage import schema
 from tests.conftest import conformance
-from tests.helpers import now
+from tests.helpers import add_raw_rows, add_source, now, wait_until
 from tests.test_cli import assert_one_line_error, run
 
 OPML = """<?xml version="1.0" encoding="UTF-8"?>
@@ -416,3 +417,39 @@ def test_sources_show_tells_one_source_s_schedule_health_latest_listings_and_fet
     data = json.loads(run("sources", "show", source_id, "--json", env=env).stdout)
     assert (data["listings"], [f["success"] for f in data["recent_fetches"]]) == (2, [True, False])
     assert_one_line_error(run("sources", "show", "999999", env=env), "no source with id 999999")
+
+
+def test_a_source_removed_while_a_processor_writes_its_rows_waits_for_it_instead_of_deadlocking(pg_engine):
+    """PostgreSQL's row locks. A processor's transaction locks a source's raw rows, then,
+    inserting a listing, its source (the foreign key). The removal used to take the
+    source first: each waited for the other, and one was aborted. Starts a thread for
+    the removal and waits for a state: the removal blocked on the processor's lock."""
+    with pg_engine.begin() as conn:
+        source_id = add_source(conn, "http://127.0.0.1/removed-while-processed")
+        add_raw_rows(conn, source_id, 1)
+    raw, listings = schema.listings_raw, schema.listings
+    done: dict[str, object] = {}
+
+    def remove() -> None:
+        try:
+            with pg_engine.begin() as conn:
+                done["counts"] = remove_sources(conn, [source_id])
+        except Exception as exc:  # the test's assertion names it
+            done["error"] = exc
+
+    with pg_engine.connect() as processor, processor.begin():
+        processor.execute(sa.update(raw).where(raw.c.source_id == source_id).values(processed_at=now()))
+        pid = processor.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        remover = threading.Thread(target=remove)
+        remover.start()
+        with pg_engine.connect() as probe:
+            wait_until("the removal to wait for the processor's lock", lambda: probe.exec_driver_sql(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                f" AND {pid} = ANY(pg_blocking_pids(pid))").scalar_one(), timeout=60, every=0.05)
+        processor.execute(sa.insert(listings).values(source_id=source_id, source_item_id="x",
+                                                     url="http://127.0.0.1/x", content_hash="h"))
+    remover.join()
+    assert "error" not in done, done.get("error")
+    with pg_engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).where(schema.sources.c.id == source_id)).scalar_one() == 0
+        assert conn.execute(sa.select(sa.func.count()).where(listings.c.source_id == source_id)).scalar_one() == 0

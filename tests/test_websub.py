@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qs, urlencode
@@ -20,7 +21,7 @@ import sqlalchemy as sa
 
 from pipeline.catalogue import sources, users
 from pipeline.core.settings import Settings
-from pipeline.fetching import websub
+from pipeline.fetching import websub, youtube
 from pipeline.fetching.collector import Collector
 from pipeline.net.http import FetchResult
 from pipeline.storage import counters, schema
@@ -29,6 +30,7 @@ from tests.helpers import add_source, served, wait_until
 from tests.http_server import LocalServer
 from tests.test_cli import run
 from tests.test_notifier import SECRET
+from tests.test_youtube import atom
 
 
 def feed(hub: str, topic: str, items: list[tuple[str, str]], *, advertise: bool = True) -> bytes:
@@ -92,6 +94,11 @@ def signature(secret: str, body: bytes, method: str = "sha256") -> str:
     return f"{method}={hmac.new(secret.encode(), body, getattr(hashlib, method)).hexdigest()}"
 
 
+def _totals(engine: sa.Engine, name: str) -> dict[tuple[str, str], float]:
+    with engine.connect() as conn:
+        return counters.totals(conn, [name])
+
+
 def test_a_feed_with_a_hub_is_subscribed_verified_and_pushed_to_once(engine, hub, callback):
     """Waits for a state: the pushed item's alert, which the service's own thread
     delivers after the push is answered."""
@@ -132,6 +139,11 @@ def test_a_feed_with_a_hub_is_subscribed_verified_and_pushed_to_once(engine, hub
     delivered = wait_until("the pushed item's alert", lambda: [
         json.loads(r["body"]) for r in hub.requests if r["path"] == "/hook"], timeout=60, every=0.05)
     assert [d["listing"]["title"] for d in delivered] == ["Second"]
+    # How long it took, in the metrics: one alert, within the histogram's buckets.
+    name = counters.PUSH_TO_DELIVERY.bucket_series
+    observed = wait_until("the push's delivery counted", lambda: {
+        label: v for (_, label), v in _totals(engine, name).items() if v}, timeout=60, every=0.05)
+    assert sum(observed.values()) == 1 and "+Inf" not in observed
     for method in ("sha1", "sha384", "sha512"):  # every algorithm the Recommendation names
         again = feed(hub_url, topic, [(f"{method}", method)])
         assert httpx.post(asked["hub.callback"], content=again,
@@ -171,33 +183,62 @@ def test_a_feed_with_a_hub_is_subscribed_verified_and_pushed_to_once(engine, hub
     assert "pushed         1 by their hubs (WebSub; the first lease ends in 10.0 days), 0 awaiting" in status
 
 
-def test_a_lapsed_or_denied_subscription_is_asked_again_and_the_source_polls_on_its_own_cadence(engine, hub,
-                                                                                                 callback):
+def make_due(engine: sa.Engine, **values: object) -> None:
+    """The subscription's next request to its hub is due now (as time would make it)."""
+    with engine.begin() as conn:
+        conn.execute(sa.update(schema.websub_subscriptions).values(due_at=datetime.now(UTC) - timedelta(seconds=1),
+                                                                   **values))
+
+
+def subscription(engine: sa.Engine) -> sa.Row:
+    t = schema.websub_subscriptions
+    with engine.connect() as conn:
+        return conn.execute(sa.select(t)).one()
+
+
+def test_what_a_hub_is_asked_is_claimed_work_retried_renewed_and_lapsing_to_the_own_cadence(engine, hub, callback):
+    """websub.rocks 300-series (verification, renewal): what a hub is asked is due in a
+    claim queue (WEBSUB_DUE), taken by the collector's runs whether or not a source is
+    due; a denial is asked again a day on, a request not verified again later (doubling),
+    a verified lease renewed ahead of its end with the same callback and secret."""
     topic = hub.url("/feed")
     source_id, asked = subscribed(engine, hub, callback, verify=False)
+    with engine.begin() as conn:  # no source is due from here on: only the queue's work
+        conn.execute(sa.update(schema.sources).values(next_fetch_at=datetime.now(UTC) + timedelta(hours=1)))
+    before = datetime.now(UTC)
+    assert subscription(engine).due_at > before + timedelta(minutes=59), "waits an hour for the verification"
+    make_due(engine)
+    assert collector(engine, callback).run().hub_requests == 1
+    assert requests_to_hub(hub)[-1] == asked, "not verified: asked again, the same callback and secret"
+    assert subscription(engine).due_at > before + timedelta(hours=1, minutes=59), "then two hours"
+
     denied = httpx.get(asked["hub.callback"] + "?" + urlencode({"hub.mode": "denied", "hub.topic": topic,
                                                                    "hub.reason": "not here"}))
     assert denied.status_code == 200
-    t = schema.websub_subscriptions
-    with engine.connect() as conn:
-        assert conn.execute(sa.select(t.c.state, t.c.last_error)).one() == ("denied", "the hub denied it: not here")
-    # A day on, asked again; an active lease about to end is renewed; then it lapses.
-    with engine.begin() as conn:
-        conn.execute(sa.update(t).values(requested_at=datetime.now(UTC) - timedelta(days=2)))
-        conn.execute(sa.update(schema.sources).values(next_fetch_at=None))
+    row = subscription(engine)
+    assert (row.state, row.last_error) == ("denied", "the hub denied it: not here")
+    assert row.due_at > before + timedelta(hours=23), "a denial is asked again a day on"
+    make_due(engine)
     collector(engine, callback).run()
-    assert len(requests_to_hub(hub)) == 2
-    with engine.begin() as conn:  # verified: then its lease nears its end
-        conn.execute(sa.update(t).values(state="active", requested_at=datetime.now(UTC) - timedelta(days=6),
-                                         lease_until=datetime.now(UTC) + timedelta(hours=12)))
-        conn.execute(sa.update(schema.sources).values(next_fetch_at=None))
-        token, secret = conn.execute(sa.select(t.c.callback_token, t.c.secret)).one()
+    assert len(requests_to_hub(hub)) == 3
+
+    answer = httpx.get(asked["hub.callback"] + "?" + urlencode({"hub.mode": "subscribe", "hub.topic": topic,
+                                                                   "hub.challenge": "c", "hub.lease_seconds": "3600"}))
+    assert answer.text == "c"
+    row = subscription(engine)
+    assert row.state == "active" and row.attempts == 0
+    # A short lease is renewed a fifth of it before its end: 48 minutes on.
+    assert timedelta(minutes=47) < row.due_at - before < timedelta(minutes=49)
+    make_due(engine)
     collector(engine, callback).run()
-    assert len(requests_to_hub(hub)) == 3, "a lease ending within a day is renewed at the next fetch"
-    with engine.connect() as conn:  # a renewal keeps the callback, its secret and pushes going
-        assert conn.execute(sa.select(t.c.callback_token, t.c.secret, t.c.state)).one() == (token, secret, "active")
-    with engine.begin() as conn:
-        conn.execute(sa.update(t).values(lease_until=datetime.now(UTC) - timedelta(minutes=1)))
+    renewal = requests_to_hub(hub)[-1]
+    assert len(requests_to_hub(hub)) == 4 and renewal == {**asked, "hub.lease_seconds": "604800"}
+    assert subscription(engine).state == "active", "a renewal keeps the callback, its secret and pushes going"
+    assert collector(engine, callback).run().hub_requests == 0, "renewed: nothing due until it is verified or late"
+
+    with engine.begin() as conn:  # the lease runs out unrenewed: polled on its own cadence
+        conn.execute(sa.update(schema.websub_subscriptions).values(
+            lease_until=datetime.now(UTC) - timedelta(minutes=1)))
         conn.execute(sa.update(schema.sources).values(next_fetch_at=None))
     collector(engine, callback).run()
     with engine.connect() as conn:
@@ -206,17 +247,103 @@ def test_a_lapsed_or_denied_subscription_is_asked_again_and_the_source_polls_on_
     assert next_fetch < datetime.now(UTC) + timedelta(hours=2), "not pushed: its own hourly cadence"
 
 
-def test_a_disabled_source_s_pushes_end_its_subscription(engine, hub, callback):
+def test_a_hub_that_refuses_a_request_is_asked_again_later_and_others_are_asked_meanwhile(engine, hub, callback):
+    """One hub's trouble stops no other: its refusal is recorded and retried later."""
+    topic, hub_url = hub.url("/feed"), hub.url("/hub")
+    hub.routes["/hub"] = lambda h: h.reply(503)
+    hub.routes["/feed"] = lambda h: h.reply(200, feed(hub_url, topic, [("a", "First")]))
+    hub.routes["/other"] = lambda h: h.reply(200, feed(hub.url("/hub2"), hub.url("/other"), [("b", "Other")]))
+    hub.routes["/hub2"] = lambda h: h.reply(202)
+    with engine.begin() as conn:
+        add_source(conn, topic)
+        add_source(conn, hub.url("/other"))
+    assert collector(engine, callback).run().hub_requests == 2
+    t = schema.websub_subscriptions
+    with engine.connect() as conn:
+        rows = {r.topic: r for r in conn.execute(sa.select(t))}
+    assert rows[topic].last_error.startswith("the hub refused to subscribe: ")
+    assert rows[hub.url("/other")].last_error is None
+    assert sorted(r["path"] for r in hub.requests if r["method"] == "POST") == ["/hub", "/hub2"]
+    make_due(engine)
+    hub.routes["/hub"] = lambda h: h.reply(202)
+    assert collector(engine, callback).run().hub_requests == 2, "asked again when due"
+
+
+def test_a_disabled_or_removed_source_s_hub_is_asked_to_stop(engine, hub, callback):
+    """websub.rocks 300-series (unsubscribing): the hub is asked to unsubscribe, and
+    its verification of that is echoed only for what we asked; a push meanwhile is 410."""
     topic, hub_url = hub.url("/feed"), hub.url("/hub")
     source_id, asked = subscribed(engine, hub, callback, verify=True)
+    with engine.begin() as conn:
+        conn.execute(sa.update(schema.sources).values(next_fetch_at=datetime.now(UTC) + timedelta(hours=1)))
+    bystander = httpx.get(asked["hub.callback"] + "?" + urlencode(
+        {"hub.mode": "unsubscribe", "hub.topic": topic, "hub.challenge": "x"}))
+    assert bystander.status_code == 404, "an unsubscription nobody asked for"
     with engine.begin() as conn:
         sources.disable_source(conn, source_id)
     body = feed(hub_url, topic, [("b", "Second")])
     answer = httpx.post(asked["hub.callback"], content=body,
                         headers={"X-Hub-Signature": signature(asked["hub.secret"], body)})
     assert answer.status_code == 410 and raw_titles(engine) == ["First"]
+    assert collector(engine, callback).run().hub_requests == 1
+    ending = requests_to_hub(hub)[-1]
+    assert ending == {"hub.mode": "unsubscribe", "hub.topic": topic, "hub.callback": asked["hub.callback"]}
+    assert "asking " + hub_url + " to stop pushing" in run(
+        "sources", "show", str(source_id), env={"DATABASE_URL": engine.url.render_as_string(False)}).stdout
+    assert httpx.get(asked["hub.callback"] + "?" + urlencode(
+        {"hub.mode": "subscribe", "hub.topic": topic, "hub.challenge": "x"})).status_code == 404, "ended"
+    confirmed = httpx.get(asked["hub.callback"] + "?" + urlencode(
+        {"hub.mode": "unsubscribe", "hub.topic": topic, "hub.challenge": "bye"}))
+    assert (confirmed.status_code, confirmed.text) == (200, "bye")
     with engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(schema.websub_subscriptions)).scalar_one() == 0
+
+    # Enabled again: subscribed afresh (a new callback); then removed: the hub is told.
+    with engine.begin() as conn:
+        sources.enable_source(conn, source_id)
+    collector(engine, callback).run()
+    again = requests_to_hub(hub)[-1]
+    assert again["hub.mode"] == "subscribe" and again["hub.callback"] != asked["hub.callback"]
+    httpx.get(again["hub.callback"] + "?" + urlencode({"hub.mode": "subscribe", "hub.topic": topic,
+                                                       "hub.challenge": "c"}))
+    with engine.begin() as conn:
+        sources.remove_sources(conn, [source_id])
+    assert subscription(engine).source_id is None
+    assert collector(engine, callback).run().hub_requests == 1
+    assert requests_to_hub(hub)[-1] == {"hub.mode": "unsubscribe", "hub.topic": topic,
+                                        "hub.callback": again["hub.callback"]}
+    # A hub that never verifies the ending: after five tries the row goes (pushes get 410).
+    for _ in range(5):
+        make_due(engine)
+        collector(engine, callback).run()
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(schema.websub_subscriptions)).scalar_one() == 0
+    assert [r["hub.mode"] for r in requests_to_hub(hub)][3:] == ["unsubscribe"] * 5, "five tries in all"
+
+
+def test_a_source_its_failures_disable_ends_its_subscription_and_one_never_verified_goes_quietly(engine, hub,
+                                                                                                 callback):
+    source_id, asked = subscribed(engine, hub, callback, verify=True)
+    hub.routes["/feed"] = lambda h: h.reply(410)  # gone, the tenth time in a row: the source is disabled
+    with engine.begin() as conn:
+        conn.execute(sa.update(schema.sources).values(next_fetch_at=None, consecutive_failures=9))
+    collector(engine, callback).run()
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(schema.sources.c.enabled)).scalar_one() is False
+    assert requests_to_hub(hub)[-1]["hub.mode"] == "unsubscribe"
+
+    with engine.begin() as conn:  # never verified, then disabled: nothing to tell the hub
+        other = add_source(conn, hub.url("/feed2"))
+    hub.routes["/feed2"] = lambda h: h.reply(200, feed(hub.url("/hub"), hub.url("/feed2"), [("z", "Z")]))
+    collector(engine, callback).run()
+    asked_before = len(requests_to_hub(hub))
+    with engine.begin() as conn:
+        sources.disable_source(conn, other)
+    collector(engine, callback).run()
+    assert len(requests_to_hub(hub)) == asked_before
+    t = schema.websub_subscriptions
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(t.c.source_id)).scalars().all() == [source_id]
 
 
 def test_a_hub_is_found_in_link_headers_first_then_in_the_document():
@@ -252,3 +379,134 @@ def test_a_hub_named_in_the_link_header_is_subscribed_to(engine, hub, callback):
     collector(engine, callback).run()
     [asked] = requests_to_hub(hub)
     assert (asked["hub.mode"], asked["hub.topic"]) == ("subscribe", topic)
+
+
+def test_a_youtube_channel_is_pushed_by_youtube_s_hub_and_a_pushed_video_is_the_polled_one(engine, hub, callback):
+    """YouTube's feeds name no hub: a channel's is YouTube's own, with a topic of its own
+    (a playlist has none); a mirror (here the test's server) is taken at its word. The
+    hub's notification (an Atom entry without the feed's media group) is read by the
+    youtube adapter: the video's identity is the poll's."""
+    channel = "UCabcdefghijklmnopqrstuv"
+    public = youtube.Target("channel", channel, youtube.PUBLIC_ORIGIN)
+    assert youtube.hub_for(public, None, (None, None)) == (
+        youtube.HUB, f"https://www.youtube.com/xml/feeds/videos.xml?channel_id={channel}")
+    handle = youtube.Target("handle", "@name", youtube.PUBLIC_ORIGIN)
+    assert youtube.hub_for(handle, channel, ("https://elsewhere/", "x"))[0] == youtube.HUB
+    assert youtube.hub_for(youtube.Target("playlist", "PLx", youtube.PUBLIC_ORIGIN), None, (None, None)) == (
+        None, None)
+    mirror = youtube.Target("channel", channel, hub.url(""))
+    assert youtube.hub_for(mirror, None, ("http://127.0.0.1/h", "t")) == ("http://127.0.0.1/h", "t")
+
+    hub_url, topic = hub.url("/hub"), hub.url(f"/xml/feeds/videos.xml?channel_id={channel}")
+    hub.routes["/feeds/videos.xml"] = lambda h: h.reply(200, atom(), {
+        "Content-Type": "application/atom+xml", "Link": f'<{hub_url}>; rel="hub", <{topic}>; rel="self"'})
+    with engine.begin() as conn:
+        add_source(conn, hub.url(f"/channel/{channel}"), source_type="youtube")
+    collector(engine, callback).run()
+    [asked] = requests_to_hub(hub)
+    assert asked["hub.topic"] == topic
+    httpx.get(asked["hub.callback"] + "?" + urlencode({"hub.mode": "subscribe", "hub.topic": topic,
+                                                       "hub.challenge": "c"}))
+    # What YouTube's hub pushes for a new upload.
+    body = (f'<?xml version="1.0"?><feed xmlns:yt="http://www.youtube.com/xml/schemas/2015"'
+            f' xmlns="http://www.w3.org/2005/Atom"><link rel="hub" href="{hub_url}"/><link rel="self" href="{topic}"/>'
+            f"<title>YouTube video feed</title><entry><id>yt:video:vidpushed01</id><yt:videoId>vidpushed01"
+            f"</yt:videoId><yt:channelId>{channel}</yt:channelId><title>Pushed video</title>"
+            f'<link rel="alternate" href="https://www.youtube.com/watch?v=vidpushed01"/>'
+            f"<author><name>Chan</name></author><published>2026-11-28T01:00:00+00:00</published>"
+            f"<updated>2026-11-28T01:00:05+00:00</updated></entry></feed>").encode()
+    assert httpx.post(asked["hub.callback"], content=body, headers={
+        "Content-Type": "application/atom+xml", "X-Hub-Signature": signature(asked["hub.secret"], body)}
+    ).status_code == 202
+    t = schema.listings_raw
+    with engine.connect() as conn:
+        pushed = conn.execute(sa.select(t.c.source_item_id).order_by(t.c.id.desc()).limit(1)).scalar_one()
+    assert pushed == "yt:video:vidpushed01"
+    polled = youtube.read_push(atom([("vidpushed01", "Pushed video", "2026-11-28T01:00:00+00:00")]), topic, None)
+    assert [item.source_item_id for item in polled] == [pushed]
+
+
+def test_a_subscription_pushed_to_too_often_is_answered_429_and_others_are_not(engine, hub):
+    """Each subscription takes PIPELINE_WEBSUB_PUSHES_PER_MINUTE pushes a minute; more are
+    429 with Retry-After (hubs retry), counted, and another subscription's go on. (Three
+    requests well inside the window.)"""
+    settings = Settings(database_url=str(engine.url), allow_networks=("127.0.0.1/32",), websub_pushes_per_minute=2)
+    with served(FeedApp(engine, settings=settings)) as url:
+        source_id, asked = subscribed(engine, hub, url, verify=True)
+        body = feed(hub.url("/hub"), hub.url("/feed"), [("b", "Second")])
+        headers = {"X-Hub-Signature": signature(asked["hub.secret"], body)}
+        answers = [httpx.post(asked["hub.callback"], content=body, headers=headers) for _ in range(3)]
+        assert [a.status_code for a in answers] == [202, 202, 429]
+        assert 1 <= int(answers[-1].headers["Retry-After"]) <= 61
+        assert httpx.post(f"{url}/websub/{'B' * 43}", content=body, headers=headers).status_code == 410, \
+            "another callback has a window of its own"
+    with engine.connect() as conn:
+        counted = counters.totals(conn, [counters.WEBSUB_PUSHES.name])
+    assert counted[(counters.WEBSUB_PUSHES.name, "rate_limited")] == 1
+
+
+@pytest.fixture
+def real_hub(tmp_path) -> Iterator[dict]:
+    """Flask-WebSub's hub (from the package index, its tasks run in the request by Celery's
+    eager mode) and a publisher's feed that names it in Link headers, served on a real
+    port of 127.0.0.1 by a thread; ``publish`` sets the feed and has the hub distribute it."""
+    from celery import Celery
+    from flask import Flask
+    from flask_websub.hub import Hub, SQLite3HubStorage
+    from werkzeug.serving import make_server
+
+    app = Flask("test-hub")
+    app.config.update(PUBLISH_SUPPORTED=True, HUB_MIN_LEASE_SECONDS=60)
+    celery = Celery("test-hub", broker="memory://")
+    celery.conf.update(task_always_eager=True)
+    websub_hub = Hub(SQLite3HubStorage(str(tmp_path / "hub.db")), celery, SIGNATURE_ALGORITHM="sha512",
+                     MAX_ATTEMPTS=1, PUBLISH_SUPPORTED=True)
+    app.register_blueprint(websub_hub.build_blueprint(url_prefix="/hub"))
+    state = {"feed": b""}
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    base = f"http://127.0.0.1:{server.server_port}"
+    hub_url, topic = f"{base}/hub", f"{base}/feed"
+
+    @app.route("/feed")
+    def the_feed():  # a publisher naming its hub
+        return state["feed"], 200, {"Content-Type": "application/rss+xml",
+                                    "Link": f'<{hub_url}>; rel="hub", <{topic}>; rel="self"'}
+
+    def publish(items: list[tuple[str, str]]) -> int:
+        state["feed"] = feed(hub_url, topic, items, advertise=False)
+        return httpx.post(hub_url, data={"hub.mode": "publish", "hub.topic": topic}, timeout=30).status_code
+
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    state.update(hub_url=hub_url, topic=topic, publish=publish, callbacks=lambda: list(
+        websub_hub.storage.get_callbacks(topic)))
+    yield state
+    server.shutdown()
+    thread.join()
+
+
+def test_flask_websubs_hub_verifies_pushes_signed_and_ends_a_subscription(engine, real_hub, callback):
+    """A hub implementation from the package index, end to end: discovery by Link header,
+    subscription and its verification, a publication pushed signed (sha512) and stored,
+    then the source removed and the unsubscription verified. (The hub's verification
+    and pushes happen inside the requests that cause them: eager tasks.)"""
+    real_hub["publish"]([("a", "First")])
+    with engine.begin() as conn:
+        source_id = add_source(conn, real_hub["topic"])
+    stats = collector(engine, callback).run()
+    assert (stats.succeeded, stats.hub_requests) == (1, 1)
+    row = subscription(engine)
+    assert row.state == "active" and row.hub == real_hub["hub_url"], row.last_error
+    [(callback_url, _)] = real_hub["callbacks"]()
+    assert callback_url.startswith(f"{callback}/websub/")
+
+    assert real_hub["publish"]([("b", "Second"), ("a", "First")]) == 202
+    assert raw_titles(engine) == ["First", "Second"], "pushed, signed by the hub, stored once"
+    assert subscription(engine).pushes == 1
+
+    with engine.begin() as conn:
+        sources.remove_sources(conn, [source_id])
+    assert collector(engine, callback).run().hub_requests == 1
+    assert real_hub["callbacks"]() == [], "the hub verified the unsubscription and forgot us"
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(schema.websub_subscriptions)).scalar_one() == 0

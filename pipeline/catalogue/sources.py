@@ -29,7 +29,7 @@ from pipeline.core.inputs import NAME_CHARS, TEXT_CHARS, URL_CHARS, text_problem
 from pipeline.core.kinds import SourceType
 from pipeline.core.settings import Settings
 from pipeline.core.urls import canonical_host, source_url
-from pipeline.fetching import politeness, youtube
+from pipeline.fetching import politeness, websub, youtube
 from pipeline.fetching.collector import Collector, CollectStats
 from pipeline.fetching.registry import adapter_for
 from pipeline.queue.claim import UNCLAIMED
@@ -622,7 +622,8 @@ def show_source(conn: sa.Connection, source_id: int) -> dict[str, Any]:
         fetch["error"] = fetch_error(fetch.pop("details"))
     source["owner"] = owner_of(conn, source_id)
     w = schema.websub_subscriptions
-    pushed = conn.execute(sa.select(w.c.hub, w.c.state, w.c.lease_until, w.c.pushes, w.c.last_push_at, w.c.last_error)
+    pushed = conn.execute(sa.select(w.c.hub, w.c.state, w.c.lease_until, w.c.due_at, w.c.pushes, w.c.last_push_at,
+                                    w.c.last_error)
                           .where(w.c.source_id == source_id)).mappings().first()
     source["websub"] = None if pushed is None else dict(pushed)
     return source
@@ -696,7 +697,9 @@ def set_source(conn: sa.Connection, source_id: int, *, priority: int | str | Non
 
 
 def disable_source(conn: sa.Connection, source_id: int, reason: str = "disabled by an operator") -> None:
+    """Fetch the source no more; its WebSub hub is asked to stop pushing."""
     _update_source(conn, source_id, enabled=False, disabled_reason=reason)
+    websub.end(conn, [source_id])
 
 
 def remove_sources(conn: sa.Connection, source_ids: Sequence[int]) -> dict[str, int]:
@@ -715,6 +718,11 @@ def remove_sources(conn: sa.Connection, source_ids: Sequence[int]) -> dict[str, 
                                       .where(li.c.source_id.in_(ids))).scalar_one(),
         "filters": conn.execute(sa.select(sa.func.count()).where(f.c.source_id.in_(ids))).scalar_one(),
     }
+    websub.end(conn, ids, removed=True)  # its hub is asked to stop pushing
+    # The raw rows first, in the order the processor locks them (its raw rows, then, for
+    # a listing's foreign key, the source): deleting the source first took them the other
+    # way round, and a processor working on them deadlocked with the removal.
+    conn.execute(sa.delete(schema.listings_raw).where(schema.listings_raw.c.source_id.in_(ids)))
     conn.execute(sa.delete(t).where(t.c.id.in_(ids)))  # the rest by ON DELETE CASCADE
     return counts
 

@@ -200,7 +200,10 @@ def sources_show(source_id: int, as_json: bool) -> None:
     if pushed := source["websub"]:  # pipeline/fetching/websub.py
         state = {WebSubState.ACTIVE: f"pushed by {pushed['hub']} until {at(pushed['lease_until'])}",
                  WebSubState.REQUESTED: f"asked {pushed['hub']} to push; not verified yet",
-                 WebSubState.DENIED: f"{pushed['hub']} denied the subscription"}[pushed["state"]]
+                 WebSubState.DENIED: f"{pushed['hub']} denied the subscription",
+                 WebSubState.UNSUBSCRIBING: f"asking {pushed['hub']} to stop pushing"}[pushed["state"]]
+        if pushed["due_at"] is not None and pushed["state"] != WebSubState.UNSUBSCRIBING:
+            state += f"; {'renewed' if pushed['state'] == WebSubState.ACTIVE else 'asked again'} {at(pushed['due_at'])}"
         last = f", the last {at(pushed['last_push_at'])}" if pushed["last_push_at"] else ""
         error = f"; {pushed['last_error']}" if pushed["last_error"] else ""
         click.echo(f"  WebSub: {state} (pushes: {pushed['pushes']:,}{last}){error}")

@@ -39,6 +39,7 @@ class WebSubState(StrEnum):
     REQUESTED = "requested"  # asked of the hub, not yet verified
     ACTIVE = "active"  # verified: pushes are taken until its lease ends
     DENIED = "denied"  # the hub refused it
+    UNSUBSCRIBING = "unsubscribing"  # its source was disabled or removed: the hub is asked to stop
 
 
 class ChannelKind(StrEnum):

@@ -49,6 +49,7 @@ DEFAULT_ADAPTIVE_MAX_MINUTES = 1440
 DEFAULT_ALERT_LIMIT = 20
 DEFAULT_ALERT_WINDOW_MINUTES = 10
 DEFAULT_WEBSUB_SAFETY_HOURS = 6  # a pushed source's polling interval, at least
+DEFAULT_WEBSUB_PUSHES_PER_MINUTE = 60  # a subscription's pushes taken, more answered 429
 DEFAULT_OWNER_ALERT_FAILURES = 3  # failed fetches in a row before a source's owner is told
 
 
@@ -181,6 +182,9 @@ class Settings:
     websub_callback_url: str | None = None
     # A pushed source is still polled, this often (hours): a safety net for lost pushes.
     websub_safety_hours: int = DEFAULT_WEBSUB_SAFETY_HOURS
+    # Pushes a subscription's callback takes in a minute (each `pipeline serve`); more are
+    # answered 429 Too Many Requests, which hubs retry later.
+    websub_pushes_per_minute: int = DEFAULT_WEBSUB_PUSHES_PER_MINUTE
 
     def max_runs(self, stage: str) -> int:
         """Runs of ``stage`` (one of STAGES) in flight at once: PIPELINE_<STAGE>_MAX_RUNS."""
@@ -245,4 +249,5 @@ class Settings:
             public_url=_url_env("PIPELINE_PUBLIC_URL"),
             websub_callback_url=_url_env("PIPELINE_WEBSUB_CALLBACK_URL"),
             websub_safety_hours=_int_env("PIPELINE_WEBSUB_SAFETY_HOURS", DEFAULT_WEBSUB_SAFETY_HOURS),
+            websub_pushes_per_minute=_int_env("PIPELINE_WEBSUB_PUSHES_PER_MINUTE", DEFAULT_WEBSUB_PUSHES_PER_MINUTE),
         )

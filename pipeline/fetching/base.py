@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from pipeline.core.errors import FetchError
 from pipeline.core.failures import FailureReason
@@ -187,6 +187,16 @@ class Adapter(Protocol):
 
     def fetch(self, source: Mapping[str, Any], fetcher: Fetcher) -> Outcome:
         """Fetch ``source`` (a ``sources`` row) and return its current items."""
+        ...
+
+
+@runtime_checkable
+class Pushable(Protocol):
+    """An adapter whose sources a WebSub hub can push to (pipeline/fetching/websub.py)."""
+
+    def read_push(self, body: bytes, url: str, content_type: str | None) -> list[Item]:
+        """The items of a distribution pushed for the topic ``url``, with the same
+        identities a fetch of the source gives them; FetchError when it is no feed."""
         ...
 
 

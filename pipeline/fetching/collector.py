@@ -56,7 +56,7 @@ from pipeline.fetching.politeness import (
     ensure_groups,
     started_event,
 )
-from pipeline.fetching.registry import adapter_for
+from pipeline.fetching.registry import adapter_for, push_reader
 from pipeline.net.http import Fetcher
 from pipeline.queue.claim import Claim, Row, RowCompletion, WorkQueue
 from pipeline.queue.workpool import work_claimed
@@ -77,6 +77,7 @@ class CollectStats:
     fenced_out: int = 0  # finished after another worker took the source over
     items_seen: int = 0
     items_new: int = 0
+    hub_requests: int = 0  # WebSub subscriptions, renewals and endings asked of hubs
     latencies_ms: list[int] = field(default_factory=list)
 
     def percentile(self, q: float) -> int | None:
@@ -96,6 +97,7 @@ class CollectStats:
             "fenced_out": self.fenced_out,
             "items_seen": self.items_seen,
             "items_new": self.items_new,
+            "hub_requests": self.hub_requests,
             "fetch_latency_p50_ms": self.percentile(50),
             "fetch_latency_p95_ms": self.percentile(95),
         }
@@ -178,6 +180,8 @@ class Collector:
                 max_work_seconds=4 * self.settings.http_timeout_seconds + 60,
                 next_start_in=queue.next_start_in,
             )
+            if self.settings.websub_callback_url:  # subscriptions, renewals, endings due
+                stats.hub_requests = websub.ask_due(self.engine, self.settings, fetcher, self.worker)
         return stats
 
     def _start(self, queue: WorkQueue, claim: Claim, stats: CollectStats) -> list[tuple[Claim, Row]]:
@@ -214,20 +218,19 @@ class Collector:
             log.exception("adapter crashed on source %s", source["id"])
             error = FetchError(FailureReason.PARSE_ERROR, f"unexpected {type(exc).__name__}: {exc}")
         duration_ms = int((time.monotonic() - started) * 1000)
-        # Feeds only, for now: a push is read as the rss adapter reads a feed (a YouTube
-        # channel's items are made by its own adapter, and would not be the same items).
-        if self.settings.websub_callback_url and outcome is not None and source["source_type"] == SourceType.RSS and (
-                outcome.hub or (outcome.not_modified and self._pushed)):
-            self._subscribe(source["id"], outcome, fetcher)
+        if (self.settings.websub_callback_url and outcome is not None and outcome.hub and outcome.topic
+                and push_reader(source["source_type"]) is not None):
+            self._subscribe(source["id"], outcome.hub, outcome.topic)
         return Fetched(claim, source, outcome, error, datetime.now(UTC), duration_ms)
 
-    def _subscribe(self, source_id: int, outcome: Outcome, fetcher: Fetcher) -> None:
-        """Ask the hub the document advertises to push to us (pipeline/fetching/websub.py),
-        under this fetch's claim; a failure to is logged, never the fetch's."""
+    def _subscribe(self, source_id: int, hub: str, topic: str) -> None:
+        """Make asking the hub the source advertises due (pipeline/fetching/websub.py),
+        under this fetch's claim; the request is sent by ``ask_due`` at the end of the
+        run. A failure to is logged, never the fetch's."""
         try:
-            websub.ensure(self.engine, self.settings, fetcher, source_id, outcome.hub, outcome.topic)
+            self._pushed |= websub.ensure(self.engine, source_id, hub, topic)
         except Exception:  # a hub's trouble is no failed fetch
-            log.exception("source %s: subscribing at %s failed", source_id, outcome.hub)
+            log.exception("source %s: subscribing at %s failed", source_id, hub)
 
     # -- storing (on the collector's own thread) ----------------------------------------
 
@@ -283,6 +286,8 @@ class Collector:
             )
             done = set(fenced.done)
             kept = [f for f in batch if f.source["id"] in done]
+            if self._pushed:  # a source its failures disabled is pushed to no more
+                websub.end(conn, [f.source["id"] for f in kept if decisions[f.source["id"]].disabled_reason])
             for f in kept:
                 self._defer_group(conn, f)
             if self._owned:

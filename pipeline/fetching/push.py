@@ -1,8 +1,9 @@
 """What a WebSub hub pushes (pipeline/fetching/websub.py), taken in: the callback's
-distribution checked against its subscription's secret, read as the feed adapter reads
-the feed, and stored as a fetch stores it (``store_items``: the same item identity, so
-a pushed item and the next poll are one item). The processor and the notifier take it
-from ``listings_raw`` as they take a fetch's."""
+distribution checked against its subscription's secret, read as its source's adapter
+reads the source (``Pushable``: a feed, a YouTube channel), and stored as a fetch stores
+it (``store_items``: the same item identity, so a pushed item and the next poll are one
+item). The processor and the notifier take it from ``listings_raw`` as they take a
+fetch's."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pipeline.core.errors import FetchError
 from pipeline.core.settings import Settings
 from pipeline.fetching import websub
 from pipeline.fetching.collector import store_items
-from pipeline.fetching.rss import read_feed
+from pipeline.fetching.registry import push_reader
 from pipeline.storage import counters, schema
 
 log = logging.getLogger(__name__)
@@ -31,19 +32,19 @@ class Received:
     status: int  # 202 taken (or dropped unsigned), 410 no such subscription (any more), 400 unreadable
     reason: str
     stored: int = 0  # new or changed items
+    source_id: int | None = None  # whose items they are
 
 
 def receive(engine: Engine, settings: Settings, token: str, body: bytes, headers: Mapping[str, str]) -> Received:
     """Take a distribution pushed to ``/websub/<token>`` (``headers`` lower-cased)."""
     t, s = schema.websub_subscriptions, schema.sources
     with engine.connect() as conn:
-        row = conn.execute(sa.select(t.c.source_id, t.c.topic, t.c.secret, t.c.state, s.c.enabled)
+        row = conn.execute(sa.select(t.c.source_id, t.c.topic, t.c.secret, t.c.state, s.c.enabled, s.c.source_type)
                            .join(s, s.c.id == t.c.source_id).where(t.c.callback_token == token)).first()
-    if row is None or row.state != websub.ACTIVE or not row.enabled:
-        if row is not None and not row.enabled:  # a disabled source is pushed to no more
-            with engine.begin() as conn:
-                conn.execute(sa.delete(t).where(t.c.callback_token == token))
-        # 410: the hub may end the subscription (section 7); a removed source's row is gone.
+    reader = None if row is None else push_reader(row.source_type)
+    if row is None or row.state != websub.ACTIVE or not row.enabled or reader is None:
+        # 410: the hub may end the subscription (section 7): no such token, a removed
+        # source's (no source), one being ended or never verified.
         refused(engine, "no_subscription")
         return Received(410, "no such subscription")
     if not websub.signed(row.secret, body, headers.get("x-hub-signature")):
@@ -51,7 +52,7 @@ def receive(engine: Engine, settings: Settings, token: str, body: bytes, headers
         refused(engine, "bad_signature")
         return Received(202, "bad or missing signature: dropped")
     try:
-        items = read_feed(body, row.topic, headers.get("content-type")).items[: settings.max_items_per_fetch]
+        items = reader.read_push(body, row.topic, headers.get("content-type"))[: settings.max_items_per_fetch]
     except FetchError as exc:
         log.warning("source %s: a push that is no feed: %s", row.source_id, exc.message)
         refused(engine, "not_a_feed")
@@ -66,7 +67,7 @@ def receive(engine: Engine, settings: Settings, token: str, body: bytes, headers
         counters.ITEMS_STORED.count(taken, stored)
         counters.add(conn, taken)  # last: pipeline/storage/counters.py
     log.info("source %s: a push of %d items, %d new or changed", row.source_id, len(items), stored)
-    return Received(202, "taken", stored)
+    return Received(202, "taken", stored, row.source_id)
 
 
 def refused(engine: Engine, outcome: str) -> None:

@@ -7,7 +7,7 @@ import functools
 from pipeline.core.errors import FetchError
 from pipeline.core.failures import FailureReason
 from pipeline.core.kinds import SourceType
-from pipeline.fetching.base import Adapter
+from pipeline.fetching.base import Adapter, Pushable
 from pipeline.fetching.page import PageAdapter
 from pipeline.fetching.rss import RssAdapter
 from pipeline.fetching.youtube import YouTubeAdapter
@@ -26,3 +26,10 @@ def adapter_for(source_type: str) -> Adapter:
             FailureReason.INVALID_CONFIG,
             f"no adapter for source type {source_type!r} in this version",
         ) from None
+
+
+def push_reader(source_type: str) -> Pushable | None:
+    """The adapter that reads what a WebSub hub pushes for sources of ``source_type``, or
+    None: a type that takes no pushes (a page is not a feed) is never subscribed."""
+    adapter = _adapters().get(source_type)
+    return adapter if isinstance(adapter, Pushable) else None

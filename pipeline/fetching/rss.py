@@ -314,3 +314,6 @@ class RssAdapter:
             lambda result: read_feed(result.body, result.url, result.content_type,
                                      content_location=result.content_location),
         )
+
+    def read_push(self, body: bytes, url: str, content_type: str | None) -> list[Item]:
+        return read_feed(body, url, content_type).items

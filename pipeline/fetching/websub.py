@@ -5,14 +5,17 @@ seconds after it publishes, and polled only as a safety net (docs/runbook.md, "P
   document's ``<link rel="hub">`` and ``rel="self"`` (Atom's, or RSS's atom:link); the
   topic is ``self``, else the URL fetched.
 * **Subscribing** (``ensure``, section 5.1): while ``PIPELINE_WEBSUB_CALLBACK_URL`` is
-  set, a fetch that finds a hub asks it, from the fetch's own claim (so never twice at
-  once for a source), with a callback ``<base>/websub/<token>`` whose token is 32 random
-  bytes, a secret of its own, and the lease asked for (``LEASE``). The row is written
-  first: a hub may verify before its answer to the request arrives. It asks again when
-  nothing was verified within ``VERIFY_WITHIN``, the hub or topic moved, or the lease
-  ends within ``RENEW_BEFORE``.
+  set, a fetch that finds a hub (a YouTube channel's is known: ``youtube.hub``) makes
+  asking it due, with a callback ``<base>/websub/<token>`` whose token is 32 random
+  bytes and a secret of its own. What a hub is asked, and when, is a claim queue
+  (``WEBSUB_DUE``, ``ask_due``, run by the collector's runs): the first request, a
+  renewal before the lease ends (``renew_at``), a retry when nothing was verified
+  within ``retry_in``, and, once a source is disabled or removed (``end``), an
+  unsubscription. A request is written (fenced) before it is sent: a hub may verify
+  before its answer to the request arrives.
 * **Verification** (``verify``, section 5.3): the callback echoes ``hub.challenge`` only
-  for the mode and topic asked for, on that token; anything else is 404.
+  for the mode and topic asked for, on that token (``unsubscribe`` only for an ending we
+  asked for); anything else is 404.
 * **Distribution** (``push``, section 7): a body at most ``max_response_bytes``, whose
   ``X-Hub-Signature`` (sha1, sha256, sha384 or sha512) is the HMAC of the body under the
   subscription's secret, compared in constant time. One with a bad or missing signature
@@ -44,15 +47,19 @@ from pipeline.core.errors import FetchError
 from pipeline.core.kinds import WebSubState
 from pipeline.core.settings import Settings
 from pipeline.net.http import Fetcher, FetchResult
+from pipeline.queue.claim import UNCLAIMED, Claim, Row, WorkQueue
 from pipeline.storage import schema
 
 log = logging.getLogger(__name__)
 
-REQUESTED, ACTIVE, DENIED = WebSubState.REQUESTED, WebSubState.ACTIVE, WebSubState.DENIED
+REQUESTED, ACTIVE, DENIED, UNSUBSCRIBING = (WebSubState.REQUESTED, WebSubState.ACTIVE, WebSubState.DENIED,
+                                            WebSubState.UNSUBSCRIBING)
 LEASE = timedelta(days=7)  # asked for; the hub's answer (hub.lease_seconds) is what holds
-VERIFY_WITHIN = timedelta(hours=1)  # asked, and not verified by then: ask again
-RENEW_BEFORE = timedelta(days=1)  # an active lease ending sooner is renewed
-ASK_DENIED_AGAIN = timedelta(days=1)
+VERIFY_WITHIN = timedelta(hours=1)  # asked, and not verified by then: ask again (doubling)
+RENEW_BEFORE = timedelta(days=1)  # a lease is renewed this long before it ends (a fifth of a short one)
+ASK_DENIED_AGAIN = timedelta(days=1)  # a denied subscription is asked again; the longest wait
+MAX_UNSUBSCRIBE_ATTEMPTS = 5  # a hub that never verifies an ending: the row goes (pushes get 410)
+BATCH = 16  # subscriptions claimed at once
 CALLBACK_PATH = "/websub/"
 SIGNATURES = {"sha1": hashlib.sha1, "sha256": hashlib.sha256, "sha384": hashlib.sha384, "sha512": hashlib.sha512}
 _LINK = re.compile(rb"<(?:atom:)?link\b[^>]*>", re.IGNORECASE)
@@ -79,7 +86,8 @@ def discover(result: FetchResult) -> tuple[str | None, str | None]:
 
 @dataclass(frozen=True)
 class Subscription:
-    source_id: int
+    id: int
+    source_id: int | None
     hub: str
     topic: str
     callback_token: str
@@ -91,23 +99,22 @@ class Subscription:
 
 def _row(conn: sa.Connection, **where: Any) -> Subscription | None:
     t = schema.websub_subscriptions
-    row = conn.execute(sa.select(t.c.source_id, t.c.hub, t.c.topic, t.c.callback_token, t.c.secret, t.c.state,
+    row = conn.execute(sa.select(t.c.id, t.c.source_id, t.c.hub, t.c.topic, t.c.callback_token, t.c.secret, t.c.state,
                                  t.c.requested_at, t.c.lease_until)
                        .where(*(t.c[k] == v for k, v in where.items()))).mappings().first()
     return None if row is None else Subscription(**row)
 
 
-def due(found: Subscription | None, hub: str, topic: str, now: datetime) -> bool:
-    """Whether to ask the hub (again) for this source."""
-    if found is None or (found.hub, found.topic) != (hub, topic):
-        return True
-    if found.state == REQUESTED:
-        return now - found.requested_at > VERIFY_WITHIN
-    if found.state == DENIED:
-        return now - found.requested_at > ASK_DENIED_AGAIN
-    if found.lease_until is not None and found.lease_until - now >= RENEW_BEFORE:
-        return False
-    return now - found.requested_at > VERIFY_WITHIN  # a renewal asked for lately is waited on
+def renew_at(now: datetime, lease: timedelta) -> datetime:
+    """When a lease granted ``now`` is renewed: ``RENEW_BEFORE`` ahead of its end, or a
+    fifth of it for a short one."""
+    return now + lease - min(RENEW_BEFORE, lease / 5)
+
+
+def retry_in(attempts: int) -> timedelta:
+    """How long a request to a hub waits for its verification (or, refused, to be asked
+    again): ``VERIFY_WITHIN``, doubling with each try in a row, a day at most."""
+    return min(VERIFY_WITHIN * 2 ** max(0, attempts - 1), ASK_DENIED_AGAIN)
 
 
 def callback_url(settings: Settings, token: str) -> str:
@@ -115,70 +122,123 @@ def callback_url(settings: Settings, token: str) -> str:
     return f"{settings.websub_callback_url.rstrip('/')}{CALLBACK_PATH}{token}"
 
 
-def ensure(engine: Engine, settings: Settings, fetcher: Fetcher, source_id: int, hub: str | None,
-           topic: str | None) -> bool:
-    """Ask ``hub`` to push ``topic`` to us if it is due (``due``); whether it was asked.
-    ``hub`` None: the source's stored subscription's (a 304 names none), renewed when
-    due. A hub that refuses the request is recorded (``last_error``) and asked again later."""
+def ensure(engine: Engine, source_id: int, hub: str, topic: str) -> bool:
+    """Make asking ``hub`` to push ``topic`` due now (``WEBSUB_DUE``) for a source whose
+    fetch found them, unless it is asked for already: a source with no subscription, one
+    whose hub or topic moved, or one that was being ended (its source enabled again). A
+    new callback token and secret each time. Whether it was made due. Renewals and
+    retries are the queue's own (``ask_due``)."""
     now = datetime.now(UTC)
     t = schema.websub_subscriptions
     with engine.begin() as conn:
         found = _row(conn, source_id=source_id)
-        if hub is None or topic is None:
-            if found is None:
-                return False
-            hub, topic = found.hub, found.topic
-        if not due(found, hub, topic, now):
+        if found is not None and (found.hub, found.topic) == (hub, topic) and found.state != UNSUBSCRIBING:
             return False
-        moved = found is None or (found.hub, found.topic) != (hub, topic)
-        renewal = found is not None and not moved and found.state == ACTIVE
-        if renewal:  # the same token and secret: pushes go on while the hub verifies again
-            assert found is not None
-            token, secret, state = found.callback_token, found.secret, ACTIVE
-        else:
-            token = secrets.token_urlsafe(32) if found is None or moved else found.callback_token
-            secret, state = secrets.token_urlsafe(32), REQUESTED
-        values = {"hub": hub, "topic": topic, "callback_token": token, "secret": secret, "state": state,
-                  "requested_at": now, "last_error": None}
+        values = {"hub": hub, "topic": topic, "callback_token": secrets.token_urlsafe(32),
+                  "secret": secrets.token_urlsafe(32), "state": REQUESTED, "requested_at": now, "due_at": now,
+                  "attempts": 0, "verified_at": None, "lease_until": None, "last_error": None, **UNCLAIMED}
         if found is None:
             conn.execute(sa.insert(t).values(source_id=source_id, **values))
         else:
             conn.execute(sa.update(t).where(t.c.source_id == source_id).values(**values))
-    form = {"hub.mode": "subscribe", "hub.topic": topic, "hub.callback": callback_url(settings, token),
-            "hub.secret": secret, "hub.lease_seconds": str(int(LEASE.total_seconds()))}
+    return True
+
+
+def end(conn: sa.Connection, source_ids: Collection[int], *, removed: bool = False) -> None:
+    """The subscriptions of sources just disabled (or, ``removed``, about to be deleted)
+    are ended: the hub is asked to stop at once (``ask_due``). A removed source's
+    subscription keeps no source (its id may be given to another)."""
+    if not source_ids:
+        return
+    t = schema.websub_subscriptions
+    values: dict[str, Any] = {"state": UNSUBSCRIBING, "due_at": datetime.now(UTC), "attempts": 0, **UNCLAIMED}
+    if removed:
+        values["source_id"] = None
+    conn.execute(sa.update(t).where(t.c.source_id.in_(list(source_ids))).values(**values))
+
+
+def ask_due(engine: Engine, settings: Settings, fetcher: Fetcher, worker: str, *, limit: int = 1000) -> int:
+    """Ask the hubs what is due of them (``WEBSUB_DUE``: subscribe, renew, unsubscribe),
+    claimed as every piece of work is; how many were claimed."""
+    queue = WorkQueue(engine, schema.WEBSUB_DUE, lease_seconds=settings.lease_seconds)
+    taken = 0
+    while taken < limit and (claim := queue.claim(worker, min(BATCH, limit - taken))):
+        taken += len(claim)
+        for row in claim.rows:
+            try:
+                _ask(engine, settings, fetcher, queue, claim, row)
+            except Exception:  # one hub's trouble never stops the others
+                log.exception("asking the hub %s for subscription %s failed", row["hub"], row["id"])
+    return taken
+
+
+def _ask(engine: Engine, settings: Settings, fetcher: Fetcher, queue: WorkQueue, claim: Claim, row: Row) -> None:
+    """One claimed subscription: the request it is due, written (fenced) before it is
+    sent, as a hub may verify before its answer arrives."""
+    t, s = schema.websub_subscriptions, schema.sources
+    now = datetime.now(UTC)
+    with engine.begin() as conn:
+        enabled = row["source_id"] is not None and bool(conn.execute(
+            sa.select(s.c.enabled).where(s.c.id == row["source_id"])).scalar())
+        leaving = row["state"] == UNSUBSCRIBING or not enabled
+        lease_runs = row["lease_until"] is not None and row["lease_until"] > now
+        if leaving and (not lease_runs or queue.spec.exhausted(row, MAX_UNSUBSCRIBE_ATTEMPTS)):
+            # Nothing the hub holds (never verified, or lapsed), or a hub that never
+            # verifies: the row goes, and a push to its callback is answered 410 Gone.
+            queue.complete(claim, {"due_at": None}, ids=[row["id"]], conn=conn)
+            conn.execute(sa.delete(t).where(t.c.id == row["id"], t.c.callback_token == row["callback_token"]))
+            return
+        mode = "unsubscribe" if leaving else "subscribe"
+        state = UNSUBSCRIBING if leaving else ACTIVE if row["state"] == ACTIVE else REQUESTED  # a renewal stays active
+        values = {"state": state, "requested_at": now,
+                  "due_at": now + retry_in(row["attempts"]), "last_error": None}
+        if not queue.complete(claim, values, ids=[row["id"]], conn=conn).done:
+            return  # fenced out: the row was changed (moved, ended) while claimed
+    form = {"hub.mode": mode, "hub.topic": row["topic"], "hub.callback": callback_url(settings, row["callback_token"])}
+    if mode == "subscribe":
+        form.update({"hub.secret": row["secret"], "hub.lease_seconds": str(int(LEASE.total_seconds()))})
     try:
-        fetcher.post(hub, urlencode(form).encode(), {"Content-Type": "application/x-www-form-urlencoded"})
+        fetcher.post(row["hub"], urlencode(form).encode(), {"Content-Type": "application/x-www-form-urlencoded"})
     except FetchError as exc:
         with engine.begin() as conn:
-            conn.execute(sa.update(t).where(t.c.source_id == source_id, t.c.callback_token == token)
-                         .values(last_error=f"the hub refused the subscription: {exc.message}"[:1000]))
-        log.warning("source %s: the hub %s refused the subscription: %s", source_id, hub, exc.message)
-    return True
+            conn.execute(sa.update(t).where(t.c.id == row["id"], t.c.callback_token == row["callback_token"])
+                         .values(last_error=f"the hub refused to {mode}: {exc.message}"[:1000]))
+        log.warning("subscription %s: the hub %s refused to %s: %s", row["id"], row["hub"], mode, exc.message)
 
 
 def verify(engine: Engine, token: str, params: Mapping[str, str]) -> str | None:
     """The challenge to echo for a hub's verification of intent on ``token``, or None
-    (answer 404): only for a subscription we asked for, of that topic."""
-    mode, topic = params.get("hub.mode"), params.get("hub.topic")
+    (answer 404): only for a subscription (or an ending) we asked for, of that topic."""
+    mode, topic, challenge = params.get("hub.mode"), params.get("hub.topic"), params.get("hub.challenge")
     now = datetime.now(UTC)
     t = schema.websub_subscriptions
+    mine = t.c.callback_token == token
     with engine.begin() as conn:
         found = _row(conn, callback_token=token)
         if found is None or topic != found.topic:
             return None
         if mode == "denied":
-            conn.execute(sa.update(t).where(t.c.callback_token == token)
-                         .values(state=DENIED, last_error=f"the hub denied it: {params.get('hub.reason', '')}"[:1000]))
+            if found.state == UNSUBSCRIBING:
+                conn.execute(sa.delete(t).where(mine))
+            else:
+                conn.execute(sa.update(t).where(mine).values(
+                    state=DENIED, due_at=now + ASK_DENIED_AGAIN, **UNCLAIMED,
+                    last_error=f"the hub denied it: {params.get('hub.reason', '')}"[:1000]))
             return ""
-        challenge = params.get("hub.challenge")
-        if mode != "subscribe" or found.state not in (REQUESTED, ACTIVE) or not challenge:
+        if not challenge:
+            return None
+        if mode == "unsubscribe" and found.state == UNSUBSCRIBING:
+            conn.execute(sa.delete(t).where(mine))
+            return challenge
+        if mode != "subscribe" or found.state not in (REQUESTED, ACTIVE):
             return None
         try:
-            lease = timedelta(seconds=min(int(params.get("hub.lease_seconds", "")), 10 * 365 * 86400))
+            lease = timedelta(seconds=min(max(int(params.get("hub.lease_seconds", "")), 60), 10 * 365 * 86400))
         except ValueError:
             lease = LEASE
-        conn.execute(sa.update(t).where(t.c.callback_token == token)
-                     .values(state=ACTIVE, verified_at=now, lease_until=now + lease, last_error=None))
+        conn.execute(sa.update(t).where(mine).values(
+            state=ACTIVE, verified_at=now, lease_until=now + lease, due_at=renew_at(now, lease), attempts=0,
+            last_error=None, **UNCLAIMED))
     return challenge
 
 

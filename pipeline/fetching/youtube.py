@@ -35,6 +35,9 @@ YOUTUBE_HOSTS = frozenset(
 )
 PUBLIC_ORIGIN = "https://www.youtube.com"
 API_BASE = "https://www.googleapis.com/youtube/v3"
+# YouTube publishes every channel's uploads through this WebSub hub, under a topic of its
+# own; its feeds do not advertise it (playlists have none).
+HUB = "https://pubsubhubbub.appspot.com/subscribe"
 CONFIG_KEYS = frozenset({"api_key", "api_base", "channel_id", "category"})
 
 CHANNEL_ID = re.compile(r"UC[\w-]{22}")
@@ -136,6 +139,9 @@ class YouTubeAdapter:
     def check_config(self, config: Mapping[str, Any]) -> None:
         check_config(config)
 
+    def read_push(self, body: bytes, url: str, content_type: str | None) -> list[Item]:
+        return read_push(body, url, content_type)
+
     def fetch(self, source: Mapping[str, Any], fetcher: Fetcher) -> Outcome:
         config = source.get("config") or {}
         try:
@@ -153,17 +159,40 @@ class YouTubeAdapter:
             source, fetcher, lambda result: parse_feed(result.body, result.url, result.content_type, item=_feed_item),
             url=target.feed_url(channel_id),
         )
-        return _with(outcome, resolved)
+        return _with(outcome, target, channel_id, resolved)
 
 
-def _with(outcome: Outcome, channel_id: str | None) -> Outcome:
+def _with(outcome: Outcome, target: Target, channel_id: str | None, resolved: str | None) -> Outcome:
     """The outcome, minus any redirect (the stored URL is the channel's, not the feed's),
-    plus the channel id when it was resolved just now."""
+    plus the channel id when it was resolved just now, and the channel's WebSub hub
+    (``hub``)."""
+    hub, topic = hub_for(target, channel_id, (outcome.hub, outcome.topic))
     return Outcome(
         items=outcome.items, http_status=outcome.http_status, etag=outcome.etag,
         last_modified=outcome.last_modified, not_modified=outcome.not_modified,
-        config_updates={"channel_id": channel_id} if channel_id else None,
+        config_updates={"channel_id": resolved} if resolved else None, hub=hub, topic=topic,
     )
+
+
+def hub_for(target: Target, channel_id: str | None,
+            advertised: tuple[str | None, str | None]) -> tuple[str | None, str | None]:
+    """The WebSub hub and topic of a youtube source: on YouTube, ``HUB`` for a channel
+    (its uploads' topic), none for a playlist; elsewhere (a mirror, the demo) what the
+    feed advertised."""
+    if target.origin != PUBLIC_ORIGIN:
+        return advertised
+    if channel_id is None and target.kind == "channel":
+        channel_id = target.value
+    if channel_id is None:
+        return None, None
+    return HUB, f"{PUBLIC_ORIGIN}/xml/feeds/videos.xml?{urlencode({'channel_id': channel_id})}"
+
+
+def read_push(body: bytes, url: str, content_type: str | None) -> list[Item]:
+    """The videos of a distribution the hub pushed (an Atom feed of the new or changed
+    videos), as the public feed's: the same identities, so a pushed video and the next
+    poll are one item."""
+    return parse_feed(body, url, content_type, item=_feed_item)
 
 
 def _channel_id_from_page(target: Target, fetcher: Fetcher) -> str:
@@ -247,7 +276,7 @@ class _ApiClient:
         url = self._url("playlistItems", part="snippet,contentDetails", playlistId=playlist, maxResults=50)
         outcome = self._call(lambda: fetch_and_parse(source, self.fetcher, self._items, url=url,
                                                      headers=self.headers))
-        return _with(outcome, resolved)
+        return _with(outcome, target, self.channel_id, resolved)
 
     def _url(self, method: str, **params: Any) -> str:
         return f"{self.base}/{method}?{urlencode(params)}"

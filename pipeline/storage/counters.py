@@ -146,20 +146,26 @@ DELIVERY_LATENCY = Histogram(
     buckets=(1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0),
 )
 
-# WebSub pushes (pipeline/fetching/push.py, pipeline/web/app.py)
-PUSH_OUTCOMES = ("taken", "bad_signature", "no_subscription", "too_large", "not_a_feed")
+# WebSub pushes (pipeline/fetching/push.py, pipeline/web/app.py, pipeline/web/after_push.py)
+PUSH_TO_DELIVERY = Histogram(
+    "pipeline_websub_push_to_delivery_seconds",
+    "From a WebSub push being taken to the delivery of each alert it caused (the alerts sent by the"
+    " round `pipeline serve` runs after the push).",
+    buckets=(0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0),
+)
+PUSH_OUTCOMES = ("taken", "bad_signature", "no_subscription", "too_large", "not_a_feed", "rate_limited")
 WEBSUB_PUSHES = Counter(
     "pipeline_websub_pushes_total",
     "Pushes from WebSub hubs, by outcome: taken, or refused (a bad or missing signature, acknowledged"
     " and dropped; no such subscription, or its source disabled; over PIPELINE_MAX_RESPONSE_BYTES;"
-    " not a feed).",
+    " not a feed; over PIPELINE_WEBSUB_PUSHES_PER_MINUTE).",
     label="outcome", known=PUSH_OUTCOMES,
 )
 
 COUNTERS = (SOURCES_CLAIMED, SOURCES_FETCHED, SOURCES_FETCH_ERRORS, ITEMS_STORED, RAW_ROWS_PROCESSED,
             LISTINGS_MATCHED, NOTIFICATIONS_CREATED, NOTIFICATIONS_BATCHED, FILTER_FAILURES, DELIVERIES,
             WEBSUB_PUSHES)
-HISTOGRAMS = (FETCH_DURATION, DELIVERY_LATENCY)
+HISTOGRAMS = (FETCH_DURATION, DELIVERY_LATENCY, PUSH_TO_DELIVERY)
 
 
 def fetch_counts(events: Iterable[Mapping[str, object]]) -> Counts:

@@ -530,11 +530,15 @@ source_alerts = sa.Table(
 # feed advertised them, the unguessable path token of its callback
 # (/websub/<callback_token>) and the secret the hub signs pushes with. ``state``:
 # requested (asked, not yet verified), active (verified: pushes are taken until
-# ``lease_until``), denied (the hub refused). Revision 0027.
+# ``lease_until``), denied (the hub refused), unsubscribing (its source was disabled or
+# removed: the hub is asked to stop). ``due_at`` is when the hub is next asked (to
+# subscribe, renew or unsubscribe): a claim queue, ``WEBSUB_DUE``. ``source_id`` is NULL
+# once the source is removed, while the hub is told. Revisions 0027, 0028.
 websub_subscriptions = sa.Table(
     "websub_subscriptions",
     metadata,
-    sa.Column("source_id", IdType, sa.ForeignKey("sources.id", ondelete="CASCADE"), primary_key=True),
+    _id(),
+    sa.Column("source_id", IdType, sa.ForeignKey("sources.id", ondelete="SET NULL")),
     sa.Column("hub", sa.Text(), nullable=False),
     sa.Column("topic", sa.Text(), nullable=False),
     sa.Column("callback_token", sa.String(64), nullable=False),
@@ -546,6 +550,10 @@ websub_subscriptions = sa.Table(
     sa.Column("pushes", sa.Integer(), nullable=False, server_default=sa.text("0")),
     sa.Column("last_push_at", UTCDateTime()),
     sa.Column("last_error", sa.Text()),
+    sa.Column("due_at", UTCDateTime()),
+    sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),
+    *_claim_columns(),
+    sa.UniqueConstraint("source_id"),
     sa.UniqueConstraint("callback_token"),
     sa.CheckConstraint(sql_in("state", WebSubState), name="state"),
 )
@@ -695,8 +703,22 @@ SOURCE_ALERTS_DUE = QueueSpec(
     suspect=lambda row: row["attempts"] > 1 and row["last_error"] is None,
 )
 
+# WebSub subscriptions whose hub is due to be asked (subscribe, renew, unsubscribe:
+# pipeline/fetching/websub.py), by the collector's runs.
+WEBSUB_DUE = QueueSpec(
+    name="due",
+    table=websub_subscriptions,
+    pending=websub_subscriptions.c.due_at.is_not(None),
+    ready=lambda now: websub_subscriptions.c.due_at <= now,
+    order=(OrderTerm(websub_subscriptions.c.due_at), OrderTerm(websub_subscriptions.c.id)),
+    # MariaDB's one index: (locked_until, due_at, id); due_at leads the order already.
+    index_on=(websub_subscriptions.c.due_at, websub_subscriptions.c.id),
+    attempts=websub_subscriptions.c.attempts,
+    suspect=lambda row: row["attempts"] > 1 and row["last_error"] is None,
+)
+
 QUEUES: tuple[QueueSpec, ...] = (SOURCES_DUE, RAW_UNPROCESSED, LISTINGS_UNMATCHED, NOTIFICATIONS_DUE,
-                                 SOURCE_ALERTS_DUE)
+                                 SOURCE_ALERTS_DUE, WEBSUB_DUE)
 for _queue in QUEUES:
     _queue.indexes()
 CLAIMABLE_TABLES: tuple[sa.Table, ...] = tuple(q.table for q in QUEUES)

@@ -298,7 +298,8 @@ def status_as_text(status: PipelineStatus) -> str:
          f" ({status.batched:,} held past users' alert limits so far)"),
         *([f"pushed         {status.pushed['active']:,} by their hubs (WebSub; the first lease ends"
            f" {_ago(status.first_lease_end, now)}), {status.pushed['requested']:,} awaiting verification,"
-           f" {status.pushed['denied']:,} denied"] if any(status.pushed.values()) else []),
+           f" {status.pushed['denied']:,} denied, {status.pushed['unsubscribing']:,} being ended"]
+          if any(status.pushed.values()) else []),
         *([f"filters        {status.failing_filters:,} left out of matching in the last day: they failed"
            " (`pipeline filters list` shows why); every other filter was matched"]
           if status.failing_filters else []),

@@ -20,7 +20,9 @@ import gzip
 import hashlib
 import logging
 import re
+import time
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from email.utils import format_datetime, parsedate_to_datetime
 from http import HTTPStatus
 from typing import Any
@@ -28,6 +30,7 @@ from urllib.parse import parse_qs
 from wsgiref.util import application_uri
 
 import sqlalchemy as sa
+from limits import RateLimitItemPerMinute, storage, strategies
 from sqlalchemy.engine import Engine
 
 from pipeline.catalogue import feeds as catalogue
@@ -68,6 +71,10 @@ class FeedApp:
         self.public_url = public_url.rstrip("/") if public_url else None
         self.settings = settings or Settings(database_url=str(engine.url))
         self.after_push = AfterPush(engine, self.settings)  # processes and notifies what pushes store
+        # Each subscription's pushes in the last minute (a moving window, in memory: per
+        # process). A hub that pushes more is answered 429 and retries later.
+        self._pushes = strategies.MovingWindowRateLimiter(storage.MemoryStorage())
+        self._push_rate = RateLimitItemPerMinute(self.settings.websub_pushes_per_minute)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
@@ -131,6 +138,11 @@ class FeedApp:
             return _plain(start_response, "200 OK", challenge)
         if method != "POST":
             return _plain(start_response, "405 Method Not Allowed", "GET or POST\n", [("Allow", "GET, POST")])
+        if not self._pushes.hit(self._push_rate, token):
+            push.refused(self.engine, "rate_limited")
+            wait = max(1, int(self._pushes.get_window_stats(self._push_rate, token).reset_time - time.time()) + 1)
+            return _plain(start_response, "429 Too Many Requests", "too many pushes; retry later\n",
+                          [("Retry-After", str(wait))])
         try:
             length = int(environ.get("CONTENT_LENGTH") or 0)
         except ValueError:
@@ -141,9 +153,10 @@ class FeedApp:
         body = environ["wsgi.input"].read(length) if length else b""
         headers = {"content-type": environ.get("CONTENT_TYPE") or "",
                    "x-hub-signature": environ.get("HTTP_X_HUB_SIGNATURE") or ""}
+        received = datetime.now(UTC)
         got = push.receive(self.engine, self.settings, token, body, headers)
-        if got.stored:
-            self.after_push.wake()
+        if got.stored and got.source_id is not None:
+            self.after_push.wake(got.source_id, received)
         return _plain(start_response, f"{got.status} {HTTPStatus(got.status).phrase}", got.reason + "\n")
 
 
