@@ -16,10 +16,11 @@ and reads the records it left:
 
 Only items that appeared after the stack had delivered its first notification count (the
 feeds' backlog at start is not freshness). The demo user then gains a filter matching
-every job (``category:jobs``), so every pushed job counts, not one in four. Nothing is timed by a test: this is a
-benchmark, and its figures depend on the machine's load; say it with the figures.
+every job (``category:jobs``), so every pushed job counts, not one in four. Nothing is
+timed by a test: this is a benchmark, and its figures depend on the machine's load; say
+it with the figures.
 
-    python3 bench/freshness.py --minutes 8
+    .venv/bin/python bench/freshness.py --minutes 8   # the venv python3 dev.py test made
 """
 
 from __future__ import annotations

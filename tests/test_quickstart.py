@@ -359,7 +359,8 @@ def _dismiss_welcome(browser: Any) -> None:
 def test_ctrl_c_stops_everything_and_a_restart_carries_on(quickstart: Quickstart) -> None:
     """Processes: `dev.py up`, stopped with Ctrl-C while an ingest run lingers (waited
     for: the state in which a clean stop used to leave a red run), and started again. The
-    runs it leaves tell the truth: each ended SUCCESS, no step skipped, no failure event."""
+    runs it leaves tell the truth: the lingering ingest run ended SUCCESS, any other run
+    in flight CANCELED, no step skipped, no failure event."""
     import dagster as dg
 
     wait_until("the UI", quickstart.location_loaded, timeout=180)
@@ -378,7 +379,11 @@ def test_ctrl_c_stops_everything_and_a_restart_carries_on(quickstart: Quickstart
         skipped = [f"{e.dagster_event.step_key} in {e.run_id}" for r in instance.get_run_records()
                    for e in instance.all_logs(r.dagster_run.run_id, of_type=dg.DagsterEventType.STEP_SKIPPED)]
     assert any(name.startswith("ingest ") for name in ended), ended
-    assert set(ended.values()) == {dg.DagsterRunStatus.SUCCESS}, (ended, failures)
+    assert {status for name, status in ended.items() if name.startswith("ingest ")} == {
+        dg.DagsterRunStatus.SUCCESS}, (ended, failures)
+    # Another run in flight at that moment (the quarter-hourly health checks, say) is
+    # terminated as the UI's Terminate does: CANCELED, never FAILURE.
+    assert set(ended.values()) <= {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.CANCELED}, (ended, failures)
     assert not skipped, "a healthy run has no skipped step"
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{quickstart.demo_port}/", timeout=2)
