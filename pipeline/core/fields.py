@@ -109,9 +109,10 @@ def _decimal(value: object) -> Decimal | None:
         except InvalidOperation:
             return None
     elif isinstance(value, str) and len(value) <= 64 and not _NOT_PLAIN.search(value):
-        number = Price.fromstring(value).amount
-        if number is None:
+        amount = Price.fromstring(value).amount
+        if amount is None:
             return None
+        number = amount
     else:
         return None
     return number if number.is_finite() else None
@@ -149,13 +150,14 @@ def period(text: object) -> str | None:
 
 def salary(low: object, high: object = None, unit: object = None, currency: object = None) -> Fields:
     """A salary from ``low`` to ``high`` (one amount: ``low``) per ``unit``, a year's."""
-    ends = [_decimal(low), _decimal(high if high is not None else low)]
-    if ends[0] is None and ends[1] is not None:
-        ends[0] = ends[1]
-    if ends[0] is None or ends[1] is None:
+    top = _decimal(high if high is not None else low)
+    bottom = _decimal(low)
+    if bottom is None:
+        bottom = top
+    if bottom is None or top is None:
         return Fields()
     times = PER_YEAR.get(period(unit) or "year", Decimal(1))
-    low_year, high_year = (_within(end * times, Decimal(0), MAX_SALARY) for end in ends)
+    low_year, high_year = (_within(end * times, Decimal(0), MAX_SALARY) for end in (bottom, top))
     if low_year is None or high_year is None or high_year < low_year:
         return Fields()
     code = currency_code(currency.strip()) if isinstance(currency, str) and currency.strip() else None

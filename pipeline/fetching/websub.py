@@ -47,7 +47,8 @@ from pipeline.core.errors import FetchError
 from pipeline.core.kinds import WebSubState
 from pipeline.core.settings import Settings
 from pipeline.net.http import Fetcher, FetchResult
-from pipeline.queue.claim import UNCLAIMED, Claim, Row, WorkQueue
+from pipeline.queue.claim import WorkQueue
+from pipeline.queue.spec import UNCLAIMED, Claim, Row
 from pipeline.storage import schema
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ def renew_at(now: datetime, lease: timedelta) -> datetime:
 def retry_in(attempts: int) -> timedelta:
     """How long a request to a hub waits for its verification (or, refused, to be asked
     again): ``VERIFY_WITHIN``, doubling with each try in a row, a day at most."""
-    return min(VERIFY_WITHIN * 2 ** max(0, attempts - 1), ASK_DENIED_AGAIN)
+    return min(VERIFY_WITHIN * (1 << max(0, attempts - 1)), ASK_DENIED_AGAIN)
 
 
 def callback_url(settings: Settings, token: str) -> str:
