@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from assets.policies import by_code
 from pipeline.core.failures import FailureReason
-from pipeline.queue.claim import QueueSpec
+from pipeline.queue.spec import QueueSpec
 from pipeline.storage import health, schema
 from pipeline.storage.status import waited_seconds
 from resources import PipelineDatabase

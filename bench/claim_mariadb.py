@@ -52,7 +52,8 @@ from bench.scratch import (
     unique_name,
     wait_for_backends_gone,
 )
-from pipeline.queue.claim import MARIADB, WorkQueue
+from pipeline.queue.claim import WorkQueue
+from pipeline.queue.dialects import MARIADB
 from pipeline.storage import db, migrate, schema
 
 DB_NAME = unique_name("bench_claim_maria")

@@ -1,4 +1,20 @@
-"""The claim primitive where the design documents name it: it lives in pipeline/queue/claim.py,
-and this module re-exports its public names."""
+"""The claim primitive where the design documents name it: it lives in pipeline/queue/
+(claim.py the claim, fenced.py the fenced writes, spec.py what a queue is, heartbeat.py
+the leases kept alive), and this module re-exports its public names."""
 
-from pipeline.queue.claim import *
+from pipeline.queue.claim import WorkQueue
+from pipeline.queue.dialects import in_transaction, sql_now
+from pipeline.queue.heartbeat import Heartbeat
+from pipeline.queue.spec import (
+           UNCLAIMED,
+           AgedTerm,
+           Claim,
+           Fenced,
+           OrderTerm,
+           QueueSpec,
+           Row,
+           RowCompletion,
+)
+
+__all__ = ["UNCLAIMED", "AgedTerm", "Claim", "Fenced", "Heartbeat", "OrderTerm", "QueueSpec", "Row", "RowCompletion",
+           "WorkQueue", "in_transaction", "sql_now"]

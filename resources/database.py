@@ -9,7 +9,8 @@ from pydantic import Field, PrivateAttr
 from sqlalchemy.engine import Engine
 
 from pipeline.core.settings import Settings
-from pipeline.queue.claim import QueueSpec, WorkQueue
+from pipeline.queue.claim import WorkQueue
+from pipeline.queue.spec import QueueSpec
 from pipeline.storage import db, migrate
 
 

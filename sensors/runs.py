@@ -25,7 +25,7 @@ import dagster as dg
 from assets.policies import LINGER_TAG, STAGE_TAG, run_worker
 from assets.stages import STAGES_OP
 from pipeline.core.settings import Settings
-from pipeline.queue.claim import QueueSpec
+from pipeline.queue.spec import QueueSpec
 from pipeline.storage import health
 from pipeline.storage.status import waited_seconds
 from resources import PipelineDatabase

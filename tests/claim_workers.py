@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from pipeline.queue.claim import Strategy, WorkQueue
+from pipeline.queue.claim import WorkQueue
+from pipeline.queue.dialects import Strategy
 from pipeline.storage import counters, db, schema
 from tests.helpers import now
 

@@ -10,14 +10,9 @@ import pytest
 import sqlalchemy as sa
 
 from pipeline.fetching.politeness import PoliteQueue
-from pipeline.queue.claim import (
-    UNCLAIMED,
-    RowCompletion,
-    Strategy,
-    WorkQueue,
-    _dollar_placeholders,
-    strategy_for,
-)
+from pipeline.queue.claim import WorkQueue
+from pipeline.queue.dialects import Strategy, dollar_placeholders, strategy_for
+from pipeline.queue.spec import UNCLAIMED, RowCompletion
 from pipeline.storage import db, schema
 from tests.conftest import conformance
 from tests.helpers import (
@@ -612,6 +607,6 @@ def test_driver_errors_reach_the_caller_as_sqlalchemys_and_a_broken_connection_l
 def test_driver_sql_takes_postgresqls_own_placeholders():
     """The driver's statements are raw queries: each name one $n, however often it is
     used, and a percent sign SQLAlchemy escaped for psycopg's %(name)s style is one again."""
-    sql, order = _dollar_placeholders("SELECT %(a)s, %(b)s::INTEGER, %(a)s WHERE x LIKE '5%%'")
+    sql, order = dollar_placeholders("SELECT %(a)s, %(b)s::INTEGER, %(a)s WHERE x LIKE '5%%'")
     assert sql == "SELECT $1, $2::INTEGER, $1 WHERE x LIKE '5%'"
     assert order == ("a", "b")

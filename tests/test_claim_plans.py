@@ -19,7 +19,9 @@ import sqlalchemy as sa
 
 from pipeline.fetching import politeness
 from pipeline.fetching.politeness import PoliteQueue
-from pipeline.queue.claim import MARIADB, QueueSpec, WorkQueue
+from pipeline.queue.claim import WorkQueue
+from pipeline.queue.dialects import MARIADB
+from pipeline.queue.spec import QueueSpec
 from pipeline.storage import bulk, db, schema
 from tests.conftest import ALL_BACKENDS, conformance
 from tests.databases import MariaDatabases, PostgresDatabases
@@ -217,7 +219,7 @@ def captured_claim_sql(engine: sa.Engine, spec: QueueSpec) -> tuple[str, object]
 
 def explain_raw(conn: sa.Connection, explain: str, statement: str, arguments: list) -> list:
     """``explain`` (EXPLAIN and its options) of a statement with $n placeholders, as the
-    driver's hot path sends it (``_DriverStatement``): each row of the plan."""
+    driver's hot path sends it (``DriverStatement``): each row of the plan."""
     return psycopg.RawCursor(conn.connection.dbapi_connection).execute(f"{explain} {statement}", arguments).fetchall()
 
 

@@ -19,7 +19,8 @@ import sqlalchemy as sa
 
 from pipeline.fetching.decide import SourceDecision
 from pipeline.fetching.politeness import PoliteQueue
-from pipeline.queue.claim import QueueSpec, WorkQueue
+from pipeline.queue.claim import WorkQueue
+from pipeline.queue.spec import QueueSpec
 from pipeline.storage import schema
 
 GOLDEN = Path(__file__).resolve().parent.parent / "pipeline" / "queue" / "sql"

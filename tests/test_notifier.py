@@ -18,7 +18,13 @@ import sqlalchemy as sa
 from pipeline.catalogue import users
 from pipeline.catalogue.notifications import requeue_notifications
 from pipeline.core.settings import Settings
-from pipeline.notify.delivery import ID_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, signed_headers, verify
+from pipeline.notify.delivery import (
+    ID_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    signed_headers,
+    verify,
+)
 from pipeline.notify.notifier import Notifier, NotifyStats
 from pipeline.notify.schedule import DeliveryPlan
 from pipeline.storage import schema

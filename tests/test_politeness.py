@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from pipeline.fetching import politeness
 from pipeline.fetching.politeness import PoliteQueue
-from pipeline.queue.claim import MARIADB
+from pipeline.queue.dialects import MARIADB
 from pipeline.storage import db, schema
 from tests.conftest import conformance
 from tests.helpers import add_source, now, wait_until

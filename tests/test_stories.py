@@ -21,7 +21,7 @@ from pipeline.catalogue import users
 from pipeline.core.urls import story_url
 from pipeline.listings import stories
 from pipeline.listings.normalize import normalise
-from pipeline.queue.claim import MARIADB
+from pipeline.queue.dialects import MARIADB
 from pipeline.storage import bulk, schema
 from pipeline.storage.status import collect_status, status_as_text
 from tests import test_duplicates

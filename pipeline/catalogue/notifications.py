@@ -18,7 +18,7 @@ from pipeline.core.settings import Settings
 from pipeline.net.http import Fetcher
 from pipeline.notify.delivery import Item, Message, channels
 from pipeline.notify.notifier import load_messages
-from pipeline.queue.claim import UNCLAIMED
+from pipeline.queue.spec import UNCLAIMED
 from pipeline.storage import schema
 
 

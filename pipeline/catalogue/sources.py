@@ -32,7 +32,7 @@ from pipeline.core.urls import canonical_host, source_url
 from pipeline.fetching import politeness, websub, youtube
 from pipeline.fetching.collector import Collector, CollectStats
 from pipeline.fetching.registry import adapter_for
-from pipeline.queue.claim import UNCLAIMED
+from pipeline.queue.spec import UNCLAIMED
 from pipeline.storage import owners, schema
 from pipeline.storage.bulk import insert_ignoring_conflicts
 from pipeline.storage.health import fetch_error

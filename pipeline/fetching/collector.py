@@ -58,7 +58,8 @@ from pipeline.fetching.politeness import (
 )
 from pipeline.fetching.registry import adapter_for, push_reader
 from pipeline.net.http import Fetcher
-from pipeline.queue.claim import Claim, Row, RowCompletion, WorkQueue
+from pipeline.queue.claim import WorkQueue
+from pipeline.queue.spec import Claim, Row, RowCompletion
 from pipeline.queue.workpool import work_claimed
 from pipeline.storage import counters, owners, schema, watches
 from pipeline.storage.bulk import insert_rows, on_conflict_insert

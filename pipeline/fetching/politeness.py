@@ -48,7 +48,9 @@ from pipeline.core.errors import SourceError
 from pipeline.core.inputs import NAME_CHARS, text_problem
 from pipeline.core.kinds import SourceType
 from pipeline.core.urls import canonical_host, registrable_domain
-from pipeline.queue.claim import Claim, Strategy, WorkQueue
+from pipeline.queue.claim import WorkQueue
+from pipeline.queue.dialects import Strategy
+from pipeline.queue.spec import Claim
 from pipeline.storage import counters, schema
 from pipeline.storage.bulk import insert_ignoring_conflicts, insert_rows
 

@@ -31,8 +31,11 @@ from pipeline.core.urls import item_key
 from pipeline.core.words import word_string
 from pipeline.listings import stories
 from pipeline.listings.normalize import Listing, normalise
-from pipeline.queue.claim import MARIADB, UNCLAIMED, Claim, Heartbeat, Row, RowCompletion, WorkQueue
+from pipeline.queue.claim import WorkQueue
+from pipeline.queue.dialects import MARIADB
+from pipeline.queue.heartbeat import Heartbeat
 from pipeline.queue.recordset import json_rows, recordset
+from pipeline.queue.spec import UNCLAIMED, Claim, Row, RowCompletion
 from pipeline.storage import counters, schema
 
 log = logging.getLogger("pipeline.listings.processor")

@@ -41,7 +41,9 @@ from pipeline.notify.matching import Filter, FilterIndex, ListingText, Match
 from pipeline.notify.query import Query, QueryError, as_written, compile_query
 from pipeline.notify.schedule import DeliveryPlan, filter_digest
 from pipeline.notify.source_alerts import SourceAlerts
-from pipeline.queue.claim import Claim, Fenced, Row, RowCompletion, WorkQueue, in_transaction
+from pipeline.queue.claim import WorkQueue
+from pipeline.queue.dialects import in_transaction
+from pipeline.queue.spec import Claim, Fenced, Row, RowCompletion
 from pipeline.queue.workpool import work_claimed
 from pipeline.storage import counters, schema, watches
 from pipeline.storage.bulk import ANY_UNIQUE_KEY, insert_ignoring_conflicts

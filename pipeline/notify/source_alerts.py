@@ -30,7 +30,9 @@ from pipeline.core.failures import WORKER_STOPPED, FailureReason
 from pipeline.core.kinds import NotificationStatus, SourceHealth
 from pipeline.core.settings import Settings
 from pipeline.notify.delivery import Channel, Item, Message, attempt_outcome, send
-from pipeline.queue.claim import Claim, Row, RowCompletion, WorkQueue, in_transaction
+from pipeline.queue.claim import WorkQueue
+from pipeline.queue.dialects import in_transaction
+from pipeline.queue.spec import Claim, Row, RowCompletion
 from pipeline.queue.workpool import work_claimed
 from pipeline.storage import schema
 

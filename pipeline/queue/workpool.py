@@ -21,7 +21,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
-from pipeline.queue.claim import Claim, Heartbeat, WorkQueue
+from pipeline.queue.claim import WorkQueue
+from pipeline.queue.heartbeat import Heartbeat
+from pipeline.queue.spec import Claim
 
 # A claim that came back short while work was claimable now (``next_start_in`` said 0)
 # lost a race to another worker's claim: look again after a pause that starts short and

@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from pipeline.queue.claim import MARIADB
+from pipeline.queue.dialects import MARIADB
 from pipeline.queue.recordset import json_rows, recordset
 
 

@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 
 from pipeline.core.failures import FailureReason
-from pipeline.queue.claim import MARIADB, in_transaction
+from pipeline.queue.dialects import MARIADB, in_transaction
 from pipeline.queue.recordset import json_rows, recordset
 from pipeline.storage import schema
 from pipeline.storage.bulk import on_conflict_insert

@@ -18,7 +18,7 @@ from pipeline.core.backoff import BackoffPolicy
 from pipeline.core.failures import PERMANENT
 from pipeline.core.kinds import NotificationStatus
 from pipeline.core.redact import userinfo
-from pipeline.queue.claim import QueueSpec
+from pipeline.queue.spec import QueueSpec
 from pipeline.storage import schema
 
 DEFAULT_POLICY = BackoffPolicy()

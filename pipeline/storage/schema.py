@@ -24,7 +24,8 @@ from pipeline.core.kinds import (
     WebSubState,
     sql_in,
 )
-from pipeline.queue.claim import MARIADB, AgedTerm, OrderTerm, QueueSpec, sql_now
+from pipeline.queue.dialects import MARIADB, sql_now
+from pipeline.queue.spec import AgedTerm, OrderTerm, QueueSpec
 
 _ZERO = timedelta(0)
 MIN_FETCH_INTERVAL_MINUTES, MAX_FETCH_INTERVAL_MINUTES = cadence.MIN_INTERVAL_MINUTES, cadence.MAX_INTERVAL_MINUTES

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from pipeline.core.kinds import NotificationStatus, WebSubState
-from pipeline.queue.claim import QueueSpec
+from pipeline.queue.spec import QueueSpec
 from pipeline.storage import counters, db, health, schema
 from pipeline.storage.bulk import on_conflict_insert
 

@@ -44,7 +44,7 @@ import sqlalchemy as sa
 
 from pipeline.core.kinds import SourceType
 from pipeline.core.prices import PriceCondition
-from pipeline.queue.claim import UNCLAIMED
+from pipeline.queue.spec import UNCLAIMED
 from pipeline.storage import schema
 from pipeline.storage.bulk import ANY_UNIQUE_KEY, insert_ignoring_conflicts
 
