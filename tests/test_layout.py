@@ -24,11 +24,13 @@ def test_the_import_contracts_are_kept() -> None:
 
 def test_the_claim_primitive_is_where_the_design_names_it() -> None:
     """The original contract put the primitive at pipeline/claim.py; it lives in
-    pipeline/queue/claim.py and is re-exported there."""
+    pipeline/queue/ (the claim in claim.py, the queue's spec in spec.py) and is
+    re-exported there."""
     from pipeline import claim
     from pipeline.queue import claim as home
+    from pipeline.queue import spec
 
-    assert claim.WorkQueue is home.WorkQueue and claim.QueueSpec is home.QueueSpec
+    assert claim.WorkQueue is home.WorkQueue and claim.QueueSpec is spec.QueueSpec
 
 
 def test_no_file_sends_the_reader_outside_the_repository() -> None:

@@ -424,28 +424,33 @@ def test_a_source_removed_while_a_processor_writes_its_rows_waits_for_it_instead
     inserting a listing, its source (the foreign key). The removal used to take the
     source first: each waited for the other, and one was aborted. Starts a thread for
     the removal and waits for a state: the removal blocked on the processor's lock."""
-    with pg_engine.begin() as conn:
+    raw, listings = schema.listings_raw, schema.listings
+    with pg_engine.begin() as conn:  # processed already: no other test's claim takes it
         source_id = add_source(conn, "http://127.0.0.1/removed-while-processed")
         add_raw_rows(conn, source_id, 1)
-    raw, listings = schema.listings_raw, schema.listings
+        conn.execute(sa.update(raw).where(raw.c.source_id == source_id).values(processed_at=now()))
     done: dict[str, object] = {}
 
     def remove() -> None:
         try:
             with pg_engine.begin() as conn:
+                done["pid"] = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
                 done["counts"] = remove_sources(conn, [source_id])
         except Exception as exc:  # the test's assertion names it
             done["error"] = exc
 
     with pg_engine.connect() as processor, processor.begin():
         processor.execute(sa.update(raw).where(raw.c.source_id == source_id).values(processed_at=now()))
-        pid = processor.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
         remover = threading.Thread(target=remove)
         remover.start()
         with pg_engine.connect() as probe:
-            wait_until("the removal to wait for the processor's lock", lambda: probe.exec_driver_sql(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                f" AND {pid} = ANY(pg_blocking_pids(pid))").scalar_one(), timeout=60, every=0.05)
+            def removal_waits() -> bool:
+                assert "error" not in done, done["error"]
+                return "pid" in done and probe.exec_driver_sql(
+                    "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %(pid)s",
+                    {"pid": done["pid"]}).scalar() is True
+
+            wait_until("the removal to wait for the processor's lock", removal_waits, timeout=50, every=0.05)
         processor.execute(sa.insert(listings).values(source_id=source_id, source_item_id="x",
                                                      url="http://127.0.0.1/x", content_hash="h"))
     remover.join()
