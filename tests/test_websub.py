@@ -129,6 +129,10 @@ def test_a_feed_with_a_hub_is_subscribed_verified_and_pushed_to_once(engine, hub
     assert (answer.status_code, answer.text) == (200, "c-123")
     with engine.connect() as conn:
         assert websub.pushed(conn, [source_id], datetime.now(UTC)) == {source_id}
+    verifications = {label: v for (_, label), v in _totals(engine, counters.WEBSUB_VERIFICATIONS.name).items() if v}
+    assert verifications == {"refused": 3, "subscribed": 1}, "every verification counted, refusals by name"
+    assert {label: v for (_, label), v in _totals(engine, counters.WEBSUB_HUB_REQUESTS.name).items() if v} == {
+        "subscribe": 1}
 
     # The hub publishes: the new item lands at once, the old one is not stored again.
     body = feed(hub_url, topic, [("b", "Second"), ("a", "First")])
@@ -264,6 +268,8 @@ def test_a_hub_that_refuses_a_request_is_asked_again_later_and_others_are_asked_
     assert rows[topic].last_error.startswith("the hub refused to subscribe: ")
     assert rows[hub.url("/other")].last_error is None
     assert sorted(r["path"] for r in hub.requests if r["method"] == "POST") == ["/hub", "/hub2"]
+    assert {label: v for (_, label), v in _totals(engine, counters.WEBSUB_HUB_REQUESTS.name).items() if v} == {
+        "subscribe": 1, "failed": 1}
     make_due(engine)
     hub.routes["/hub"] = lambda h: h.reply(202)
     assert collector(engine, callback).run().hub_requests == 2, "asked again when due"

@@ -76,3 +76,13 @@ def refused(engine: Engine, outcome: str) -> None:
     counters.WEBSUB_PUSHES.count(counts, value=outcome)
     with engine.begin() as conn:
         counters.add(conn, counts)
+
+
+def verified(engine: Engine, mode: str | None) -> None:
+    """Count a hub's verification of intent: ``mode`` the one confirmed (``subscribe``,
+    ``unsubscribe``, ``denied``), None when it was refused (404)."""
+    outcome = {"subscribe": "subscribed", "unsubscribe": "unsubscribed", "denied": "denied"}.get(mode or "", "refused")
+    counts = counters.tally()
+    counters.WEBSUB_VERIFICATIONS.count(counts, value=outcome)
+    with engine.begin() as conn:
+        counters.add(conn, counts)

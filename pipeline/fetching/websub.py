@@ -49,7 +49,7 @@ from pipeline.core.settings import Settings
 from pipeline.net.http import Fetcher, FetchResult
 from pipeline.queue.claim import WorkQueue
 from pipeline.queue.spec import UNCLAIMED, Claim, Row
-from pipeline.storage import schema
+from pipeline.storage import counters, schema
 
 log = logging.getLogger(__name__)
 
@@ -198,13 +198,18 @@ def _ask(engine: Engine, settings: Settings, fetcher: Fetcher, queue: WorkQueue,
     form = {"hub.mode": mode, "hub.topic": row["topic"], "hub.callback": callback_url(settings, row["callback_token"])}
     if mode == "subscribe":
         form.update({"hub.secret": row["secret"], "hub.lease_seconds": str(int(LEASE.total_seconds()))})
+    counts = counters.tally()
     try:
         fetcher.post(row["hub"], urlencode(form).encode(), {"Content-Type": "application/x-www-form-urlencoded"})
+        counters.WEBSUB_HUB_REQUESTS.count(counts, value=mode)
     except FetchError as exc:
+        counters.WEBSUB_HUB_REQUESTS.count(counts, value="failed")
         with engine.begin() as conn:
             conn.execute(sa.update(t).where(t.c.id == row["id"], t.c.callback_token == row["callback_token"])
                          .values(last_error=f"the hub refused to {mode}: {exc.message}"[:1000]))
         log.warning("subscription %s: the hub %s refused to %s: %s", row["id"], row["hub"], mode, exc.message)
+    with engine.begin() as conn:
+        counters.add(conn, counts)
 
 
 def verify(engine: Engine, token: str, params: Mapping[str, str]) -> str | None:

@@ -161,10 +161,26 @@ WEBSUB_PUSHES = Counter(
     " not a feed; over PIPELINE_WEBSUB_PUSHES_PER_MINUTE).",
     label="outcome", known=PUSH_OUTCOMES,
 )
+VERIFICATION_OUTCOMES = ("subscribed", "unsubscribed", "denied", "refused")
+WEBSUB_VERIFICATIONS = Counter(
+    "pipeline_websub_verifications_total",
+    "Hubs' verifications of intent at the callback, by outcome: a subscription or an ending we asked"
+    " for, confirmed; a hub's denial, recorded; or refused (404: no such callback, another topic, a"
+    " mode we did not ask for).",
+    label="outcome", known=VERIFICATION_OUTCOMES,
+)
+HUB_REQUEST_OUTCOMES = ("subscribe", "unsubscribe", "failed")
+WEBSUB_HUB_REQUESTS = Counter(
+    "pipeline_websub_hub_requests_total",
+    "Requests sent to WebSub hubs, by outcome: a subscription (or renewal) or an unsubscription the"
+    " hub took, or failed (the hub answered an error, redirected, or could not be reached; asked"
+    " again later).",
+    label="outcome", known=HUB_REQUEST_OUTCOMES,
+)
 
 COUNTERS = (SOURCES_CLAIMED, SOURCES_FETCHED, SOURCES_FETCH_ERRORS, ITEMS_STORED, RAW_ROWS_PROCESSED,
             LISTINGS_MATCHED, NOTIFICATIONS_CREATED, NOTIFICATIONS_BATCHED, FILTER_FAILURES, DELIVERIES,
-            WEBSUB_PUSHES)
+            WEBSUB_PUSHES, WEBSUB_VERIFICATIONS, WEBSUB_HUB_REQUESTS)
 HISTOGRAMS = (FETCH_DURATION, DELIVERY_LATENCY, PUSH_TO_DELIVERY)
 
 

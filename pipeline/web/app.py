@@ -128,14 +128,16 @@ class FeedApp:
                 method: str) -> Iterable[bytes]:
         """A hub's verification of intent (GET) or distribution (POST) for the
         subscription ``token`` names (pipeline/fetching/websub.py)."""
-        if not _TOKEN.fullmatch(token):
-            return _plain(start_response, "404 Not Found", "no such subscription\n")
         if method == "GET":
             params = {k: v[-1] for k, v in parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True).items()}
-            challenge = websub.verify(self.engine, token, params)
+            challenge = websub.verify(self.engine, token, params) if _TOKEN.fullmatch(token) else None
+            push.verified(self.engine, None if challenge is None else params.get("hub.mode"))
             if challenge is None:
                 return _plain(start_response, "404 Not Found", "no such subscription\n")
             return _plain(start_response, "200 OK", challenge)
+        if not _TOKEN.fullmatch(token):
+            push.refused(self.engine, "no_subscription")
+            return _plain(start_response, "404 Not Found", "no such subscription\n")
         if method != "POST":
             return _plain(start_response, "405 Method Not Allowed", "GET or POST\n", [("Allow", "GET, POST")])
         if not self._pushes.hit(self._push_rate, token):
