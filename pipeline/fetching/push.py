@@ -72,17 +72,20 @@ def receive(engine: Engine, settings: Settings, token: str, body: bytes, headers
 
 def refused(engine: Engine, outcome: str) -> None:
     """Count a refused push (one of ``counters.PUSH_OUTCOMES``), in a transaction of its own."""
-    counts = counters.tally()
-    counters.WEBSUB_PUSHES.count(counts, value=outcome)
-    with engine.begin() as conn:
-        counters.add(conn, counts)
+    _count_alone(engine, counters.WEBSUB_PUSHES, outcome)
 
 
 def verified(engine: Engine, mode: str | None) -> None:
     """Count a hub's verification of intent: ``mode`` the one confirmed (``subscribe``,
     ``unsubscribe``, ``denied``), None when it was refused (404)."""
     outcome = {"subscribe": "subscribed", "unsubscribe": "unsubscribed", "denied": "denied"}.get(mode or "", "refused")
+    _count_alone(engine, counters.WEBSUB_VERIFICATIONS, outcome)
+
+
+def _count_alone(engine: Engine, counter: counters.Counter, value: str) -> None:
+    """One of ``counter``'s ``value``, added in a transaction of its own (no work was
+    done that a transaction would hold)."""
     counts = counters.tally()
-    counters.WEBSUB_VERIFICATIONS.count(counts, value=outcome)
+    counter.count(counts, value=value)
     with engine.begin() as conn:
         counters.add(conn, counts)

@@ -198,18 +198,19 @@ def _ask(engine: Engine, settings: Settings, fetcher: Fetcher, queue: WorkQueue,
     form = {"hub.mode": mode, "hub.topic": row["topic"], "hub.callback": callback_url(settings, row["callback_token"])}
     if mode == "subscribe":
         form.update({"hub.secret": row["secret"], "hub.lease_seconds": str(int(LEASE.total_seconds()))})
-    counts = counters.tally()
+    error = None
     try:
         fetcher.post(row["hub"], urlencode(form).encode(), {"Content-Type": "application/x-www-form-urlencoded"})
-        counters.WEBSUB_HUB_REQUESTS.count(counts, value=mode)
     except FetchError as exc:
-        counters.WEBSUB_HUB_REQUESTS.count(counts, value="failed")
-        with engine.begin() as conn:
+        error = f"the hub refused to {mode}: {exc.message}"
+        log.warning("subscription %s: %s (%s)", row["id"], error, row["hub"])
+    counts = counters.tally()
+    counters.WEBSUB_HUB_REQUESTS.count(counts, value=mode if error is None else "failed")
+    with engine.begin() as conn:  # the outcome and its count, in one transaction
+        if error is not None:
             conn.execute(sa.update(t).where(t.c.id == row["id"], t.c.callback_token == row["callback_token"])
-                         .values(last_error=f"the hub refused to {mode}: {exc.message}"[:1000]))
-        log.warning("subscription %s: the hub %s refused to %s: %s", row["id"], row["hub"], mode, exc.message)
-    with engine.begin() as conn:
-        counters.add(conn, counts)
+                         .values(last_error=error[:1000]))
+        counters.add(conn, counts)  # last: pipeline/storage/counters.py
 
 
 def verify(engine: Engine, token: str, params: Mapping[str, str]) -> str | None:
