@@ -77,9 +77,8 @@ from bench.scratch import (
     wait_for_backends_gone,
 )
 from pipeline.core.settings import Settings
-from pipeline.fetching import politeness
 from pipeline.fetching.collector import Collector
-from pipeline.storage import db, migrate, schema
+from pipeline.storage import db, migrate, politeness_groups, schema
 
 DB_NAME = unique_name("bench_collect")
 ITEMS = 25
@@ -282,7 +281,7 @@ def main() -> int:
         with engine.begin() as conn:
             # Every feed is on 127.0.0.1, the peers do not limit per host: the group's
             # limits are lifted so both sides fetch as fast as they can.
-            politeness.set_limits(conn, "127.0.0.1", max_in_flight=10_000, min_interval_seconds=0)
+            politeness_groups.set_limits(conn, "127.0.0.1", max_in_flight=10_000, min_interval_seconds=0)
             conn.execute(sa.insert(schema.sources), [
                 {"name": u, "url": u, "source_type": "rss", "politeness_group": "127.0.0.1"} for u in urls
             ])

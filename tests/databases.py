@@ -23,8 +23,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline.fetching import politeness
-from pipeline.storage import db
+from pipeline.core import politeness
+from pipeline.storage import db, politeness_groups
 from pipeline.storage.migrate import upgrade
 
 # Every feed of the suite is served from 127.0.0.1, one politeness group: test databases
@@ -38,7 +38,7 @@ def migrate(engine: sa.Engine) -> None:
     """Bring a test database to the head revision, with the suite's politeness defaults."""
     upgrade(engine)
     with engine.begin() as conn:
-        politeness.set_limits(conn, politeness.DEFAULT, max_in_flight=TEST_MAX_IN_FLIGHT,
+        politeness_groups.set_limits(conn, politeness.DEFAULT, max_in_flight=TEST_MAX_IN_FLIGHT,
                               min_interval_seconds=0)
 
 

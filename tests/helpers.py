@@ -15,8 +15,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline.fetching import politeness
-from pipeline.storage import schema
+from pipeline.core import politeness
+from pipeline.storage import politeness_groups, schema
 
 
 def now() -> datetime:
@@ -121,7 +121,7 @@ def expire_leases(engine: sa.Engine, table: sa.Table, ids: Sequence[int] | None 
 def add_source(conn: sa.Connection, url: str = "http://127.0.0.1/feed", **values: Any) -> int:
     row = {"name": url, "url": url, "source_type": "rss", **values}
     row.setdefault("politeness_group", politeness.group_for(url, row["source_type"]))
-    politeness.ensure_groups(conn, [row["politeness_group"]])
+    politeness_groups.ensure_groups(conn, [row["politeness_group"]])
     return int(
         conn.execute(
             sa.insert(schema.sources).values(row).returning(schema.sources.c.id)

@@ -20,10 +20,10 @@ from pipeline.core.cadence import Bounds, jittered, next_interval, publishing_ga
 from pipeline.fetching import quickfeed
 from pipeline.fetching.base import Item, Outcome
 from pipeline.fetching.decide import Cadence, after_success
-from pipeline.fetching.politeness import set_limits
 from pipeline.fetching.rss import _feedparser_entries, read_feed, refresh_minutes
 from pipeline.net.http import fresh_for
 from pipeline.storage import schema
+from pipeline.storage.politeness_groups import set_limits
 from tests.conftest import conformance
 from tests.helpers import add_source, now
 from tests.test_cli import assert_one_line_error, run

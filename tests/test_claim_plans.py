@@ -17,12 +17,12 @@ import psycopg.sql
 import pytest
 import sqlalchemy as sa
 
-from pipeline.fetching import politeness
+from pipeline.core import politeness
 from pipeline.fetching.politeness import PoliteQueue
 from pipeline.queue.claim import WorkQueue
 from pipeline.queue.dialects import MARIADB
 from pipeline.queue.spec import QueueSpec
-from pipeline.storage import bulk, db, schema
+from pipeline.storage import bulk, db, politeness_groups, schema
 from tests.conftest import ALL_BACKENDS, conformance
 from tests.databases import MariaDatabases, PostgresDatabases
 from tests.helpers import now
@@ -282,7 +282,7 @@ def test_the_polite_claim_of_due_sources_is_index_scans_too(big_engine: sa.Engin
     every statement it sends reads sources through indexes, including the count of a
     group's fetches in flight (ix_sources_politeness_leased)."""
     with big_engine.begin() as conn:
-        politeness.set_limits(conn, politeness.DEFAULT, max_in_flight=100_000, min_interval_seconds=0)
+        politeness_groups.set_limits(conn, politeness.DEFAULT, max_in_flight=100_000, min_interval_seconds=0)
     seen: list[tuple[str, object]] = []
 
     def capture(conn, cursor, statement, parameters, context, executemany):
@@ -331,7 +331,7 @@ def test_the_polite_claim_counts_a_groups_fetches_once_not_once_per_due_source(p
     later = now() + timedelta(hours=1)
     with pg_engine.begin() as conn:
         for g in range(groups):
-            politeness.set_limits(conn, f"host{g}", max_in_flight=10_000, min_interval_seconds=0)
+            politeness_groups.set_limits(conn, f"host{g}", max_in_flight=10_000, min_interval_seconds=0)
             bulk.insert_rows(conn, schema.sources, [
                 {"name": f"s{g}-{i}", "url": f"http://127.0.0.1/{g}/{i}", "source_type": "rss",
                  "politeness_group": f"host{g}", "next_fetch_at": later} for i in range(per_group)])

@@ -9,9 +9,9 @@ import pytest
 import sqlalchemy as sa
 
 from pipeline.catalogue import sources, users
+from pipeline.core import politeness
 from pipeline.core.errors import SourceError
 from pipeline.core.urls import canonical_url, item_key
-from pipeline.fetching import politeness
 from pipeline.storage import schema
 from tests.helpers import add_source
 from tests.http_server import LocalServer

@@ -19,10 +19,10 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from pipeline.fetching import politeness
-from pipeline.fetching.politeness import PoliteQueue
+from pipeline.core import politeness
+from pipeline.fetching.politeness import SLOT_POLL_SECONDS, PoliteQueue
 from pipeline.queue.dialects import MARIADB
-from pipeline.storage import db, schema
+from pipeline.storage import db, politeness_groups, schema
 from tests.conftest import conformance
 from tests.helpers import add_source, now, wait_until
 from tests.http_server import Handler, LocalServer
@@ -126,7 +126,7 @@ def record_group_claims(engine: sa.Engine) -> sa.Table:
 
 def set_group(engine: sa.Engine, name: str, max_in_flight: int, interval: float) -> None:
     with engine.begin() as conn:
-        politeness.set_limits(conn, name, max_in_flight=max_in_flight, min_interval_seconds=interval)
+        politeness_groups.set_limits(conn, name, max_in_flight=max_in_flight, min_interval_seconds=interval)
 
 
 @pytest.mark.slow
@@ -220,7 +220,7 @@ def test_a_429_with_retry_after_defers_the_whole_group(engine, host_server):
 
 def _groups(engine: sa.Engine) -> list[dict]:
     with engine.connect() as conn:
-        return politeness.list_groups(conn)
+        return politeness_groups.list_groups(conn)
 
 
 def test_a_claim_hands_out_no_more_than_a_group_has_room_for(engine):
@@ -423,12 +423,12 @@ def test_next_start_in_tells_a_lost_race_from_a_full_group(engine):
     assert queue.next_start_in() == 0, "a free slot"
     held = queue.claim("w1", 10)
     assert len(held) == 2
-    assert queue.next_start_in() == politeness.SLOT_POLL_SECONDS, "both slots held by fetches in flight"
+    assert queue.next_start_in() == SLOT_POLL_SECONDS, "both slots held by fetches in flight"
     set_group(engine, "full.example", max_in_flight=2, interval=3600)
     queue.complete(held, {"next_fetch_at": now() + timedelta(hours=1)}, ids=[ids[0]])
     assert queue.next_start_in() == 0, "a slot came free and the group's spacing has passed"
     with engine.begin() as conn:
-        politeness.defer(conn, "full.example", now() + timedelta(hours=1), "test")
+        politeness_groups.defer(conn, "full.example", now() + timedelta(hours=1), "test")
     assert 3500 < queue.next_start_in() <= 3600, "the group is deferred for an hour"
     queue.complete(held, {"next_fetch_at": now() + timedelta(hours=1)}, ids=[ids[1]])
     with engine.begin() as conn:
@@ -477,8 +477,8 @@ def test_a_loopback_host_is_the_operators_own_machine_and_is_not_spaced(engine):
     # 2,923 feeds served on 127.0.0.1 (the corpus check) took 49 minutes at the default
     # group's one fetch a second: there is nobody on loopback to be polite to.
     with engine.begin() as conn:
-        politeness.ensure_groups(conn, ["127.0.0.1", "::1", "localhost", "feeds.example.com"])
-        groups = {g["name"]: g for g in politeness.list_groups(conn)}
+        politeness_groups.ensure_groups(conn, ["127.0.0.1", "::1", "localhost", "feeds.example.com"])
+        groups = {g["name"]: g for g in politeness_groups.list_groups(conn)}
     for name in ("127.0.0.1", "::1", "localhost"):
         assert (groups[name]["max_in_flight"], groups[name]["min_interval_ms"]) == (
             politeness.LOOPBACK_MAX_IN_FLIGHT, 0), groups[name]
@@ -486,7 +486,7 @@ def test_a_loopback_host_is_the_operators_own_machine_and_is_not_spaced(engine):
     assert (groups["feeds.example.com"]["max_in_flight"], groups["feeds.example.com"]["min_interval_ms"]) == (
         default["max_in_flight"], default["min_interval_ms"])
     with engine.begin() as conn:  # an operator's limits win, and a reset comes back here
-        politeness.set_limits(conn, "127.0.0.1", max_in_flight=2, min_interval_seconds=1)
-        politeness.set_limits(conn, "127.0.0.1", reset=True)
-        again = {g["name"]: g for g in politeness.list_groups(conn)}["127.0.0.1"]
+        politeness_groups.set_limits(conn, "127.0.0.1", max_in_flight=2, min_interval_seconds=1)
+        politeness_groups.set_limits(conn, "127.0.0.1", reset=True)
+        again = {g["name"]: g for g in politeness_groups.list_groups(conn)}["127.0.0.1"]
     assert (again["max_in_flight"], again["min_interval_ms"]) == (politeness.LOOPBACK_MAX_IN_FLIGHT, 0)

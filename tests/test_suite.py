@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from pipeline.fetching import politeness
-from pipeline.storage import db, schema
+from pipeline.core import politeness
+from pipeline.storage import db, politeness_groups, schema
 from tests.conftest import conformance
 from tests.databases import TEST_MAX_IN_FLIGHT
 from tests.helpers import add_source
@@ -63,7 +63,7 @@ def test_a_reused_database_comes_back_as_the_migrations_left_it(backend: str, re
         with engine.begin() as conn:
             first = add_source(conn)
             add_source(conn, "http://127.0.0.1/other")
-            politeness.set_limits(conn, politeness.DEFAULT, max_in_flight=1, min_interval_seconds=5)
+            politeness_groups.set_limits(conn, politeness.DEFAULT, max_in_flight=1, min_interval_seconds=5)
             conn.execute(sa.delete(schema.story_lock))
         assert databases.shared() == url, "reset, not replaced"
         with engine.begin() as conn:

@@ -18,8 +18,8 @@ from bs4 import BeautifulSoup
 from pipeline.catalogue.sources import SourceSpec, make_spec
 from pipeline.core.errors import FetchError, SourceError
 from pipeline.core.kinds import SourceType
+from pipeline.core.politeness import group_for
 from pipeline.fetching.jsonfeed import looks_like_json
-from pipeline.fetching.politeness import group_for
 from pipeline.fetching.registry import adapter_for
 from pipeline.net.http import Fetcher
 

@@ -23,17 +23,17 @@ import yaml
 from sqlalchemy.engine import Engine
 
 from pipeline.catalogue.known import require_ids
-from pipeline.core import redact
+from pipeline.core import politeness, redact
 from pipeline.core.errors import SourceError
 from pipeline.core.inputs import NAME_CHARS, TEXT_CHARS, URL_CHARS, text_problem
 from pipeline.core.kinds import SourceType
 from pipeline.core.settings import Settings
 from pipeline.core.urls import canonical_host, source_url
-from pipeline.fetching import politeness, websub, youtube
+from pipeline.fetching import websub, youtube
 from pipeline.fetching.collector import Collector, CollectStats
 from pipeline.fetching.registry import adapter_for
 from pipeline.queue.spec import UNCLAIMED
-from pipeline.storage import owners, schema
+from pipeline.storage import owners, politeness_groups, schema
 from pipeline.storage.bulk import insert_ignoring_conflicts
 from pipeline.storage.health import fetch_error
 
@@ -547,7 +547,7 @@ def add_source(conn: sa.Connection, spec: SourceSpec) -> int:
     if existing is not None:
         raise SourceError(f"a source with URL {spec.url} exists already (id {existing})")
     row = spec.row()
-    politeness.ensure_groups(conn, [row["politeness_group"]])
+    politeness_groups.ensure_groups(conn, [row["politeness_group"]])
     return int(conn.execute(sa.insert(t).values(row).returning(t.c.id)).scalar_one())
 
 
@@ -566,7 +566,7 @@ def import_sources(
     added = 0
     for start in range(0, len(unique), IMPORT_CHUNK):
         rows = [spec.row() for spec in unique[start : start + IMPORT_CHUNK]]
-        politeness.ensure_groups(conn, [row["politeness_group"] for row in rows])
+        politeness_groups.ensure_groups(conn, [row["politeness_group"] for row in rows])
         added += insert_ignoring_conflicts(conn, schema.sources, rows, ["url"])
         if progress is not None:
             progress(len(rows))

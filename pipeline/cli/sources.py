@@ -9,12 +9,11 @@ import click
 
 from pipeline.catalogue import sources
 from pipeline.cli import common
-from pipeline.core import redact
+from pipeline.core import politeness, redact
 from pipeline.core.errors import SourceError
 from pipeline.core.kinds import SourceType, WebSubState
 from pipeline.core.settings import Settings
-from pipeline.fetching import politeness
-from pipeline.storage import schema
+from pipeline.storage import politeness_groups, schema
 
 PRIORITY_HELP = (f"Among due sources, higher is fetched first ({schema.MIN_PRIORITY} to "
                  f"{schema.MAX_PRIORITY}).")
@@ -316,7 +315,7 @@ def politeness_group() -> None:
 def politeness_list(as_json: bool) -> None:
     """Every politeness group: its limits, sources, fetches in flight and deferral."""
     with common.engine().connect() as conn:
-        rows = politeness.list_groups(conn)
+        rows = politeness_groups.list_groups(conn)
     if as_json:
         click.echo(common.as_json(rows))
         return
@@ -346,7 +345,7 @@ def politeness_set(
     """Set the limits of group NAME ('*': the defaults of every group without its own)."""
     try:
         with common.engine().begin() as conn:
-            politeness.set_limits(conn, name, max_in_flight=max_in_flight,
+            politeness_groups.set_limits(conn, name, max_in_flight=max_in_flight,
                                   min_interval_seconds=interval, reset=reset, create=create)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

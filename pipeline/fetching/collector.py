@@ -49,13 +49,7 @@ from pipeline.fetching.decide import (
     after_success,
     owner_alert,
 )
-from pipeline.fetching.politeness import (
-    PoliteQueue,
-    cadence_floor_minutes,
-    defer,
-    ensure_groups,
-    started_event,
-)
+from pipeline.fetching.politeness import PoliteQueue, started_event
 from pipeline.fetching.registry import adapter_for, push_reader
 from pipeline.net.http import Fetcher
 from pipeline.queue.claim import WorkQueue
@@ -63,6 +57,7 @@ from pipeline.queue.spec import Claim, Row, RowCompletion
 from pipeline.queue.workpool import work_claimed
 from pipeline.storage import counters, owners, schema, watches
 from pipeline.storage.bulk import insert_rows, on_conflict_insert
+from pipeline.storage.politeness_groups import cadence_floor_minutes, defer, ensure_groups
 
 log = logging.getLogger("pipeline.ingestion")
 

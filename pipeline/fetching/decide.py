@@ -17,8 +17,8 @@ from pipeline.core.backoff import BackoffPolicy, next_fetch_after_success, retry
 from pipeline.core.errors import FetchError
 from pipeline.core.failures import FailureReason
 from pipeline.core.kinds import SourceHealth
+from pipeline.core.politeness import group_for
 from pipeline.fetching.base import Item, Outcome
-from pipeline.fetching.politeness import group_for
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class Cadence:
 
     default_min_minutes: int  # the bounds of a source that sets none (Settings)
     default_max_minutes: int
-    group_floor_minutes: float = 0.0  # politeness.cadence_floor_minutes of the source's group
+    group_floor_minutes: float = 0.0  # politeness_groups.cadence_floor_minutes of the source's group
     u: float = 0.5  # uniform in [0, 1): the jitter
 
 

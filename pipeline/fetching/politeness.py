@@ -1,12 +1,11 @@
 """Politeness as part of the claim: a source is handed out only when its group has room.
 
-Every source belongs to a politeness group (``group_for``: its host by default, all
-YouTube sources in one, or a name given when it is added). A group allows at most
-``max_in_flight`` fetches at once across every worker, and starts them at least
-``min_interval_ms`` apart; a 429 or 503 with Retry-After defers the whole group
-(``defer``). ``PoliteQueue`` is the sources queue whose claim enforces this in the
-database, so a worker never holds a source it cannot start, and the request deadline
-starts only when the request is sent.
+The policy (which group a source is in, what a group allows, which due sources a claim
+may take) is pipeline/core/politeness.py; the groups' rows and their deferral (a 429 or
+503 with Retry-After defers the whole group) are pipeline/storage/politeness_groups.py.
+``PoliteQueue`` is the sources queue whose claim enforces the limits in the database, so
+a worker never holds a source it cannot start, and the request deadline starts only when
+the request is sent.
 
 How the PostgreSQL claim stays safe with many workers, in one statement
 (``PoliteQueue._build_claim``; docs/runbook.md "Politeness" has the SQL):
@@ -32,32 +31,26 @@ as a few statements in one transaction, the group rows locked before the count.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
 
-from pipeline.core.errors import SourceError
-from pipeline.core.inputs import NAME_CHARS, text_problem
-from pipeline.core.kinds import SourceType
-from pipeline.core.urls import canonical_host, registrable_domain
+from pipeline.core.politeness import DEFAULT, pick
 from pipeline.queue.claim import WorkQueue
 from pipeline.queue.dialects import Strategy
 from pipeline.queue.spec import Claim
 from pipeline.storage import counters, schema
-from pipeline.storage.bulk import insert_ignoring_conflicts, insert_rows
+from pipeline.storage.bulk import insert_rows
+from pipeline.storage.politeness_groups import fetching
 
 log = logging.getLogger(__name__)
 
-DEFAULT = schema.DEFAULT_POLITENESS_GROUP
-YOUTUBE_GROUP = "youtube"  # a named provider: every YouTube fetch goes to Google
 _groups, _sources = schema.politeness_groups, schema.sources
 # How many due sources a claim looks at per source it may hand out: enough that groups
 # with no room (their sources are filtered out in SQL first) never starve the others.
@@ -65,150 +58,6 @@ SCAN_FACTOR = 4
 # How soon to look again when every due source's group is full: its slots are held by
 # fetches in flight (another worker's: our own wake the loop when they finish).
 SLOT_POLL_SECONDS = 0.1
-
-
-GROUP_BY = ("host", "domain")  # the values of PIPELINE_POLITENESS_GROUP_BY
-
-
-def group_for(url: str, source_type: str, named: str | None = None, *, by: str = "host") -> str:
-    """The politeness group of a source: ``named`` when given, ``youtube`` for YouTube
-    sources, else the URL's host (lower case, without port: one machine, one group), or
-    with ``by="domain"`` its registrable domain (``a.blog.example.co.uk`` and
-    ``b.blog.example.co.uk`` are both ``example.co.uk``, by the Public Suffix List)."""
-    if by not in GROUP_BY:
-        raise ValueError(f"politeness groups are by {' or '.join(GROUP_BY)}, not {by!r}")
-    if named and named.strip():
-        return named.strip().lower()
-    if source_type == SourceType.YOUTUBE:
-        return YOUTUBE_GROUP
-    # One spelling per host (127.1, 2130706433 and 127.0.0.1 are one machine), without
-    # an IPv6 literal's brackets.
-    host = (canonical_host(urlsplit(url).hostname or "") or "").strip("[]")
-    if by == "domain" and host:
-        return registrable_domain(host)
-    return host or DEFAULT
-
-
-# A loopback host is the operator's own machine, with nobody to be polite to: its group
-# starts with no spacing and this many fetches at once (the workers' threads bound them
-# first). `pipeline politeness set` changes it like any other group.
-LOOPBACK_MAX_IN_FLIGHT = 256
-
-
-def _initial_limits(name: str) -> dict[str, int | None]:
-    """A new group's limits: NULL (the default group's), or a loopback host's own."""
-    try:
-        loopback = ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        loopback = name == "localhost" or name.endswith(".localhost")
-    if loopback:
-        return {"max_in_flight": LOOPBACK_MAX_IN_FLIGHT, "min_interval_ms": 0}
-    return {"max_in_flight": None, "min_interval_ms": None}
-
-
-def ensure_groups(conn: Connection, names: Iterable[str]) -> None:
-    """Create the rows of groups that have none, with their initial limits (the default
-    group's, or a loopback host's)."""
-    rows = [{"name": name, **_initial_limits(name)} for name in sorted(set(names)) if name != DEFAULT]
-    if rows:
-        insert_ignoring_conflicts(conn, _groups, rows, ["name"])
-
-
-def set_limits(
-    conn: Connection, name: str, *, max_in_flight: int | None = None,
-    min_interval_seconds: float | None = None, reset: bool = False, create: bool = True,
-) -> None:
-    """Set a group's limits (creating its row unless ``create`` is false: then a name no
-    group has, a typo most likely, is a SourceError); ``reset`` returns them to the defaults.
-    The default group's limits (``*``) are every other group's defaults."""
-    if problem := text_problem(name, "group", NAME_CHARS):
-        raise ValueError(problem)
-    if not create and name != DEFAULT and conn.execute(
-            sa.select(_groups.c.name).where(_groups.c.name == name)).first() is None:
-        raise SourceError(f"no politeness group named {name!r} (`pipeline politeness list` names them);"
-                          " give --create to set the limits of a group before its sources are added")
-    if max_in_flight is not None and max_in_flight < 1:
-        raise ValueError(f"max in flight must be at least 1, got {max_in_flight}")
-    if min_interval_seconds is not None and min_interval_seconds < 0:
-        raise ValueError(f"the interval cannot be negative, got {min_interval_seconds}")
-    if reset and name == DEFAULT:
-        raise ValueError("the default group's limits are the defaults: set them, do not reset them")
-    ensure_groups(conn, [name])
-    values: dict[str, Any] = {}
-    if reset:
-        values.update(_initial_limits(name))
-    if max_in_flight is not None:
-        values["max_in_flight"] = max_in_flight
-    if min_interval_seconds is not None:
-        values["min_interval_ms"] = round(min_interval_seconds * 1000)
-    if values:
-        conn.execute(sa.update(_groups).where(_groups.c.name == name).values(values))
-
-
-def fetching(sources: sa.FromClause, now: sa.ColumnElement[datetime]) -> sa.ColumnElement[bool]:
-    """A source being fetched: claimed, its lease running. ``claimed_by`` is named, not
-    only the lease, because it is the predicate of ix_sources_politeness_leased, which
-    serves every count of a group's fetches (migration 0007)."""
-    return sources.c.claimed_by.is_not(None) & (sources.c.locked_until > now)
-
-
-def list_groups(conn: Connection) -> list[dict[str, Any]]:
-    """Every group with its effective limits, its sources and its fetches in flight."""
-    g, d, s = _groups, _groups.alias("d"), _sources
-    now = schema.now_sql(conn.dialect.name)
-    counts = (
-        sa.select(
-            s.c.politeness_group.label("name"),
-            sa.func.count().label("sources"),
-            sa.func.count(sa.case((fetching(s, now), 1))).label("in_flight"),  # MariaDB has no FILTER
-        )
-        .group_by(s.c.politeness_group)
-        .subquery()
-    )
-    query = (
-        sa.select(
-            g.c.name,
-            sa.func.coalesce(g.c.max_in_flight, d.c.max_in_flight).label("max_in_flight"),
-            sa.func.coalesce(g.c.min_interval_ms, d.c.min_interval_ms).label("min_interval_ms"),
-            (g.c.max_in_flight.is_(None) & g.c.min_interval_ms.is_(None)).label("defaults"),
-            g.c.next_request_at, g.c.deferred_reason,
-            sa.func.coalesce(counts.c.sources, 0).label("sources"),
-            sa.func.coalesce(counts.c.in_flight, 0).label("in_flight"),
-        )
-        .select_from(g)
-        .join(d, d.c.name == DEFAULT)
-        .outerjoin(counts, counts.c.name == g.c.name)
-        .order_by(g.c.name)
-    )
-    return [dict(row) for row in conn.execute(query).mappings()]
-
-
-def cadence_floor_minutes(conn: Connection, name: str) -> float:
-    """The shortest interval at which group ``name`` can fetch each of its enabled
-    sources: its spacing times their number (0 for a group without spacing, whose
-    fetches in flight bound how many at once, not how often)."""
-    g, d, s = _groups, _groups.alias("d"), _sources
-    spacing = conn.execute(
-        sa.select(sa.func.coalesce(g.c.min_interval_ms, d.c.min_interval_ms))
-        .select_from(g).join(d, d.c.name == DEFAULT).where(g.c.name == name)
-    ).scalar()
-    if not spacing:
-        return 0.0
-    count = conn.execute(
-        sa.select(sa.func.count()).select_from(s).where(s.c.politeness_group == name, s.c.enabled)
-    ).scalar_one()
-    return float(spacing) * int(count) / 60_000
-
-
-def defer(conn: Connection, name: str, until: datetime, reason: str) -> None:
-    """Start no fetch of group ``name`` before ``until`` (a Retry-After that applies to
-    the whole host); an earlier deferral is never shortened."""
-    g = _groups
-    conn.execute(
-        sa.update(g)
-        .where(g.c.name == name, sa.or_(g.c.next_request_at.is_(None), g.c.next_request_at < until))
-        .values(next_request_at=until, deferred_reason=reason)
-    )
 
 
 class PoliteQueue(WorkQueue):
@@ -468,7 +317,7 @@ class PoliteQueue(WorkQueue):
                 .group_by(s.c.politeness_group),
                 params,
             ).all())
-            picked = _pick(candidates, groups, in_flight, self.spec.sort, limit)
+            picked = pick(candidates, groups, in_flight, self.spec.sort, limit)
             if not picked:
                 return Claim(self.spec.name, worker, token, [])
             taken = self._take(conn, [row["id"] for row in picked], worker, token, params)
@@ -568,28 +417,3 @@ def started_event(source: Mapping[Any, Any], run_id: str | None) -> dict[str, An
         "scheduled_at": source["next_fetch_at"],
     }
 
-
-def _pick(
-    candidates: Sequence[dict[str, Any] | RowMapping], groups: Sequence[RowMapping],
-    in_flight: dict[str, int], sort: Any, limit: int,
-) -> list[dict[str, Any] | RowMapping]:
-    """The candidates to lease: expired leases first, then the queue's order; per group
-    no more than its room, and one only when the group is spaced."""
-    limits = {grp["name"]: grp for grp in groups}
-    taken: dict[str, int] = {}
-    picked = []
-    expired = [row for row in candidates if row["branch"] == 0]
-    free = [row for row in candidates if row["branch"] == 1]
-    for row in [*sort(expired), *sort(free)]:
-        grp = limits.get(row["politeness_group"])
-        if grp is None:
-            continue  # closed (spacing, deferral), or no row: not now
-        n = taken.get(grp["name"], 0)
-        room = grp["max_in_flight"] - in_flight.get(grp["name"], 0)
-        if n >= room or (grp["interval_ms"] > 0 and n >= 1):
-            continue
-        taken[grp["name"]] = n + 1
-        picked.append(row)
-        if len(picked) == limit:
-            break
-    return picked

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.engine import Dialect
 
-from pipeline.core import cadence
+from pipeline.core import cadence, politeness
 from pipeline.core.inputs import MAX_ITEM_ID_CHARS, NAME_CHARS
 from pipeline.core.kinds import (
     ChannelKind,
@@ -123,13 +123,10 @@ def now_sql(dialect: str, minus: timedelta = _ZERO) -> sa.ColumnElement[datetime
     return sql_now(UTCDateTime(), database_clock=dialect == "postgresql", minus=minus)
 
 
-# Politeness groups (pipeline/fetching/politeness.py): every source belongs to one (its host by
-# default); a group allows at most ``max_in_flight`` fetches at once, across all workers,
+# Politeness groups (the policy: pipeline/core/politeness.py): every source belongs to one (its
+# host by default); a group allows at most ``max_in_flight`` fetches at once, across all workers,
 # and starts them at least ``min_interval_ms`` apart. NULL limits take those of the group
-# named DEFAULT_POLITENESS_GROUP, which is also the group of a source given none.
-DEFAULT_POLITENESS_GROUP = "*"
-DEFAULT_MAX_IN_FLIGHT = 2
-DEFAULT_MIN_INTERVAL_MS = 1000
+# named politeness.DEFAULT, which is also the group of a source given none.
 
 politeness_groups = sa.Table(
     "politeness_groups",
@@ -143,7 +140,7 @@ politeness_groups = sa.Table(
     sa.Column("deferred_reason", sa.Text()),  # why next_request_at was pushed past spacing
     # Sources of the group ever handed out: every claim adds how many it took, so a
     # claim adds those handed out since its snapshot (the newest row's value less the
-    # snapshot's) to its count of fetches in flight (pipeline/fetching/politeness.py).
+    # snapshot's) to its count of fetches in flight (pipeline/fetching/politeness.py, the polite claim).
     sa.Column("claims", sa.BigInteger(), nullable=False, server_default=sa.text("0")),
     sa.CheckConstraint("max_in_flight >= 1", name="max_in_flight"),
     sa.CheckConstraint("min_interval_ms >= 0", name="min_interval"),
@@ -188,13 +185,13 @@ sources = sa.Table(
     # a fetch that keeps killing its worker ends as a failure instead of looping.
     sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),
     # The source's politeness group; its row in politeness_groups must exist (written
-    # with the source: pipeline/fetching/politeness.py ``ensure_groups``). No foreign key: SQLite
+    # with the source: pipeline/storage/politeness_groups.py ``ensure_groups``). No foreign key: SQLite
     # cannot add one to an existing table without copying it.
     sa.Column(
         "politeness_group",
         NameType,
         nullable=False,
-        server_default=sa.text(f"'{DEFAULT_POLITENESS_GROUP}'"),
+        server_default=sa.text(f"'{politeness.DEFAULT}'"),
     ),
     *_claim_columns(),
     sa.UniqueConstraint("url"),
