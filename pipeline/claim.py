@@ -2,8 +2,9 @@
 (claim.py the claim, fenced.py the fenced writes, spec.py what a queue is, heartbeat.py
 the leases kept alive), and this module re-exports its public names."""
 
+from pipeline.backends import in_transaction
+from pipeline.backends.clock import sql_now
 from pipeline.queue.claim import WorkQueue
-from pipeline.queue.dialects import in_transaction, sql_now
 from pipeline.queue.heartbeat import Heartbeat
 from pipeline.queue.spec import (
            UNCLAIMED,

@@ -3,6 +3,7 @@ checked by import-linter over the real import graph (function-level imports incl
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -110,3 +111,57 @@ def test_the_command_line_imports_no_library_it_does_not_need_to_start() -> None
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+# Where code may ask which database it runs on: the backends (one module per database),
+# the claim queues (their strategies move into the backends next), the engine's creation
+# and the migrations.
+_DIALECT_HOMES = ("pipeline/backends/", "pipeline/queue/", "pipeline/storage/db.py", "pipeline/storage/migrate.py")
+_DIALECT_NAMES = {"postgresql", "sqlite", "mysql", "mariadb"}
+# What still asks outside them, per file (issue 35: to be 0). A file may only go down.
+_STILL_ASKING = {
+    "pipeline/fetching/collector.py": 1,
+    "pipeline/fetching/politeness.py": 5,
+    "pipeline/listings/processor.py": 9,
+    "pipeline/listings/stories.py": 5,
+    "pipeline/storage/health.py": 1,
+    "pipeline/storage/schema.py": 2,
+}
+
+
+def _asks_for_the_database(node: ast.AST) -> bool:
+    """``x.dialect.name``; a comparison with a database's name, with ``MARIADB`` or with a
+    claim ``Strategy``; a variable named ``dialect`` compared."""
+    if isinstance(node, ast.Attribute) and node.attr == "name" and isinstance(node.value, ast.Attribute) \
+            and node.value.attr == "dialect":
+        return True
+    if not isinstance(node, ast.Compare):
+        return False
+    sides = [node.left, *node.comparators]
+    for side in sides:
+        if isinstance(side, ast.Constant) and side.value in _DIALECT_NAMES:
+            return True
+        if isinstance(side, ast.Name) and side.id in ("MARIADB", "dialect"):
+            return True
+        if isinstance(side, ast.Attribute) and isinstance(side.value, ast.Name) and side.value.id == "Strategy":
+            return True
+    return False
+
+
+def test_no_code_outside_the_backends_asks_which_database_it_runs_on() -> None:
+    """Each database's SQL lives in its backend (pipeline/backends/): a stage that asks
+    which database it runs on has to be tested on every database, and a newcomer cannot
+    find "the MariaDB way" of a thing in one place. Counted on the source's syntax tree;
+    the files that still ask are listed above and may only ask less."""
+    asking: dict[str, int] = {}
+    for top in ("pipeline", "assets", "sensors", "resources"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            name = path.relative_to(ROOT).as_posix()
+            if name.startswith(_DIALECT_HOMES):
+                continue
+            tree = ast.parse(path.read_text(), name)
+            # A comparison whose side is ``x.dialect.name`` is one question, not two.
+            lines = {node.lineno for node in ast.walk(tree) if _asks_for_the_database(node)}
+            if lines:
+                asking[name] = len(lines)
+    assert asking == _STILL_ASKING, "files asking which database they run on (lines per file): " + repr(asking)

@@ -32,6 +32,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Engine
 
+from pipeline.backends import backend_for
 from pipeline.core.backoff import (
     BackoffPolicy,
     clamp_retry_after,
@@ -56,7 +57,7 @@ from pipeline.queue.claim import WorkQueue
 from pipeline.queue.spec import Claim, Row, RowCompletion
 from pipeline.queue.workpool import work_claimed
 from pipeline.storage import counters, owners, schema, watches
-from pipeline.storage.bulk import insert_rows, on_conflict_insert
+from pipeline.storage.bulk import insert_rows
 from pipeline.storage.politeness_groups import cadence_floor_minutes, defer, ensure_groups
 
 log = logging.getLogger("pipeline.ingestion")
@@ -504,7 +505,7 @@ def _changed_item_ids(conn: sa.Connection, source_id: int, items: Sequence[Item]
         {"source_id": source_id, "source_item_id": i.source_item_id, "content_hash": i.content_hash}
         for i in items
     ]
-    base = on_conflict_insert(conn, t)
+    base = backend_for(conn).on_conflict_insert(t)
     if base is not None:
         changed: set[str] = set()
         for start in range(0, len(rows), 1000):  # well under SQLite's bound-variable limit

@@ -25,6 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Engine
 
+from pipeline.backends.recordset import json_rows, recordset
 from pipeline.core.errors import NormaliseError
 from pipeline.core.settings import Settings
 from pipeline.core.urls import item_key
@@ -34,7 +35,6 @@ from pipeline.listings.normalize import Listing, normalise
 from pipeline.queue.claim import WorkQueue
 from pipeline.queue.dialects import MARIADB
 from pipeline.queue.heartbeat import Heartbeat
-from pipeline.queue.recordset import json_rows, recordset
 from pipeline.queue.spec import UNCLAIMED, Claim, Row, RowCompletion
 from pipeline.storage import counters, schema
 
@@ -356,7 +356,7 @@ def _existing_params(dialect: str, keys: list[tuple[int, str]]) -> dict[str, Any
 def _upsert_statement(dialect: str) -> sa.Insert:
     """INSERT ... ON CONFLICT (source_id, source_item_id) DO UPDATE, moving only forward.
 
-    PostgreSQL: the rows come as one JSON parameter (pipeline/queue/recordset.py); elsewhere an
+    PostgreSQL: the rows come as one JSON parameter (pipeline/backends/recordset.py); elsewhere an
     executemany. On conflict the listing takes the new content when the raw row is not
     older than the one it shows; ``ingested_at`` is never touched; ``updated_at`` moves and
     ``matched_at`` is cleared only when the content hash changed.

@@ -49,10 +49,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
+from pipeline.backends.recordset import integer_list, integers
 from pipeline.core.urls import same_site, story_url
 from pipeline.core.words import normalised
 from pipeline.listings.normalize import Listing
-from pipeline.queue.recordset import integer_list, integers
 from pipeline.storage import schema
 
 BITS = 64

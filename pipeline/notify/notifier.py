@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from pipeline.backends import in_transaction
 from pipeline.core.errors import DeliveryError, UserError
 from pipeline.core.failures import WORKER_STOPPED, FailureReason
 from pipeline.core.kinds import NotificationStatus
@@ -42,7 +43,6 @@ from pipeline.notify.query import Query, QueryError, as_written, compile_query
 from pipeline.notify.schedule import DeliveryPlan, filter_digest
 from pipeline.notify.source_alerts import SourceAlerts
 from pipeline.queue.claim import WorkQueue
-from pipeline.queue.dialects import in_transaction
 from pipeline.queue.spec import Claim, Fenced, Row, RowCompletion
 from pipeline.queue.workpool import work_claimed
 from pipeline.storage import counters, schema, watches

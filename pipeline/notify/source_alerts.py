@@ -25,13 +25,13 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from pipeline.backends import in_transaction
 from pipeline.core.errors import DeliveryError
 from pipeline.core.failures import WORKER_STOPPED, FailureReason
 from pipeline.core.kinds import NotificationStatus, SourceHealth
 from pipeline.core.settings import Settings
 from pipeline.notify.delivery import Channel, Item, Message, attempt_outcome, send
 from pipeline.queue.claim import WorkQueue
-from pipeline.queue.dialects import in_transaction
 from pipeline.queue.spec import Claim, Row, RowCompletion
 from pipeline.queue.workpool import work_claimed
 from pipeline.storage import schema

@@ -15,11 +15,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from pipeline.backends.clock import sql_now
 from pipeline.queue.dialects import (
     DriverStatement,
     Strategy,
     dollar_placeholders,
-    sql_now,
     strategy_for,
 )
 from pipeline.queue.spec import QueueSpec, Row

@@ -30,7 +30,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from pipeline.queue.dialects import DriverStatement, Strategy, in_transaction
+from pipeline.backends import in_transaction
+from pipeline.queue.dialects import DriverStatement, Strategy
 from pipeline.queue.fenced import FencedWrites, refuse_claim_columns
 from pipeline.queue.spec import Claim, Fenced, Row
 

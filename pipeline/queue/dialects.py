@@ -1,55 +1,23 @@
 """Where the databases differ for the claim queues: which claim ``Strategy`` a database
-gets, "now" by whose clock (``sql_now``), MariaDB's deadlock retries (``in_transaction``)
+gets
 and PostgreSQL's own path, a statement as psycopg runs it (``DriverStatement``).
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import re
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
-import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
 
 log = logging.getLogger(__name__)
 
 # SQLAlchemy's names of the MySQL family: MariaDB through a ``mysql+`` URL is "mysql".
 MARIADB = ("mysql", "mariadb")
-# InnoDB's "deadlock found" and "lock wait timeout": it rolled the transaction back.
-_INNODB_ROLLED_BACK = (1213, 1205)
-_TRIES = 8
-
-T = TypeVar("T")
-
-
-def in_transaction(engine: Engine, work: Callable[[Connection], T]) -> T:
-    """``work`` in a transaction of its own; on MariaDB, run again when InnoDB rolled it
-    back to break a deadlock (up to 8 times, a few ms apart, doubling), as its manual
-    asks of every application. Seen between claims and completions of due
-    notifications: that queue's pending predicate is two ranges of its index, so a
-    claim's locking read sorts what it found and holds every row it locked, not only
-    those it returns, to its commit (tests/test_claim_concurrency.py). ``work`` must be
-    safe to run again: everything it did was rolled back."""
-    for attempt in range(_TRIES):
-        try:
-            with engine.begin() as conn:
-                return work(conn)
-        except sa.exc.OperationalError as exc:
-            code = exc.orig.args[0] if exc.orig is not None and exc.orig.args else None
-            if engine.dialect.name not in MARIADB or code not in _INNODB_ROLLED_BACK or attempt == _TRIES - 1:
-                raise
-            log.debug("transaction rolled back by InnoDB (%s): run again", exc.orig)
-            time.sleep(random.uniform(0.001, 0.005) * 2**attempt)
-    raise AssertionError("unreachable")  # pragma: no cover
-
 
 @dataclass(frozen=True)
 class DriverStatement:
@@ -96,23 +64,6 @@ def dollar_placeholders(sql: str) -> tuple[str, tuple[str, ...]]:
         return f"${order.index(name) + 1}"
 
     return _PYFORMAT.sub(number, sql), tuple(order)
-
-
-def sql_now(
-    type_: sa.types.TypeEngine[datetime], *, database_clock: bool, minus: timedelta = timedelta(0),
-    bind: str | None = None,
-) -> sa.ColumnElement[datetime]:
-    """"Now" (less ``minus``) for SQL that compares with stored times (leases, due times,
-    ages): the one rule. With ``database_clock`` (PostgreSQL) the database's own clock,
-    the truth that hosts with skewed clocks share; otherwise (SQLite, whose file is on
-    this host) this host's clock: the bound parameter ``bind``, whose value the caller
-    gives at each execution of a statement built once, or else a literal of now."""
-    if database_clock:
-        now = sa.func.now(type_=type_)
-        return now if not minus else now - sa.literal(minus, sa.Interval())
-    if bind is not None:
-        return sa.bindparam(bind, type_=type_)
-    return sa.literal(datetime.now(UTC) - minus, type_)
 
 
 class Strategy(Enum):

@@ -15,9 +15,10 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
+from pipeline.backends import in_transaction
+from pipeline.backends.recordset import json_rows, recordset
 from pipeline.queue.base import QueueBase
-from pipeline.queue.dialects import DriverStatement, Strategy, in_transaction
-from pipeline.queue.recordset import json_rows, recordset
+from pipeline.queue.dialects import DriverStatement, Strategy
 from pipeline.queue.spec import Claim, Fenced, RowCompletion
 
 log = logging.getLogger(__name__)

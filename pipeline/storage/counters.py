@@ -10,8 +10,8 @@ series, picked at random, so two workers committing at once seldom wait on one r
 the rows of one add are written by one statement in key order, and no transaction
 takes another lock after it, so two adds never wait on each other in a circle. On
 MariaDB an add also never inserts a row: InnoDB deadlocks two transactions waiting on a
-third's new row when the third rolls back, so every shard of a series is created (as 0)
-in a transaction of its own when an add finds its row missing (``_create_shards``).
+third's new row when the third rolls back, so the rows an add finds missing are created
+(as 0) in a transaction of their own first (pipeline/backends/mariadb.py ``add_to``).
 A scrape sums the shards: at most (series x SHARDS) rows, however much work was counted.
 
 A histogram is counters too: one per bucket (not cumulative: the scrape cumulates), its
@@ -27,13 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql, postgresql, sqlite
+from sqlalchemy.dialects import postgresql
 
+from pipeline.backends import backend_for
+from pipeline.backends.on_conflict import OnConflict
 from pipeline.core.failures import FailureReason
-from pipeline.queue.dialects import MARIADB, in_transaction
-from pipeline.queue.recordset import json_rows, recordset
 from pipeline.storage import schema
-from pipeline.storage.bulk import on_conflict_insert
 
 SHARDS = 16
 
@@ -214,66 +213,8 @@ def add(conn: sa.Connection, counts: Mapping[tuple[str, str], float]) -> None:
             for (name, label), value in sorted(counts.items()) if value]
     if not rows:
         return
-    if conn.dialect.name == "postgresql":  # one statement, one bound JSON text
-        conn.execute(_upsert(conn), {"rows": json_rows(rows)})
-        return
-    if conn.dialect.name in MARIADB:
-        _create_shards(conn, shard, [(row["name"], row["label"]) for row in rows])
-    conn.execute(_upsert(conn), rows)  # an executemany
-
-
-def _create_shards(conn: sa.Connection, shard: int, series: list[tuple[str, str]]) -> None:
-    """MariaDB: create, as 0, every shard of each of ``series`` whose ``shard`` row is
-    missing, in a transaction of its own, so that the add in ``conn``'s transaction only
-    updates rows. An add that inserted its shard's row deadlocked two others waiting on
-    that row when its transaction rolled back (tests/test_counters.py). A read without
-    locks finds the missing series; a deadlock of the inserts is run again."""
-    t = schema.metric_counts
-    present = {(name, label) for name, label in conn.execute(sa.select(t.c.name, t.c.label).where(
-        t.c.shard == shard, sa.tuple_(t.c.name, t.c.label).in_(series)))}
-    missing = sorted(set(series) - present)
-    if not missing:
-        return
-    zeros = [{"name": name, "label": label, "shard": s, "value": 0.0} for name, label in missing for s in range(SHARDS)]
-    in_transaction(conn.engine, lambda own: own.execute(mysql.insert(t).prefix_with("IGNORE"), zeros))
-
-
-_UPSERTS: dict[str, sa.Insert] = {}
-
-
-def _upsert(conn: sa.Connection) -> sa.Insert:
-    """The dialect's upsert adding to a shard, built once (SQLAlchemy then caches its SQL)."""
-    found = _UPSERTS.get(conn.dialect.name)
-    if found is None:
-        found = _UPSERTS[conn.dialect.name] = _build_upsert(conn)
-    return found
-
-
-def _build_upsert(conn: sa.Connection) -> sa.Insert:
-    t = schema.metric_counts
-    if conn.dialect.name == "postgresql":
-        # INSERT ... SELECT FROM jsonb_to_recordset(:rows) ORDER BY the key: the rows in
-        # key order, as the module's docstring requires. An executemany of the rows,
-        # which psycopg runs as a pipeline, took 7% of the collector's client samples on
-        # an unchanged pass, next to 11% for the batch's completion (bench/RESULTS.md).
-        v = recordset(sa.column(c.name, c.type) for c in (t.c.name, t.c.label, t.c.shard, t.c.value))
-        ordered = sa.select(v.c.name, v.c.label, v.c.shard, v.c.value).order_by(v.c.name, v.c.label)
-        return _adding(postgresql.insert(t).from_select(["name", "label", "shard", "value"], ordered))
-    if conn.dialect.name in MARIADB:
-        duplicate = mysql.insert(t)
-        return duplicate.on_duplicate_key_update(value=t.c.value + duplicate.inserted.value)
-    insert = on_conflict_insert(conn, t)
-    if insert is None:
-        raise NotImplementedError(f"counters on {conn.dialect.name}")
-    return _adding(insert)
-
-
-def _adding(insert: postgresql.Insert | sqlite.Insert) -> sa.Insert:
-    """``insert`` adding to a shard's value where its row exists."""
-    t = schema.metric_counts
-    return insert.on_conflict_do_update(
-        index_elements=[t.c.name, t.c.label, t.c.shard], set_={"value": t.c.value + insert.excluded.value}
-    )
+    # In key order, as the module's docstring requires; one statement on PostgreSQL.
+    backend_for(conn).add_to(conn, schema.metric_counts, ("name", "label", "shard"), "value", rows)
 
 
 def count_rows_of(select: sa.Select[Any], counter: Counter) -> sa.Insert:
@@ -284,7 +225,8 @@ def count_rows_of(select: sa.Select[Any], counter: Counter) -> sa.Insert:
         sa.cast(sa.func.floor(sa.func.random() * SHARDS), sa.SmallInteger()),
         sa.cast(sa.func.count(), sa.Float()),
     ).select_from(select.subquery()).having(sa.func.count() > 0)
-    return _adding(postgresql.insert(schema.metric_counts).from_select(["name", "label", "shard", "value"], counted))
+    insert = postgresql.insert(schema.metric_counts).from_select(["name", "label", "shard", "value"], counted)
+    return OnConflict.adding(insert, schema.metric_counts, ("name", "label", "shard"), "value")
 
 
 def totals(conn: sa.Connection, names: Iterable[str] | None = None) -> dict[tuple[str, str], float]:

@@ -28,7 +28,7 @@ def stale_leases(conn: sa.Connection, queues: tuple[QueueSpec, ...], older_than:
     """Per queue, rows whose lease ran out more than ``older_than`` ago and that nobody
     has claimed since: work no worker is taking (is every worker of that stage down?).
     Leases are compared with the database clock, as the claim compares them."""
-    cutoff = schema.now_sql(conn.dialect.name, minus=older_than)
+    cutoff = schema.now_sql(conn, minus=older_than)
     counts = {}
     for spec in queues:
         t = spec.table
@@ -132,7 +132,7 @@ def holds_live_lease(conn: sa.Connection, worker: str) -> bool:
     """Does ``worker`` hold work whose lease still runs, in any claim queue? A worker
     renews its leases while it works (pipeline/queue/workpool.py's heartbeat), so a
     worker that holds one is alive; one whose process died holds none within a lease."""
-    now = schema.now_sql(conn.dialect.name)
+    now = schema.now_sql(conn)
     for spec in schema.QUEUES:
         held = sa.select(spec.table.c.id).where(spec.held(now), spec.table.c.claimed_by == worker).limit(1)
         if conn.execute(held).first() is not None:
@@ -167,7 +167,7 @@ def lateness(conn: sa.Connection, span: timedelta) -> Lateness:
 
 def _lateness(conn: sa.Connection, span: timedelta, *, by_hour: bool) -> list[Lateness]:
     e = schema.ingestion_events
-    since = schema.now_sql(conn.dialect.name, minus=span)
+    since = schema.now_sql(conn, minus=span)
     where = (e.c.event == schema.EVENT_STARTED, e.c.occurred_at >= since, e.c.scheduled_at.is_not(None))
     # A fetch that started before its due time (a refresh, another worker's clock a
     # little ahead) was not late: lateness is never below zero.
@@ -209,7 +209,7 @@ def failing_filters(conn: sa.Connection, span: timedelta = FILTER_FAILURE_SPAN) 
     query no longer compiles, or matching them raised: ``filters.error``); every other
     filter was matched. `pipeline filters list` shows why."""
     f = schema.filters
-    since = schema.now_sql(conn.dialect.name, minus=span)
+    since = schema.now_sql(conn, minus=span)
     return int(conn.execute(
         sa.select(sa.func.count()).select_from(f).where(f.c.enabled, f.c.failed_at >= since)
     ).scalar_one())

@@ -61,7 +61,7 @@ class DatabaseCollector(Collector):
         }
         s, n = schema.sources, schema.notifications
         with self.engine.connect() as conn:
-            at = conn.execute(sa.select(schema.now_sql(conn.dialect.name))).scalar_one()  # ages by the database's clock
+            at = conn.execute(sa.select(schema.now_sql(conn))).scalar_one()  # ages by the database's clock
             for spec in schema.QUEUES:
                 queue = f"{spec.table.name}.{spec.name}"
                 found = queue_status(conn, spec)

@@ -70,7 +70,7 @@ def fetching(sources: sa.FromClause, now: sa.ColumnElement[datetime]) -> sa.Colu
 def list_groups(conn: Connection) -> list[dict[str, Any]]:
     """Every group with its effective limits, its sources and its fetches in flight."""
     g, d, s = _groups, _groups.alias("d"), _sources
-    now = schema.now_sql(conn.dialect.name)
+    now = schema.now_sql(conn)
     counts = (
         sa.select(
             s.c.politeness_group.label("name"),

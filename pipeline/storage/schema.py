@@ -14,6 +14,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.engine import Dialect
 
+from pipeline.backends import backend_for
+from pipeline.backends.portable import Bind
 from pipeline.core import cadence, politeness
 from pipeline.core.inputs import MAX_ITEM_ID_CHARS, NAME_CHARS
 from pipeline.core.kinds import (
@@ -24,7 +26,7 @@ from pipeline.core.kinds import (
     WebSubState,
     sql_in,
 )
-from pipeline.queue.dialects import MARIADB, sql_now
+from pipeline.queue.dialects import MARIADB
 from pipeline.queue.spec import AgedTerm, OrderTerm, QueueSpec
 
 _ZERO = timedelta(0)
@@ -118,9 +120,10 @@ def _now() -> sa.TextClause:
     return sa.text("CURRENT_TIMESTAMP")
 
 
-def now_sql(dialect: str, minus: timedelta = _ZERO) -> sa.ColumnElement[datetime]:
-    """"Now" (less ``minus``) for reads over these tables (pipeline/queue/claim.py ``sql_now``)."""
-    return sql_now(UTCDateTime(), database_clock=dialect == "postgresql", minus=minus)
+def now_sql(bind: Bind, minus: timedelta = _ZERO) -> sa.ColumnElement[datetime]:
+    """"Now" (less ``minus``) for reads over these tables, by the clock ``bind``'s backend
+    trusts (pipeline/backends/clock.py)."""
+    return backend_for(bind).now(UTCDateTime(), minus)
 
 
 # Politeness groups (the policy: pipeline/core/politeness.py): every source belongs to one (its

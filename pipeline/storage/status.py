@@ -16,10 +16,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from pipeline.backends import backend_for
 from pipeline.core.kinds import NotificationStatus, WebSubState
 from pipeline.queue.spec import QueueSpec
 from pipeline.storage import counters, db, health, schema
-from pipeline.storage.bulk import on_conflict_insert
 
 UNSENT = (NotificationStatus.PENDING, NotificationStatus.FAILED, NotificationStatus.DEAD, NotificationStatus.HELD)
 
@@ -95,7 +95,7 @@ def next_due_in(conn: sa.Connection) -> float | None:
     """Seconds until the next source comes due, by the database clock: 0.0 when one is
     due now (or its lease ran out), None when no enabled source waits (all held)."""
     spec = schema.SOURCES_DUE
-    now_sql = schema.now_sql(conn.dialect.name)
+    now_sql = schema.now_sql(conn)
     if conn.execute(sa.select(spec.table.c.id).where(spec.expired(now_sql)).limit(1)).first() is not None:
         return 0.0
     now, due = conn.execute(sa.select(
@@ -107,7 +107,7 @@ def waited_seconds(conn: sa.Connection, spec: QueueSpec) -> float:
     """How long the queue's oldest waiting row has waited since it became due, by the
     database clock (0.0 when none waits): what the sensors observe on every tick and
     the freshness checks judge."""
-    now_sql = schema.now_sql(conn.dialect.name)
+    now_sql = schema.now_sql(conn)
     now = conn.execute(sa.select(now_sql)).scalar_one()
     return waited_since(oldest_waiting(conn, spec, now_sql), now)
 
@@ -122,7 +122,7 @@ def queue_status(conn: sa.Connection, spec: QueueSpec, now: sa.ColumnElement[dat
     """Three counts and a min, each over one of the queue's two partial indexes; ``now``
     the database's clock unless given."""
     if now is None:
-        now = schema.now_sql(conn.dialect.name)
+        now = schema.now_sql(conn)
     t = spec.table
     free = [spec.free(), *spec.ready_at(now)]
     expired = _count(conn, t, spec.expired(now))
@@ -138,19 +138,15 @@ def queue_status(conn: sa.Connection, spec: QueueSpec, now: sa.ColumnElement[dat
 
 
 def _totals(conn: sa.Connection) -> tuple[dict[str, int], bool]:
-    """Rows per table. PostgreSQL: the planner's estimate for the tables that grow without
-    bound (a count(*) would read all of them), exact for the rest; SQLite: exact."""
-    estimated = conn.dialect.name == "postgresql"
-    totals = {}
+    """Rows per table, and whether some are estimates: the database's estimate for the
+    tables that grow without bound where it keeps one cheaply (PostgreSQL's planner: a
+    count(*) would read all of them), exact for the rest."""
+    backend = backend_for(conn)
+    totals, estimated = {}, False
     for table in schema.metadata.sorted_tables:
-        if estimated and table.name in _ESTIMATED_TABLES:
-            value = conn.execute(
-                sa.text("SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass(:t)"),
-                {"t": table.name},
-            ).scalar()
-            totals[table.name] = int(value or 0)
-        else:
-            totals[table.name] = _count(conn, table)
+        estimate = backend.estimated_rows(conn, table) if table.name in _ESTIMATED_TABLES else None
+        estimated = estimated or estimate is not None
+        totals[table.name] = _count(conn, table) if estimate is None else estimate
     return totals, estimated
 
 
@@ -165,7 +161,7 @@ def _stories(conn: sa.Connection) -> dict[str, int]:
 
 
 def collect_status(engine: Engine) -> PipelineStatus:
-    now = schema.now_sql(engine.dialect.name)
+    now = schema.now_sql(engine)
     s, n, events = schema.sources, schema.notifications, schema.ingestion_events
     with engine.connect() as conn:
         at = conn.execute(sa.select(now)).scalar_one()
@@ -183,9 +179,9 @@ def collect_status(engine: Engine) -> PipelineStatus:
             .group_by(n.c.status)
         )}
         notifications = {str(k): int(by_status.get(k, 0)) for k in UNSENT}
-        if engine.dialect.name != "postgresql":
-            notifications["sent"] = _count(conn, n, n.c.status == NotificationStatus.SENT)
         totals, estimated = _totals(conn)
+        if not estimated:  # a count of the sent ones would read them all
+            notifications["sent"] = _count(conn, n, n.c.status == NotificationStatus.SENT)
         return PipelineStatus(
             database=db.display_url(engine.url),
             at=at,
@@ -222,7 +218,7 @@ def _pushed(conn: sa.Connection) -> dict[str, Any]:
     """WebSub subscriptions by state (pipeline/fetching/websub.py), and the first active
     lease's end."""
     t = schema.websub_subscriptions
-    counts = dict(conn.execute(sa.select(t.c.state, sa.func.count()).group_by(t.c.state)).all())
+    counts: dict[str, int] = dict(conn.execute(sa.select(t.c.state, sa.func.count()).group_by(t.c.state)).all())
     first = conn.execute(sa.select(sa.func.min(t.c.lease_until)).where(t.c.state == WebSubState.ACTIVE)).scalar()
     return {"pushed": {str(state): int(counts.get(state, 0)) for state in WebSubState}, "first_lease_end": first}
 
@@ -356,13 +352,6 @@ def _record(engine: Engine, stage: str, status: str, error: str | None) -> None:
     values = {"worker_name": stage, "last_run_at": datetime.now(UTC), "last_status": status, "last_error": error}
     try:
         with engine.begin() as conn:
-            insert = on_conflict_insert(conn, t)
-            if insert is None:
-                conn.execute(sa.delete(t).where(t.c.worker_name == stage))
-                conn.execute(sa.insert(t).values(values))
-            else:
-                conn.execute(insert.values(values).on_conflict_do_update(
-                    index_elements=[t.c.worker_name], set_={k: v for k, v in values.items() if k != "worker_name"}
-                ))
+            backend_for(conn).upsert(conn, t, values, ["worker_name"])
     except sa.exc.SQLAlchemyError:
         pass  # the run's own outcome matters more than this record of it

@@ -4,7 +4,7 @@
 SELECT ... FROM jsonb_to_recordset(:rows) AS v(...)``: the statement text is the same
 for any number of rows (compiled once, planned once), the client serialises the rows in
 one C-speed ``json.dumps``, and the server casts each field to its column's type. Used
-for batch writes whose rows carry values of their own (pipeline/queue/claim.py, ``insert_rows``).
+for batch writes whose rows carry values of their own (the fenced writes, pipeline/queue/fenced.py; the bulk inserts, pipeline/backends/postgresql.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,43 @@
+"""The driver boundary: what differs between the databases, one module per database
+behind one protocol (``Backend``), the portable strategy as the reference.
+
+``backend_for(conn)`` gives the backend of a connection or engine: ``postgresql.py``
+(one statement per batch, rows as one JSON parameter: ``recordset.py``), ``sqlite.py``
+(ON CONFLICT, executemany run in-process), ``mariadb.py`` (INSERT IGNORE, ON DUPLICATE
+KEY UPDATE, rows created apart from the transaction that adds to them), and for any
+other database ``portable.py`` (plain statements, correct for one writer at a time).
+Code outside this package, the claim queues (pipeline/queue/) and the migrations does
+not ask which database it runs on: it asks its backend (tests/test_layout.py counts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from sqlalchemy.engine import Connection, Dialect, Engine
+
+from pipeline.backends.mariadb import MariaDB
+from pipeline.backends.portable import Backend, Bind, Portable
+from pipeline.backends.postgresql import PostgreSQL
+from pipeline.backends.sqlite import SQLite
+
+# SQLAlchemy's dialect names; MariaDB through a ``mysql+`` URL is "mysql".
+_BACKENDS: dict[str, Backend] = {"postgresql": PostgreSQL(), "sqlite": SQLite(), "mysql": MariaDB(), "mariadb": MariaDB()}
+_PORTABLE = Portable()
+T = TypeVar("T")
+
+
+def backend_for(bind: Bind) -> Backend:
+    """The backend of ``bind`` (a connection, an engine or a dialect)."""
+    dialect = bind if isinstance(bind, Dialect) else bind.dialect
+    return _BACKENDS.get(dialect.name, _PORTABLE)
+
+
+def in_transaction(engine: Engine, work: Callable[[Connection], T]) -> T:
+    """``work`` in a transaction of its own, run again where the database broke a
+    deadlock by rolling it back (MariaDB); ``work`` must be safe to run again."""
+    return backend_for(engine).in_transaction(engine, work)
+
+
+__all__ = ["Backend", "backend_for", "in_transaction"]

@@ -1,0 +1,46 @@
+"""What PostgreSQL and SQLite share: INSERT ... ON CONFLICT, to skip a row whose key
+exists or to update it, as an executemany. PostgreSQL overrides the bulk paths with one
+statement per batch (postgresql.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+
+from pipeline.backends.portable import Portable, Rows
+
+
+class OnConflict(Portable):
+    """A database whose INSERT takes ON CONFLICT clauses (``on_conflict_insert``)."""
+
+    def on_conflict_insert(self, table: sa.Table) -> postgresql.Insert | sqlite.Insert:
+        raise NotImplementedError
+
+    def insert_ignoring_conflicts(self, conn: Connection, table: sa.Table, rows: Rows, keys: list[str]) -> int:
+        if not rows:
+            return 0
+        # An executemany: SQLite runs it in-process, and its rowcount is the total inserted.
+        stmt = self.on_conflict_insert(table).on_conflict_do_nothing(index_elements=keys or None)
+        return int(conn.execute(stmt.execution_options(preserve_rowcount=True), list(rows)).rowcount)
+
+    def upsert(self, conn: Connection, table: sa.Table, row: Mapping[str, Any], keys: Sequence[str]) -> None:
+        insert = self.on_conflict_insert(table).values(dict(row))
+        conn.execute(insert.on_conflict_do_update(
+            index_elements=[table.c[k] for k in keys], set_={k: v for k, v in row.items() if k not in keys}))
+
+    def add_to(self, conn: Connection, table: sa.Table, keys: Sequence[str], value: str, rows: Rows) -> None:
+        if not rows:
+            return
+        conn.execute(self.adding(self.on_conflict_insert(table), table, keys, value),
+                     sorted(rows, key=lambda r: tuple(r[k] for k in keys)))
+
+    @staticmethod
+    def adding(insert: postgresql.Insert | sqlite.Insert, table: sa.Table, keys: Sequence[str], value: str) -> sa.Insert:
+        """``insert`` adding its ``value`` to the stored row's where its ``keys`` exist."""
+        return insert.on_conflict_do_update(
+            index_elements=[table.c[k] for k in keys], set_={value: table.c[value] + insert.excluded[value]}
+        )

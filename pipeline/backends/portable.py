@@ -1,0 +1,149 @@
+"""The reference backend: plain SQLAlchemy statements that any database runs, correct
+within one transaction of one writer. The other backends override what their database
+does in fewer round trips or more safely under concurrency; what they do not override is
+this."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Protocol, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Dialect, Engine
+
+from pipeline.backends.clock import sql_now
+
+Rows = Sequence[Mapping[str, Any]]
+Bind = Connection | Engine | Dialect
+_ZERO = timedelta(0)
+T = TypeVar("T")
+# ``keys`` of ``insert_ignoring_conflicts`` for "any unique key of the table".
+ANY_UNIQUE_KEY: list[str] = []
+
+
+class Backend(Protocol):
+    """What the pipeline asks of a database beyond portable SQL."""
+
+    name: str
+    # "Now" is the database's clock (hosts with skewed clocks share it), not this host's.
+    database_clock: bool
+
+    def now(self, type_: sa.types.TypeEngine[datetime], minus: timedelta = _ZERO) -> sa.ColumnElement[datetime]:
+        """"Now" (less ``minus``) for SQL that compares with stored times."""
+        ...
+
+    def in_transaction(self, engine: Engine, work: Callable[[Connection], T]) -> T:
+        """``work`` in a transaction of its own, run again where the database rolled it
+        back to break a deadlock and asks the application to retry; ``work`` must be safe
+        to run again."""
+        ...
+
+    def insert_rows(self, conn: Connection, table: sa.Table, rows: Rows, *,
+                    ignore_conflicts_on: Sequence[str] = ()) -> int:
+        """Insert ``rows`` (all with the same keys); how many went in. With
+        ``ignore_conflicts_on`` (a key's columns, or ("*",) for any unique key) a row whose
+        key exists is skipped."""
+        ...
+
+    def insert_ignoring_conflicts(self, conn: Connection, table: sa.Table, rows: Rows, keys: list[str]) -> int:
+        """Insert ``rows``, skipping those whose ``keys`` exist (``ANY_UNIQUE_KEY``: that
+        clash on any unique key); how many went in."""
+        ...
+
+    def upsert(self, conn: Connection, table: sa.Table, row: Mapping[str, Any], keys: Sequence[str]) -> None:
+        """Store ``row``: insert it, or replace the other columns of the row with its
+        ``keys`` (the table's unique key)."""
+        ...
+
+    def estimated_rows(self, conn: Connection, table: sa.Table) -> int | None:
+        """The database's own cheap estimate of ``table``'s rows, or None where it keeps
+        none (then only a count tells)."""
+        ...
+
+    def on_conflict_insert(self, table: sa.Table) -> Any:
+        """An INSERT that takes ON CONFLICT clauses (PostgreSQL's or SQLite's), or None
+        where the database has none (transitional: the item storage that uses it moves
+        into the backends next)."""
+        ...
+
+    def add_to(self, conn: Connection, table: sa.Table, keys: Sequence[str], value: str, rows: Rows) -> None:
+        """Add each row's ``value`` to the stored row with its ``keys`` (the table's
+        unique key), creating it when missing; in ``keys`` order, so that two adders lock
+        rows in one order."""
+        ...
+
+
+class Portable:
+    """The reference: what every database runs."""
+
+    name = "portable"
+    database_clock = False
+
+    def now(self, type_: sa.types.TypeEngine[datetime], minus: timedelta = _ZERO) -> sa.ColumnElement[datetime]:
+        return sql_now(type_, database_clock=self.database_clock, minus=minus)
+
+    def in_transaction(self, engine: Engine, work: Callable[[Connection], T]) -> T:
+        with engine.begin() as conn:
+            return work(conn)
+
+    def insert_rows(self, conn: Connection, table: sa.Table, rows: Rows, *,
+                    ignore_conflicts_on: Sequence[str] = ()) -> int:
+        if not rows:
+            return 0
+        if ignore_conflicts_on:
+            keys = [] if tuple(ignore_conflicts_on) == ("*",) else list(ignore_conflicts_on)
+            return self.insert_ignoring_conflicts(conn, table, rows, keys)
+        conn.execute(sa.insert(table), list(rows))  # an executemany
+        return len(rows)
+
+    def insert_ignoring_conflicts(self, conn: Connection, table: sa.Table, rows: Rows, keys: list[str]) -> int:
+        # Look first (a NULL clashes with nothing, as in SQL).
+        if not rows:
+            return 0
+        key_sets = [keys] if keys else unique_keys(table)
+        present = [
+            {tuple(r) for r in conn.execute(sa.select(*(table.c[k] for k in ks)))} for ks in key_sets
+        ]
+        fresh = []
+        for r in rows:
+            values = [tuple(r[k] for k in ks) for ks in key_sets]
+            if any(None not in v and v in seen for v, seen in zip(values, present, strict=True)):
+                continue
+            fresh.append(r)
+            for v, seen in zip(values, present, strict=True):
+                seen.add(v)
+        if fresh:
+            conn.execute(sa.insert(table), fresh)
+        return len(fresh)
+
+    def upsert(self, conn: Connection, table: sa.Table, row: Mapping[str, Any], keys: Sequence[str]) -> None:
+        where = sa.and_(*(table.c[k] == row[k] for k in keys))
+        conn.execute(sa.delete(table).where(where))
+        conn.execute(sa.insert(table).values(dict(row)))
+
+    def estimated_rows(self, conn: Connection, table: sa.Table) -> int | None:
+        return None
+
+    def on_conflict_insert(self, table: sa.Table) -> Any:
+        return None
+
+    def add_to(self, conn: Connection, table: sa.Table, keys: Sequence[str], value: str, rows: Rows) -> None:
+        # An UPDATE per row; the rows it found no stored row for are inserted.
+        where = sa.and_(*(table.c[k] == sa.bindparam(f"key_{k}") for k in keys))
+        adding = sa.update(table).where(where).values({value: table.c[value] + sa.bindparam("add")})
+        missing = []
+        for row in sorted(rows, key=lambda r: tuple(r[k] for k in keys)):
+            params = {**{f"key_{k}": row[k] for k in keys}, "add": row[value]}
+            if conn.execute(adding, params).rowcount == 0:
+                missing.append(row)
+        if missing:
+            conn.execute(sa.insert(table), missing)
+
+
+def unique_keys(table: sa.Table) -> list[list[str]]:
+    """The column lists of ``table``'s primary key, unique constraints and unique indexes."""
+    keys = [[c.name for c in table.primary_key.columns]] if table.primary_key.columns else []
+    keys += [[c.name for c in u.columns] for u in table.constraints if isinstance(u, sa.UniqueConstraint)]
+    keys += [[c.name for c in i.columns] for i in table.indexes if i.unique]
+    return keys

@@ -1,0 +1,107 @@
+"""The driver boundary (pipeline/backends/): each database's backend does what the
+portable reference does, on that database, and the layer answers for every database.
+
+The whole module is the conformance set: each test runs on PostgreSQL, SQLite and
+MariaDB, once through the database's own backend and once through ``Portable``, the
+reference, and the two must leave the same rows."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from pipeline.backends import backend_for
+from pipeline.backends.portable import ANY_UNIQUE_KEY, Portable
+from pipeline.storage import schema
+from tests.conftest import conformance
+
+pytestmark = conformance
+
+_t = schema.worker_state  # a table with a unique key of one text column and a few values
+_m = schema.metric_counts  # (name, label, shard) unique, a float value
+
+
+def _backends(engine: sa.Engine) -> list:
+    own = backend_for(engine)
+    assert type(own) is not Portable, f"{engine.dialect.name} has a backend of its own"
+    return [own, Portable()]
+
+
+def _rows(conn: sa.Connection, table: sa.Table, *columns: str) -> list[tuple]:
+    return [tuple(r) for r in conn.execute(sa.select(*(table.c[c] for c in columns)).order_by(*columns))]
+
+
+@pytest.mark.parametrize("which", ["own", "portable"])
+def test_inserts_skip_rows_whose_key_exists_and_say_how_many_went_in(engine, which):
+    backend = _backends(engine)[which == "portable"]
+    with engine.begin() as conn:
+        conn.execute(sa.delete(_t))
+        first = [{"worker_name": f"w{i}", "last_status": "ok"} for i in range(3)]
+        assert backend.insert_rows(conn, _t, first) == 3
+        again = [{"worker_name": "w1", "last_status": "new"}, {"worker_name": "w9", "last_status": "new"}]
+        assert backend.insert_ignoring_conflicts(conn, _t, again, ["worker_name"]) == 1
+        assert backend.insert_rows(conn, _t, [{"worker_name": "w2", "last_status": "x"},
+                                              {"worker_name": "w8", "last_status": "x"}],
+                                   ignore_conflicts_on=("*",)) == 1
+        assert backend.insert_ignoring_conflicts(conn, _t, [{"worker_name": "w0", "last_status": "y"}],
+                                                 ANY_UNIQUE_KEY) == 0
+        assert backend.insert_rows(conn, _t, []) == 0
+        assert _rows(conn, _t, "worker_name", "last_status") == [
+            ("w0", "ok"), ("w1", "ok"), ("w2", "ok"), ("w8", "x"), ("w9", "new")]
+
+
+@pytest.mark.parametrize("which", ["own", "portable"])
+def test_an_add_creates_missing_rows_and_adds_to_present_ones(engine, which):
+    backend = _backends(engine)[which == "portable"]
+    keys = ("name", "label", "shard")
+    with engine.begin() as conn:
+        conn.execute(sa.delete(_m))
+        backend.add_to(conn, _m, keys, "value", [{"name": "a", "label": "", "shard": 0, "value": 1.5},
+                                                 {"name": "b", "label": "x", "shard": 0, "value": 2.0}])
+    with engine.begin() as conn:
+        backend.add_to(conn, _m, keys, "value", [{"name": "a", "label": "", "shard": 0, "value": 1.0},
+                                                 {"name": "a", "label": "", "shard": 1, "value": 4.0}])
+        backend.add_to(conn, _m, keys, "value", [])
+        found = _rows(conn, _m, "name", "label", "shard", "value")
+    # MariaDB creates a missing row (as 0) apart from the add, then adds: the same sums.
+    assert found == [("a", "", 0, 2.5), ("a", "", 1, 4.0), ("b", "x", 0, 2.0)]
+
+
+@pytest.mark.parametrize("which", ["own", "portable"])
+def test_an_upsert_inserts_or_replaces_the_rows_other_columns(engine, which):
+    backend = _backends(engine)[which == "portable"]
+    with engine.begin() as conn:
+        conn.execute(sa.delete(_t))
+        backend.upsert(conn, _t, {"worker_name": "collect", "last_status": "ok", "last_error": None}, ["worker_name"])
+        backend.upsert(conn, _t, {"worker_name": "collect", "last_status": "failed", "last_error": "boom"},
+                       ["worker_name"])
+        backend.upsert(conn, _t, {"worker_name": "process", "last_status": "ok", "last_error": None}, ["worker_name"])
+        assert _rows(conn, _t, "worker_name", "last_status", "last_error") == [
+            ("collect", "failed", "boom"), ("process", "ok", None)]
+
+
+def test_in_transaction_commits_the_work_and_hands_back_its_result(engine):
+    for backend in _backends(engine):
+        def work(conn: sa.Connection, backend=backend) -> int:
+            conn.execute(sa.delete(_t))
+            return backend.insert_rows(conn, _t, [{"worker_name": "w", "last_status": "ok"}])
+        assert backend.in_transaction(engine, work) == 1
+        with engine.connect() as conn:
+            assert _rows(conn, _t, "worker_name") == [("w",)]
+
+
+def test_a_row_estimate_is_the_databases_own_or_none(engine):
+    own, portable = _backends(engine)
+    with engine.connect() as conn:
+        estimate = own.estimated_rows(conn, _t)
+        assert portable.estimated_rows(conn, _t) is None
+    assert (estimate is not None) == (own.name == "postgresql"), "only PostgreSQL keeps a cheap estimate"
+
+
+def test_now_is_the_databases_clock_only_where_hosts_share_it(engine):
+    own = backend_for(engine)
+    now = own.now(schema.UTCDateTime())
+    assert own.database_clock == (own.name == "postgresql")
+    assert isinstance(now, sa.sql.functions.now) == own.database_clock
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(now)).scalar_one().tzinfo is not None
