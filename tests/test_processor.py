@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from pipeline.core.settings import Settings
-from pipeline.listings.processor import Processor, ProcessStats, _upsert_statement
+from pipeline.listings.processor import Processor, ProcessStats, _existing
 from pipeline.queue.claim import WorkQueue
 from pipeline.storage import schema
 from tests.claim_workers import process_one_batch
@@ -118,7 +118,7 @@ def test_older_content_never_overwrites_newer(engine, source_id):
     assert listings(engine)["a"]["title"] == "Newer"
     stats = ProcessStats()
     # The slow worker finishes its batch, after the newer content was stored.
-    processor(engine)._process(queue, slow, _upsert_statement(engine.dialect.name), stats)
+    processor(engine)._process(queue, slow, _existing(engine), stats)
     assert stats.unchanged == 1 and listings(engine)["a"]["title"] == "Newer"
 
 

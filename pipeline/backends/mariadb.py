@@ -15,6 +15,7 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection, Engine
 
 from pipeline.backends.portable import Portable, Rows
+from pipeline.backends.upsert import ForwardUpsert
 
 log = logging.getLogger(__name__)
 # InnoDB's "deadlock found" and "lock wait timeout": it rolled the transaction back.
@@ -76,3 +77,21 @@ class MariaDB(Portable):
     def upsert(self, conn: Connection, table: sa.Table, row: Mapping[str, Any], keys: Sequence[str]) -> None:
         insert = mysql.insert(table).values(dict(row))
         conn.execute(insert.on_duplicate_key_update({k: v for k, v in row.items() if k not in keys}))
+
+    def upsert_forward(self, conn: Connection, spec: ForwardUpsert, rows: Rows) -> Sequence[sa.Row[Any]] | None:
+        """``ON DUPLICATE KEY UPDATE`` has no WHERE, so each assignment carries the
+        condition ("not older"), and they run in order, each seeing the ones before: those
+        that compare the old hash first, the content after, ``order`` (which the condition
+        reads) last."""
+        t = spec.table
+        insert = mysql.insert(t)
+        new = insert.inserted
+        forward = spec.forward(new)
+        changed = sa.and_(forward, t.c[spec.hash] != new[spec.hash])
+        assignments: list[tuple[str, Any]] = [
+            *((name, sa.case((changed, value), else_=t.c[name])) for name, value in spec.on_change.items()),
+            *((name, sa.case((forward, new[name]), else_=t.c[name])) for name in spec.content),
+            (spec.order, sa.case((forward, new[spec.order]), else_=t.c[spec.order])),
+        ]
+        conn.execute(insert.on_duplicate_key_update(assignments), list(rows))
+        return None

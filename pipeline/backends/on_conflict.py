@@ -12,6 +12,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from pipeline.backends.portable import Portable, Rows
+from pipeline.backends.upsert import ForwardUpsert
 
 
 class OnConflict(Portable):
@@ -37,6 +38,26 @@ class OnConflict(Portable):
             return
         conn.execute(self.adding(self.on_conflict_insert(table), table, keys, value),
                      sorted(rows, key=lambda r: tuple(r[k] for k in keys)))
+
+    def upsert_forward(self, conn: Connection, spec: ForwardUpsert, rows: Rows) -> Sequence[sa.Row[Any]] | None:
+        """INSERT ... ON CONFLICT (keys) DO UPDATE ... WHERE not older; an executemany."""
+        conn.execute(self._forward(spec, self.on_conflict_insert(spec.table)), list(rows))
+        return None
+
+    @staticmethod
+    def _forward(spec: ForwardUpsert, insert: postgresql.Insert | sqlite.Insert) -> Any:
+        """``insert`` (of ``spec``'s rows) as the forward-only upsert."""
+        t, new = spec.table, insert.excluded
+        changed = t.c[spec.hash] != new[spec.hash]
+        return insert.on_conflict_do_update(
+            index_elements=[t.c[k] for k in spec.keys],
+            set_={
+                **{name: new[name] for name in spec.content},
+                spec.order: new[spec.order],
+                **{name: sa.case((changed, value), else_=t.c[name]) for name, value in spec.on_change.items()},
+            },
+            where=spec.forward(new),
+        )
 
     @staticmethod
     def adding(insert: postgresql.Insert | sqlite.Insert, table: sa.Table, keys: Sequence[str], value: str) -> sa.Insert:

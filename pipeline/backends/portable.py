@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect, Engine
 
 from pipeline.backends.clock import sql_now
+from pipeline.backends.upsert import ForwardUpsert
 
 Rows = Sequence[Mapping[str, Any]]
 Bind = Connection | Engine | Dialect
@@ -54,6 +55,22 @@ class Backend(Protocol):
     def upsert(self, conn: Connection, table: sa.Table, row: Mapping[str, Any], keys: Sequence[str]) -> None:
         """Store ``row``: insert it, or replace the other columns of the row with its
         ``keys`` (the table's unique key)."""
+        ...
+
+    def upsert_forward(self, conn: Connection, spec: ForwardUpsert, rows: Rows) -> Sequence[sa.Row[Any]] | None:
+        """Write ``rows`` (in ``spec.keys`` order) as ``spec`` says; the rows written
+        (``spec.returning``) where the database hands them back in the same statement,
+        else None (then the caller reads what it needs)."""
+        ...
+
+    def where_pairs(self, query: sa.Select[Any], first: sa.Column[Any], second: sa.Column[Any]) -> sa.Select[Any]:
+        """``query`` limited to rows whose (``first``, ``second``) is one of the pairs
+        ``pairs_params`` binds; the same SQL text for any number of pairs where the
+        database allows (built once by the caller)."""
+        ...
+
+    def pairs_params(self, pairs: Sequence[tuple[Any, Any]]) -> dict[str, Any]:
+        """The parameters of a ``where_pairs`` query for ``pairs``."""
         ...
 
     def estimated_rows(self, conn: Connection, table: sa.Table) -> int | None:
@@ -121,6 +138,29 @@ class Portable:
         where = sa.and_(*(table.c[k] == row[k] for k in keys))
         conn.execute(sa.delete(table).where(where))
         conn.execute(sa.insert(table).values(dict(row)))
+
+    def upsert_forward(self, conn: Connection, spec: ForwardUpsert, rows: Rows) -> Sequence[sa.Row[Any]] | None:
+        # Per row: read the stored one, then insert, or update when not older.
+        t = spec.table
+        for row in rows:
+            where = sa.and_(*(t.c[k] == row[k] for k in spec.keys))
+            stored = conn.execute(sa.select(t.c[spec.order], t.c[spec.hash]).where(where)).first()
+            if stored is None:
+                conn.execute(sa.insert(t).values(dict(row)))
+                continue
+            if stored[0] is not None and row[spec.order] < stored[0]:
+                continue  # older than what is stored
+            values: dict[str, Any] = {c: row[c] for c in (*spec.content, spec.order)}
+            if stored[1] != row[spec.hash]:
+                values.update(spec.on_change)
+            conn.execute(sa.update(t).where(where).values(values))
+        return None
+
+    def where_pairs(self, query: sa.Select[Any], first: sa.Column[Any], second: sa.Column[Any]) -> sa.Select[Any]:
+        return query.where(sa.tuple_(first, second).in_(sa.bindparam("pairs", expanding=True)))
+
+    def pairs_params(self, pairs: Sequence[tuple[Any, Any]]) -> dict[str, Any]:
+        return {"pairs": list(pairs)}
 
     def estimated_rows(self, conn: Connection, table: sa.Table) -> int | None:
         return None

@@ -5,6 +5,7 @@ one bound JSON text (``recordset.py``); conflicts skipped or added to with ON CO
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -13,6 +14,7 @@ from sqlalchemy.engine import Connection
 from pipeline.backends.on_conflict import OnConflict
 from pipeline.backends.portable import Rows
 from pipeline.backends.recordset import json_rows, recordset
+from pipeline.backends.upsert import ForwardUpsert
 
 
 class PostgreSQL(OnConflict):
@@ -23,6 +25,7 @@ class PostgreSQL(OnConflict):
         # Statements built once per table and column set (SQLAlchemy then caches their SQL).
         self._inserts: dict[tuple[str, tuple[str, ...], tuple[str, ...]], sa.Insert] = {}
         self._adds: dict[tuple[str, tuple[str, ...], str], sa.Insert] = {}
+        self._forwards: dict[int, tuple[ForwardUpsert, Any]] = {}
 
     def insert_rows(self, conn: Connection, table: sa.Table, rows: Rows, *,
                     ignore_conflicts_on: Sequence[str] = ()) -> int:
@@ -69,6 +72,33 @@ class PostgreSQL(OnConflict):
             ordered = sa.select(*(v.c[c] for c in columns)).order_by(*(v.c[k] for k in keys))
             stmt = self._adds[key] = self.adding(postgresql.insert(table).from_select(columns, ordered), table, keys, value)
         conn.execute(stmt, {"rows": json_rows(rows)})
+
+    def upsert_forward(self, conn: Connection, spec: ForwardUpsert, rows: Rows) -> Sequence[sa.Row[Any]] | None:
+        """One statement, the rows one JSON parameter, RETURNING what the spec names of
+        the rows it wrote (a row older than the stored one writes nothing)."""
+        found = self._forwards.get(id(spec))
+        if found is None:
+            t = spec.table
+            v = recordset(sa.column(name, t.c[name].type) for name in spec.columns)
+            insert = postgresql.insert(t).from_select(list(spec.columns), sa.select(*(v.c[name] for name in spec.columns)))
+            stmt = self._forward(spec, insert).returning(*(t.c[name] for name in spec.returning))
+            found = self._forwards[id(spec)] = (spec, stmt)  # the spec kept: its id stays its own
+        return conn.execute(found[1], {"rows": json_rows(rows)}).all()
+
+    def where_pairs(self, query: sa.Select[Any], first: sa.Column[Any], second: sa.Column[Any]) -> sa.Select[Any]:
+        """A join with the pairs as two paired arrays (``unnest``): one probe of an index
+        on the pair per pair, and the same SQL text for every batch (a tuple IN list
+        would be new text each time, compiled and parsed again)."""
+        pairs = sa.func.unnest(
+            sa.bindparam("firsts", type_=postgresql.ARRAY(first.type)),
+            sa.bindparam("seconds", type_=postgresql.ARRAY(second.type)),
+        ).table_valued(
+            sa.column("first", first.type), sa.column("second", second.type), name="k"
+        ).render_derived()  # AS k(first, second): unnest's columns get these names
+        return query.join(pairs, sa.and_(first == pairs.c.first, second == pairs.c.second))
+
+    def pairs_params(self, pairs: Sequence[tuple[Any, Any]]) -> dict[str, Any]:
+        return {"firsts": [p[0] for p in pairs], "seconds": [p[1] for p in pairs]}
 
     def on_conflict_insert(self, table: sa.Table) -> postgresql.Insert:
         return postgresql.insert(table)

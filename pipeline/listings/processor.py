@@ -22,10 +22,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Engine
 
-from pipeline.backends.recordset import json_rows, recordset
+from pipeline.backends import backend_for
+from pipeline.backends.upsert import ForwardUpsert
 from pipeline.core.errors import NormaliseError
 from pipeline.core.settings import Settings
 from pipeline.core.urls import item_key
@@ -33,7 +33,6 @@ from pipeline.core.words import word_string
 from pipeline.listings import stories
 from pipeline.listings.normalize import Listing, normalise
 from pipeline.queue.claim import WorkQueue
-from pipeline.queue.dialects import MARIADB
 from pipeline.queue.heartbeat import Heartbeat
 from pipeline.queue.spec import UNCLAIMED, Claim, Row, RowCompletion
 from pipeline.storage import counters, schema
@@ -82,7 +81,7 @@ class Processor:
         stats = ProcessStats()
         queue = WorkQueue(self.engine, schema.RAW_UNPROCESSED, lease_seconds=self.settings.lease_seconds,
                           columns=_CLAIMED)
-        upsert = _upsert_statement(self.engine.dialect.name)
+        existing = _existing(self.engine)
         isolating = False  # suspects came back: claim one row at a time until they are done
         with Heartbeat(queue) as heartbeat:
             while max_rows is None or stats.claimed < max_rows:
@@ -98,14 +97,14 @@ class Processor:
                 stats.claimed += len(claim)
                 heartbeat.hold(claim)
                 try:
-                    self._process(queue, claim, upsert, stats)
+                    self._process(queue, claim, existing, stats)
                 finally:
                     heartbeat.drop(claim)
                 if progress is not None:
                     progress(len(claim))
         return stats
 
-    def _process(self, queue: WorkQueue, claim: Claim, upsert: sa.Insert, stats: ProcessStats) -> None:
+    def _process(self, queue: WorkQueue, claim: Claim, existing: sa.Select[Any], stats: ProcessStats) -> None:
         """Normalise a claimed batch and write it in one transaction. Any error while
         handling one row fails that row only: a row the normaliser (or anything else)
         cannot handle is recorded as failed, and if the database refuses the batch, its
@@ -134,7 +133,7 @@ class Processor:
         counted = asdict(stats)
         try:
             with self.engine.begin() as conn:
-                self._write(conn, queue, claim, upsert, good, now, stats)
+                self._write(conn, queue, claim, existing, good, now, stats)
                 self._record_failures(conn, queue, claim, bad, now, stats)
                 _count(conn, counted, stats)
         except sa.exc.StatementError as exc:
@@ -148,7 +147,7 @@ class Processor:
                 counted = asdict(stats)
                 try:
                     with self.engine.begin() as conn:
-                        self._write(conn, queue, claim, upsert, [one], now, stats)
+                        self._write(conn, queue, claim, existing, [one], now, stats)
                         _count(conn, counted, stats)
                 except sa.exc.StatementError as one_exc:
                     if isinstance(one_exc, sa.exc.DBAPIError) and one_exc.connection_invalidated:
@@ -163,7 +162,7 @@ class Processor:
                 _count(conn, counted, stats)
 
     def _write(
-        self, conn: sa.Connection, queue: WorkQueue, claim: Claim, upsert: sa.Insert,
+        self, conn: sa.Connection, queue: WorkQueue, claim: Claim, existing: sa.Select[Any],
         good: Sequence[tuple[Row, Listing]], now: datetime, stats: ProcessStats,
     ) -> None:
         """Mark ``good`` processed (fenced) and upsert the listings of the rows still held."""
@@ -179,10 +178,10 @@ class Processor:
         fenced = queue.complete(claim, {"processed_at": now, "last_error": None}, ids=ids, conn=conn)
         done = set(fenced.done)
         stats.fenced_out += len(fenced.lost)
-        self._upsert(conn, upsert, [pair for pair in latest.values() if pair[0]["id"] in done], stats)
+        self._upsert(conn, existing, [pair for pair in latest.values() if pair[0]["id"] in done], stats)
 
     def _upsert(
-        self, conn: sa.Connection, upsert: sa.Insert, pairs: list[tuple[Row, Listing]], stats: ProcessStats,
+        self, conn: sa.Connection, existing: sa.Select[Any], pairs: list[tuple[Row, Listing]], stats: ProcessStats,
     ) -> None:
         """Upsert the listings of ``pairs``, then put the new ones in their stories."""
         if not pairs:
@@ -192,17 +191,16 @@ class Processor:
         # backlog holds newer versions of one item in two batches, in other orders).
         pairs = sorted(pairs, key=lambda pair: (pair[0]["source_id"], pair[0]["source_item_id"]))
         rows = [_listing_row(row, listing) for row, listing in pairs]
-        dialect = conn.dialect.name
+        backend = backend_for(conn)
         keys = [(r["source_id"], r["source_item_id"]) for r in rows]
-        existing = {(r.source_id, r.source_item_id): r
-                    for r in conn.execute(_existing_statement(dialect), _existing_params(dialect, keys))}
+        stored = {(r.source_id, r.source_item_id): r for r in conn.execute(existing, backend.pairs_params(keys))}
         new: dict[tuple[int, str], stories.Marks] = {}
-        fresh = {r["source_id"] for r in rows if (r["source_id"], r["source_item_id"]) not in existing}
+        fresh = {r["source_id"] for r in rows if (r["source_id"], r["source_item_id"]) not in stored}
         s = schema.sources
         source_urls = dict(conn.execute(sa.select(s.c.id, s.c.url).where(s.c.id.in_(sorted(fresh)))).all()) if fresh else {}
         for r, (_, listing) in zip(rows, pairs, strict=True):
             key = (r["source_id"], r["source_item_id"])
-            old = existing.get(key)
+            old = stored.get(key)
             if old is None:
                 stats.inserted += 1
                 marks = new[key] = stories.Marks.of(listing, source_urls.get(r["source_id"]))
@@ -211,13 +209,11 @@ class Processor:
                 stats.updated += 1
             else:
                 stats.unchanged += 1
-        if dialect == "postgresql":  # RETURNING the ids of the rows it wrote
-            written = conn.execute(upsert, {"rows": json_rows(rows)}).all()
-        else:
-            conn.execute(upsert, rows)
-            written = conn.execute(_existing_statement(dialect), _existing_params(dialect, list(new))).all() if new else []
+        written = backend.upsert_forward(conn, _UPSERT, rows)
+        if written is None and new:  # the backend did not hand back the new ones' ids
+            written = conn.execute(existing, backend.pairs_params(list(new))).all()
         if new:
-            ids = {(r.source_id, r.source_item_id): r.id for r in written}
+            ids = {(r.source_id, r.source_item_id): r.id for r in written or ()}
             stats.clustered += stories.assign(conn, [
                 stories.NewListing(ids[key], key[0], marks) for key, marks in new.items()
             ])
@@ -306,86 +302,30 @@ def _listing_row(row: Row, listing: Listing) -> dict[str, Any]:
     }
 
 
-def _upsert_mariadb() -> sa.Insert:
-    """MariaDB's form of the upsert: ``ON DUPLICATE KEY UPDATE`` has no WHERE, so each
-    assignment carries the condition ("not older"), and they run in order, each seeing
-    the ones before: those that compare the old content hash first, the content after,
-    ``raw_id`` (which the condition reads) last."""
+# The listings a batch's keys already have, to count inserts, updates and no-ops (and, where
+# the upsert does not hand them back, the ids of the new ones), limited to the batch's
+# keys by the backend (``where_pairs``): on PostgreSQL one probe of the unique
+# (source_id, source_item_id) index per key and the same SQL text for every batch.
+_EXISTING = sa.select(*(schema.listings.c[name] for name in ("id", "source_id", "source_item_id", "content_hash", "raw_id")))
+
+
+def _existing(bind: sa.Engine | sa.Connection) -> sa.Select[Any]:
+    """``_EXISTING`` limited to the keys that ``pairs_params`` will bind, as ``bind``'s
+    backend limits it (built once per run)."""
     t = schema.listings
-    insert = mysql.insert(t)
-    new = insert.inserted
-    forward = sa.or_(t.c.raw_id.is_(None), new.raw_id >= t.c.raw_id)
-    changed = sa.and_(forward, t.c.content_hash != new.content_hash)
-    assignments: list[tuple[str, Any]] = [
-        ("updated_at", sa.case((changed, sa.func.current_timestamp()), else_=t.c.updated_at)),
-        ("matched_at", sa.case((changed, sa.null()), else_=t.c.matched_at)),
-        *((name, sa.case((changed, sa.null()), else_=t.c[name])) for name in UNCLAIMED),
-        *((name, sa.case((forward, new[name]), else_=t.c[name])) for name in _CONTENT),
-        ("raw_id", sa.case((forward, new.raw_id), else_=t.c.raw_id)),
-    ]
-    return insert.on_duplicate_key_update(assignments)
+    return backend_for(bind).where_pairs(_EXISTING, t.c.source_id, t.c.source_item_id)
 
-
-def _existing_statement(dialect: str) -> sa.Select[Any]:
-    """The listings a batch's keys already have, to count inserts, updates and no-ops
-    (and, after the upsert on SQLite and MariaDB, the ids of the new ones).
-
-    PostgreSQL: a join with the keys as two paired arrays (``unnest``), one probe of the
-    unique (source_id, source_item_id) index per key, and the same SQL text for every
-    batch (a tuple IN list would be new text each time, compiled and parsed again).
-    """
-    t = schema.listings
-    query = sa.select(t.c.id, t.c.source_id, t.c.source_item_id, t.c.content_hash, t.c.raw_id)
-    if dialect == "postgresql":
-        keys = sa.func.unnest(
-            sa.bindparam("source_ids", type_=postgresql.ARRAY(sa.BigInteger())),
-            sa.bindparam("item_ids", type_=postgresql.ARRAY(sa.Text())),
-        ).table_valued(
-            sa.column("source_id", sa.BigInteger()), sa.column("item_id", sa.Text()), name="k"
-        ).render_derived()  # AS k(source_id, item_id): unnest's columns get these names
-        return query.join(keys, sa.and_(t.c.source_id == keys.c.source_id, t.c.source_item_id == keys.c.item_id))
-    return query.where(sa.tuple_(t.c.source_id, t.c.source_item_id).in_(sa.bindparam("keys", expanding=True)))
-
-
-def _existing_params(dialect: str, keys: list[tuple[int, str]]) -> dict[str, Any]:
-    if dialect == "postgresql":
-        return {"source_ids": [k[0] for k in keys], "item_ids": [k[1] for k in keys]}
-    return {"keys": keys}
-
-
-def _upsert_statement(dialect: str) -> sa.Insert:
-    """INSERT ... ON CONFLICT (source_id, source_item_id) DO UPDATE, moving only forward.
-
-    PostgreSQL: the rows come as one JSON parameter (pipeline/backends/recordset.py); elsewhere an
-    executemany. On conflict the listing takes the new content when the raw row is not
-    older than the one it shows; ``ingested_at`` is never touched; ``updated_at`` moves and
-    ``matched_at`` is cleared only when the content hash changed.
-    """
-    t = schema.listings
-    if dialect in MARIADB:
-        return _upsert_mariadb()
-    insert: postgresql.Insert | sqlite.Insert
-    if dialect == "postgresql":
-        v = recordset(sa.column(name, t.c[name].type) for name in _COLUMNS)
-        insert = postgresql.insert(t).from_select(list(_COLUMNS), sa.select(*(v.c[name] for name in _COLUMNS)))
-    elif dialect == "sqlite":
-        insert = sqlite.insert(t)
-    else:
-        raise NotImplementedError(f"the processor's upsert needs PostgreSQL or SQLite, not {dialect}")
-    changed = t.c.content_hash != insert.excluded.content_hash
-    upsert = insert.on_conflict_do_update(
-        index_elements=[t.c.source_id, t.c.source_item_id],
-        set_={
-            **{name: insert.excluded[name] for name in _CONTENT},
-            "raw_id": insert.excluded.raw_id,
-            "updated_at": sa.case((changed, sa.func.current_timestamp()), else_=t.c.updated_at),
-            "matched_at": sa.case((changed, sa.null()), else_=t.c.matched_at),
-            # New content fences out a notifier matching the old one (UNCLAIMED): its
-            # completion finds the row no longer held, and the new content is matched.
-            **{name: sa.case((changed, sa.null()), else_=t.c[name]) for name in UNCLAIMED},
-        },
-        where=sa.or_(t.c.raw_id.is_(None), insert.excluded.raw_id >= t.c.raw_id),
-    )
-    # PostgreSQL tells the ids of the rows it wrote (the new ones' are needed for their
-    # stories); SQLite is asked after (_existing_statement).
-    return upsert.returning(t.c.id, t.c.source_id, t.c.source_item_id) if dialect == "postgresql" else upsert
+# INSERT ... ON CONFLICT (source_id, source_item_id) DO UPDATE, moving only forward: on
+# conflict the listing takes the new content when the raw row is not older than the one
+# it shows; ``ingested_at`` is never touched; ``updated_at`` moves and ``matched_at`` is
+# cleared only when the content hash changed. New content fences out a notifier matching
+# the old one (UNCLAIMED): its completion finds the row no longer held, and the new
+# content is matched. The backend hands back the ids of the rows it wrote where it can
+# (PostgreSQL): the new ones' are needed for their stories.
+_UPSERT = ForwardUpsert(
+    table=schema.listings, columns=_COLUMNS, keys=("source_id", "source_item_id"), order="raw_id",
+    hash="content_hash", content=_CONTENT,
+    on_change={"updated_at": sa.func.current_timestamp(), "matched_at": sa.null(),
+               **{name: sa.null() for name in UNCLAIMED}},
+    returning=("id", "source_id", "source_item_id"),
+)
