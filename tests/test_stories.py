@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pipeline.backends import backend_for
 from pipeline.catalogue import users
 from pipeline.core.urls import story_url
 from pipeline.listings import stories
@@ -264,7 +265,7 @@ def test_the_lookup_reads_each_key_by_its_index_planned_for_its_own_keys(backend
     asking = [stories.NewListing(10_000 + i, source + 1, stories.Marks(
         rng.getrandbits(62), rng.getrandbits(64), frozenset())) for i in range(200)]
     with engine.begin() as conn:
-        conn.execute(stories._lock_statement(engine.dialect.name))
+        conn.execute(backend_for(conn).serialising_lock(schema.story_lock))
         captured = []
         sa.event.listen(conn, "before_cursor_execute",
                         lambda conn, cursor, sql, params, context, many: captured.append((sql, params)))

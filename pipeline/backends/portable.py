@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect, Engine
 
 from pipeline.backends.clock import sql_now
+from pipeline.backends.recent import Asking, RecentPerKey
 from pipeline.backends.upsert import ForwardUpsert
 
 Rows = Sequence[Mapping[str, Any]]
@@ -71,6 +72,18 @@ class Backend(Protocol):
 
     def pairs_params(self, pairs: Sequence[tuple[Any, Any]]) -> dict[str, Any]:
         """The parameters of a ``where_pairs`` query for ``pairs``."""
+        ...
+
+    def recent_per_key(self, conn: Connection, spec: RecentPerKey, asking: Asking) -> Sequence[sa.Row[Any]]:
+        """Per key column, the ``spec.per_key`` most recent rows under each value asked
+        (``key_number``, ``key_value`` and ``spec.columns``), less ``asking.exclude``; a
+        backend may leave out rows not near a fingerprint asking (``RecentPerKey``)."""
+        ...
+
+    def serialising_lock(self, table: sa.Table) -> sa.Select[Any]:
+        """A statement that locks ``table``'s rows until the transaction ends (the
+        transaction's later statements are planned for their own parameters where the
+        database would otherwise plan a prepared statement once for any)."""
         ...
 
     def estimated_rows(self, conn: Connection, table: sa.Table) -> int | None:
@@ -161,6 +174,39 @@ class Portable:
 
     def pairs_params(self, pairs: Sequence[tuple[Any, Any]]) -> dict[str, Any]:
         return {"pairs": list(pairs)}
+
+    def recent_per_key(self, conn: Connection, spec: RecentPerKey, asking: Asking) -> Sequence[sa.Row[Any]]:
+        # A window per key column; the fingerprints are not looked at (callers check).
+        stmt = self._built(("recent", id(spec)), lambda: self._recent_ranked(spec))
+        params: dict[str, Any] = {"exclude": list(asking.exclude)}
+        params.update({f"values_{n}": sorted(values) for n, values in enumerate(asking.values)})
+        return conn.execute(stmt, params).all()
+
+    @staticmethod
+    def _recent_ranked(spec: RecentPerKey) -> sa.CompoundSelect[Any]:
+        t = spec.table
+
+        def part(number: int, column: str, key_number: Any, stored: list[sa.Column[Any]]) -> sa.Select[Any]:
+            rank = sa.func.row_number().over(partition_by=t.c[column], order_by=t.c.id.desc()).label("rank")
+            ranked = (sa.select(t.c[column].label("key_value"), *stored, rank)
+                      .where(t.c[column].in_(sa.bindparam(f"values_{number}", expanding=True)),
+                             t.c.id.not_in(sa.bindparam("exclude", expanding=True)))
+                      .subquery(f"r{number}"))
+            return (sa.select(key_number, ranked.c.key_value, *(ranked.c[c.name] for c in stored))
+                    .where(ranked.c.rank <= spec.per_key))
+
+        return spec.union(part)
+
+    def serialising_lock(self, table: sa.Table) -> sa.Select[Any]:
+        return sa.select(*table.primary_key.columns).with_for_update()
+
+    def _built(self, key: Any, build: Callable[[], T]) -> T:
+        """A statement built once per backend (SQLAlchemy then caches its SQL); a key
+        holding a spec's id is only used while the spec lives (specs are module-level)."""
+        cache: dict[Any, Any] = self.__dict__.setdefault("_statements", {})
+        if key not in cache:
+            cache[key] = build()
+        return cache[key]  # type: ignore[no-any-return]
 
     def estimated_rows(self, conn: Connection, table: sa.Table) -> int | None:
         return None

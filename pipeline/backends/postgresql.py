@@ -13,7 +13,8 @@ from sqlalchemy.engine import Connection
 
 from pipeline.backends.on_conflict import OnConflict
 from pipeline.backends.portable import Rows
-from pipeline.backends.recordset import json_rows, recordset
+from pipeline.backends.recent import Asking, RecentPerKey
+from pipeline.backends.recordset import integer_list, integers, json_rows, recordset
 from pipeline.backends.upsert import ForwardUpsert
 
 
@@ -99,6 +100,52 @@ class PostgreSQL(OnConflict):
 
     def pairs_params(self, pairs: Sequence[tuple[Any, Any]]) -> dict[str, Any]:
         return {"firsts": [p[0] for p in pairs], "seconds": [p[1] for p in pairs]}
+
+    def recent_per_key(self, conn: Connection, spec: RecentPerKey, asking: Asking) -> Sequence[sa.Row[Any]]:
+        """A lateral join per value asked, over the key's index (id descending); for the
+        keys after the first, only rows near a fingerprint asking with that value (a far
+        smaller answer when keys are crowded). The integers go as text (``integers``)."""
+        stmt = self._built(("recent", id(spec)), lambda: self._recent_lateral(spec))
+        params: dict[str, Any] = {"exclude": integer_list(asking.exclude)}
+        for number, values in enumerate(asking.values):
+            params[f"values_{number}"] = integer_list(values)
+            if number:
+                params[f"asking_{number}"] = integer_list(value for value, _ in asking.prints[number])
+                params[f"prints_{number}"] = integer_list(print_ for _, print_ in asking.prints[number])
+        return conn.execute(stmt, params).all()
+
+    @staticmethod
+    def _recent_lateral(spec: RecentPerKey) -> sa.CompoundSelect[Any]:
+        t = spec.table
+
+        def part(number: int, column: str, key_number: Any, stored: list[sa.Column[Any]]) -> sa.Select[Any]:
+            values = sa.func.unnest(integers(f"values_{number}")).table_valued(
+                sa.column("value", sa.BigInteger()), name=f"v{number}").render_derived()
+            recent = (sa.select(*stored).where(t.c[column] == values.c.value, t.c.id != sa.all_(integers("exclude")))
+                      .order_by(t.c.id.desc()).limit(spec.per_key).lateral(f"r{number}"))
+            found = (sa.select(key_number, values.c.value.label("key_value"), *recent.c)
+                     .select_from(values).join(recent, sa.true()))
+            if not number:
+                return found
+            # After the first key: near one asking with this value.
+            asking = sa.func.unnest(integers(f"asking_{number}"), integers(f"prints_{number}")).table_valued(
+                sa.column("value", sa.BigInteger()), sa.column("print", sa.BigInteger()), name=f"a{number}",
+            ).render_derived()
+            near = sa.func.bit_count(sa.cast(recent.c[spec.fingerprint].op("#")(asking.c["print"]), postgresql.BIT(64)))
+            # A semi-join: each row once, however many fingerprints ask with its value.
+            return found.where(sa.exists().select_from(asking).where(
+                asking.c.value == values.c.value, near <= spec.max_distance))
+
+        return spec.union(part)
+
+    def serialising_lock(self, table: sa.Table) -> sa.Select[Any]:
+        """Also plans the rest of the transaction's statements for their own parameters:
+        a prepared statement is otherwise planned once for any (``plan_cache_mode``), and
+        the story lookup's generic plan, made blind to how many keys are asked and how
+        many listings there are, took 10 times as long (bench/RESULTS.md, "One alert per
+        story")."""
+        return sa.select(*table.primary_key.columns,
+                         sa.func.set_config("plan_cache_mode", "force_custom_plan", True)).with_for_update()
 
     def on_conflict_insert(self, table: sa.Table) -> postgresql.Insert:
         return postgresql.insert(table)

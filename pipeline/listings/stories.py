@@ -44,12 +44,11 @@ import string
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 
-from pipeline.backends.recordset import integer_list, integers
+from pipeline.backends import backend_for
+from pipeline.backends.recent import Asking, RecentPerKey
 from pipeline.core.urls import same_site, story_url
 from pipeline.core.words import normalised
 from pipeline.listings.normalize import Listing
@@ -226,7 +225,7 @@ def assign(conn: sa.Connection, new: Sequence[NewListing]) -> int:
     keyed = [listing for listing in new if listing.marks.keys]
     if not keyed:
         return 0
-    conn.execute(_lock_statement(conn.dialect.name))  # held until commit
+    conn.execute(backend_for(conn).serialising_lock(schema.story_lock))  # held until commit
     # Per key, its most recent listings, oldest first: those stored before, then this
     # batch's in order, each with its cluster.
     recent: dict[tuple[str, int], deque[tuple[NewListing, int]]] = defaultdict(
@@ -256,22 +255,20 @@ def _candidates(conn: sa.Connection, keyed: Sequence[NewListing]) -> list[tuple[
     """The listings stored before ``keyed`` that share a key with one of them: each key's
     ``RECENT_PER_KEY`` most recent, oldest first, with the key (column, value).
 
-    PostgreSQL leaves out a band key's listings whose fingerprint is not within
-    ``MAX_DISTANCE`` of one asking (``same_story`` would refuse them): a far smaller answer
-    when bands are crowded. Elsewhere ``same_story`` alone tells."""
-    postgres = conn.dialect.name == "postgresql"
-    ids = [listing.id for listing in keyed]
-    params: dict[str, Any] = {"batch": integer_list(ids) if postgres else ids}
-    for number, column in enumerate(schema.STORY_KEYS):
-        values = {listing.marks.keys[column] for listing in keyed if column in listing.marks.keys}
-        params[f"values_{number}"] = integer_list(values) if postgres else sorted(values)
-        if number and postgres:  # a band: the fingerprints asking, with their value of it
-            asking = [(listing.marks.keys[column], to_signed(listing.marks.fingerprint)) for listing in keyed
-                      if column in listing.marks.keys and listing.marks.fingerprint is not None]
-            params[f"asking_{number}"] = integer_list(value for value, _ in asking)
-            params[f"prints_{number}"] = integer_list(print_ for _, print_ in asking)
+    A backend may leave out a band key's listings whose fingerprint is not within
+    ``MAX_DISTANCE`` of one asking (``same_story`` would refuse them): PostgreSQL does, a
+    far smaller answer when bands are crowded. Elsewhere ``same_story`` alone tells."""
+    asking = Asking(
+        values=[sorted({listing.marks.keys[column] for listing in keyed if column in listing.marks.keys})
+                for column in schema.STORY_KEYS],
+        # A band's fingerprints asking, with their value of it.
+        prints=[[(listing.marks.keys[column], to_signed(listing.marks.fingerprint)) for listing in keyed
+                 if column in listing.marks.keys and listing.marks.fingerprint is not None]
+                for column in schema.STORY_KEYS],
+        exclude=[listing.id for listing in keyed],
+    )
     found = {(row.key_number, row.key_value, row.id): row
-             for row in conn.execute(_recent_statement(conn.dialect.name), params)}
+             for row in backend_for(conn).recent_per_key(conn, _RECENT, asking)}
     s = schema.sources
     sources = {row.source_id for row in found.values()}
     source_urls = dict(conn.execute(sa.select(s.c.id, s.c.url).where(s.c.id.in_(sorted(sources)))).all()) if sources else {}
@@ -283,50 +280,10 @@ def _candidates(conn: sa.Connection, keyed: Sequence[NewListing]) -> list[tuple[
     ]
 
 
-def _lock_statement(dialect: str) -> sa.Select[Any]:
-    """Lock ``story_lock`` until the transaction ends. On PostgreSQL it also plans the
-    rest of the transaction's statements for their own parameters: a prepared statement
-    is otherwise planned once for any (``plan_cache_mode``), and the lookup's generic
-    plan, made blind to how many keys are asked and how many listings there are, took
-    10 times as long (bench/RESULTS.md, "One alert per story")."""
-    columns: list[Any] = [schema.story_lock.c.id]
-    if dialect == "postgresql":
-        columns.append(sa.func.set_config("plan_cache_mode", "force_custom_plan", True))
-    return sa.select(*columns).with_for_update()
-
-
-@functools.cache
-def _recent_statement(dialect: str) -> sa.CompoundSelect[Any]:
-    """Per story key column, the ``RECENT_PER_KEY`` most recent listings under each value
-    asked (``values_<n>``), leaving out this batch's (``batch``); on PostgreSQL, a band's
-    only those near a fingerprint asking with that value (``asking_<n>``, ``prints_<n>``)."""
-    t = schema.listings
-    stored = (t.c.id, t.c.source_id, t.c.cluster_id, t.c.simhash, t.c.story_key, t.c.title, t.c.url)
-    parts = []
-    for number, column in enumerate(schema.STORY_KEYS):
-        key_number = sa.literal_column(str(number), sa.Integer()).label("key_number")
-        if dialect == "postgresql":
-            values = sa.func.unnest(integers(f"values_{number}")).table_valued(
-                sa.column("value", sa.BigInteger()), name=f"v{number}").render_derived()
-            recent = (sa.select(*stored).where(t.c[column] == values.c.value, t.c.id != sa.all_(integers("batch")))
-                      .order_by(t.c.id.desc()).limit(RECENT_PER_KEY).lateral(f"r{number}"))
-            part = (sa.select(key_number, values.c.value.label("key_value"), *recent.c)
-                    .select_from(values).join(recent, sa.true()))
-            if number:  # a band: near one asking with this value
-                asking = sa.func.unnest(integers(f"asking_{number}"), integers(f"prints_{number}")).table_valued(
-                    sa.column("value", sa.BigInteger()), sa.column("print", sa.BigInteger()), name=f"a{number}",
-                ).render_derived()
-                near = sa.func.bit_count(sa.cast(recent.c.simhash.op("#")(asking.c["print"]), postgresql.BIT(64)))
-                # A semi-join: each listing once, however many fingerprints ask with its band.
-                part = part.where(sa.exists().select_from(asking).where(
-                    asking.c.value == values.c.value, near <= MAX_DISTANCE))
-        else:
-            rank = sa.func.row_number().over(partition_by=t.c[column], order_by=t.c.id.desc()).label("rank")
-            ranked = (sa.select(t.c[column].label("key_value"), *stored, rank)
-                      .where(t.c[column].in_(sa.bindparam(f"values_{number}", expanding=True)),
-                             t.c.id.not_in(sa.bindparam("batch", expanding=True)))
-                      .subquery(f"r{number}"))
-            part = (sa.select(key_number, ranked.c.key_value, *(ranked.c[c.name] for c in stored))
-                    .where(ranked.c.rank <= RECENT_PER_KEY))
-        parts.append(part)
-    return sa.union_all(*parts)
+# Per story key column, the ``RECENT_PER_KEY`` most recent listings under each value
+# asked, leaving out the batch's own (pipeline/backends/recent.py).
+_RECENT = RecentPerKey(
+    table=schema.listings, keys=tuple(schema.STORY_KEYS),
+    columns=("id", "source_id", "cluster_id", "simhash", "story_key", "title", "url"),
+    per_key=RECENT_PER_KEY, fingerprint="simhash", max_distance=MAX_DISTANCE,
+)
