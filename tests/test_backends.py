@@ -7,6 +7,8 @@ reference, and the two must leave the same rows."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 import sqlalchemy as sa
 
@@ -164,3 +166,38 @@ def test_a_query_limited_to_pairs_finds_exactly_those(engine):
             query = backend.where_pairs(sa.select(m.c.name, m.c.label), m.c.name, m.c.label)
             found = conn.execute(query, backend.pairs_params([("a", "y"), ("b", "x"), ("c", "x")])).all()
             assert sorted(tuple(r) for r in found) == [("a", "y"), ("b", "x")], backend.name
+
+
+def test_lateness_quantiles_are_the_references_on_every_database(engine):
+    """The PostgreSQL backend computes them in SQL (percentile_cont), the reference in
+    Python: the same numbers, an early row counted as on time, a span without rows left
+    out. On a table of the test's own (created and dropped here)."""
+    meta = sa.MetaData()
+    t = sa.Table("late_seconds_test", meta, sa.Column("id", sa.Integer(), primary_key=True),
+                 sa.Column("happened", schema.UTCDateTime()), sa.Column("due", schema.UTCDateTime()))
+    meta.drop_all(engine, checkfirst=True)
+    meta.create_all(engine)
+    try:
+        base = datetime.now(UTC).replace(minute=30, second=0, microsecond=0) - timedelta(hours=1)
+        late = [10, 20, 30, -5, 7]  # the last one an hour earlier
+        with engine.begin() as conn:
+            conn.execute(sa.insert(t), [
+                {"id": i + 1, "happened": base - timedelta(hours=i == 4), "due": base - timedelta(hours=i == 4, seconds=s)}
+                for i, s in enumerate(late)])
+            answers = []
+            for backend in _backends(engine):
+                since = backend.now(schema.UTCDateTime(), timedelta(hours=3))
+                whole = backend.late_seconds(conn, t.c.happened, t.c.due, [t.c.happened >= since], (0.5, 0.95),
+                                             since=since, by_hour=False)
+                hours = backend.late_seconds(conn, t.c.happened, t.c.due, [t.c.happened >= since], (0.5, 0.95),
+                                             since=since, by_hour=True)
+                answers.append(([(n, q) for _, n, q in whole], [(start.hour, n, q) for start, n, q in hours]))
+        own, reference = answers
+        assert own[0][0][0] == reference[0][0][0] == 5
+        assert own[0][0][1] == pytest.approx(reference[0][0][1]) and reference[0][0][1][0] == 10
+        assert [(h, n) for h, n, _ in own[1]] == [(h, n) for h, n, _ in reference[1]] == [
+            (base.hour, 4), ((base - timedelta(hours=1)).hour, 1)]
+        assert [x for *_, q in own[1] for x in q] == pytest.approx([x for *_, q in reference[1] for x in q])
+        assert reference[1][0][2][0] == 15, "lateness 0, 10, 20, 30: the median 15"
+    finally:
+        meta.drop_all(engine)

@@ -5,6 +5,7 @@ this."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
@@ -84,6 +85,18 @@ class Backend(Protocol):
         """A statement that locks ``table``'s rows until the transaction ends (the
         transaction's later statements are planned for their own parameters where the
         database would otherwise plan a prepared statement once for any)."""
+        ...
+
+    def late_seconds(
+        self, conn: Connection, happened: sa.Column[datetime], due: sa.Column[datetime],
+        where: Sequence[sa.ColumnElement[bool]], quantiles: Sequence[float], *,
+        since: sa.ColumnElement[datetime], by_hour: bool,
+    ) -> list[tuple[datetime, int, tuple[float, ...]]]:
+        """How late the rows ``where`` selects were (``happened`` after ``due``, never
+        below zero): over the whole span since ``since``, or per hour of ``happened``
+        (newest first), its start, how many and the ``quantiles`` of their lateness in
+        seconds (interpolated between the closest ranks, as ``percentile_cont``). A span
+        without rows is left out."""
         ...
 
     def estimated_rows(self, conn: Connection, table: sa.Table) -> int | None:
@@ -208,6 +221,20 @@ class Portable:
             cache[key] = build()
         return cache[key]  # type: ignore[no-any-return]
 
+    def late_seconds(
+        self, conn: Connection, happened: sa.Column[datetime], due: sa.Column[datetime],
+        where: Sequence[sa.ColumnElement[bool]], quantiles: Sequence[float], *,
+        since: sa.ColumnElement[datetime], by_hour: bool,
+    ) -> list[tuple[datetime, int, tuple[float, ...]]]:
+        # The rows' values in Python (a small deployment's).
+        origin = conn.execute(sa.select(since)).scalar_one()
+        spans: dict[datetime, list[float]] = {}
+        for at, was_due in conn.execute(sa.select(happened, due).where(*where)):
+            key = at.replace(minute=0, second=0, microsecond=0) if by_hour else origin
+            spans.setdefault(key, []).append(max(0.0, (at - was_due).total_seconds()))
+        return [(key, len(values), tuple(_quantile(values, q) for q in quantiles))
+                for key, values in sorted(spans.items(), reverse=True)]
+
     def estimated_rows(self, conn: Connection, table: sa.Table) -> int | None:
         return None
 
@@ -233,3 +260,11 @@ def unique_keys(table: sa.Table) -> list[list[str]]:
     keys += [[c.name for c in u.columns] for u in table.constraints if isinstance(u, sa.UniqueConstraint)]
     keys += [[c.name for c in i.columns] for i in table.indexes if i.unique]
     return keys
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0.01 steps) with linear interpolation between the closest
+    ranks, as PostgreSQL's ``percentile_cont`` computes it."""
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]

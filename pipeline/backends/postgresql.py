@@ -5,6 +5,7 @@ one bound JSON text (``recordset.py``); conflicts skipped or added to with ON CO
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -146,6 +147,24 @@ class PostgreSQL(OnConflict):
         story")."""
         return sa.select(*table.primary_key.columns,
                          sa.func.set_config("plan_cache_mode", "force_custom_plan", True)).with_for_update()
+
+    def late_seconds(
+        self, conn: Connection, happened: sa.Column[datetime], due: sa.Column[datetime],
+        where: Sequence[sa.ColumnElement[bool]], quantiles: Sequence[float], *,
+        since: sa.ColumnElement[datetime], by_hour: bool,
+    ) -> list[tuple[datetime, int, tuple[float, ...]]]:
+        """In SQL: ``percentile_cont`` over the lateness in seconds, per hour by
+        ``date_trunc``."""
+        late = sa.func.greatest(sa.extract("epoch", happened - due), 0)
+        start = sa.func.date_trunc("hour", happened) if by_hour else since
+        query = sa.select(
+            start.label("start"), sa.func.count().label("n"),
+            *(sa.func.percentile_cont(q).within_group(late).label(f"q{i}") for i, q in enumerate(quantiles)),
+        ).where(*where)
+        if by_hour:
+            query = query.group_by(start).order_by(start.desc())
+        return [(r["start"], int(r["n"]), tuple(float(r[f"q{i}"]) for i in range(len(quantiles))))
+                for r in conn.execute(query).mappings() if r["n"]]
 
     def on_conflict_insert(self, table: sa.Table) -> postgresql.Insert:
         return postgresql.insert(table)

@@ -8,12 +8,12 @@ lateness over the telemetry of the span asked (its ``occurred_at`` index).
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
 
+from pipeline.backends import backend_for
 from pipeline.core.backoff import BackoffPolicy
 from pipeline.core.failures import PERMANENT
 from pipeline.core.kinds import NotificationStatus
@@ -171,34 +171,9 @@ def _lateness(conn: sa.Connection, span: timedelta, *, by_hour: bool) -> list[La
     where = (e.c.event == schema.EVENT_STARTED, e.c.occurred_at >= since, e.c.scheduled_at.is_not(None))
     # A fetch that started before its due time (a refresh, another worker's clock a
     # little ahead) was not late: lateness is never below zero.
-    if conn.dialect.name == "postgresql":
-        late = sa.func.greatest(sa.extract("epoch", e.c.occurred_at - e.c.scheduled_at), 0)
-        start = sa.func.date_trunc("hour", e.c.occurred_at) if by_hour else since
-        query = sa.select(
-            start.label("start"), sa.func.count().label("fetches"),
-            sa.func.percentile_cont(0.5).within_group(late).label("p50"),
-            sa.func.percentile_cont(0.95).within_group(late).label("p95"),
-        ).where(*where)
-        if by_hour:
-            query = query.group_by(start).order_by(start.desc())
-        return [Lateness(r.start, int(r.fetches), float(r.p50), float(r.p95))
-                for r in conn.execute(query) if r.fetches]
-    # SQLite (a small deployment): the spans' values in Python.
-    spans: dict[datetime, list[float]] = {}
-    origin = datetime.now(UTC) - span
-    for occurred, scheduled in conn.execute(sa.select(e.c.occurred_at, e.c.scheduled_at).where(*where)):
-        key = occurred.replace(minute=0, second=0, microsecond=0) if by_hour else origin
-        spans.setdefault(key, []).append(max(0.0, (occurred - scheduled).total_seconds()))
-    return [Lateness(key, len(values), _percentile(values, 0.5), _percentile(values, 0.95))
-            for key, values in sorted(spans.items(), reverse=True)]
-
-
-def _percentile(values: list[float], q: float) -> float:
-    """The ``q`` quantile (0.01 steps) with linear interpolation between the closest
-    ranks, as PostgreSQL's ``percentile_cont`` computes it."""
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+    spans = backend_for(conn).late_seconds(conn, e.c.occurred_at, e.c.scheduled_at, where, (0.5, 0.95),
+                                           since=since, by_hour=by_hour)
+    return [Lateness(start, count, p50, p95) for start, count, (p50, p95) in spans]
 
 
 FILTER_FAILURE_SPAN = timedelta(days=1)
