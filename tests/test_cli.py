@@ -259,7 +259,7 @@ def test_a_feed_item_reaches_the_user_whose_filter_matches_through_the_command_l
 
 # -- operator input: one line, never a traceback --------------------------------------------
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 _TRICKY_URLS = ["http://[::1", "http://[::1]:99999/", "http://h:0/", "http://%zz/", "http://\x00/", "http://a b/",
@@ -307,6 +307,7 @@ def _commands(ids, urls, names):
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(args=_commands(_ids, _urls, _names))
+@example(args=("users", "add", "0", "--webhook", "0\r0"))  # the error quoted the carriage return
 def test_any_id_url_or_name_an_operator_types_is_answered_in_one_line(engine, db_url, args):
     """A property test over every command's id, URL and name arguments: each ends with
     exit code 0, or 1 and one line on stderr, or 2 (click's usage error, ending in

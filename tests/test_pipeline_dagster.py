@@ -468,14 +468,16 @@ def test_one_ingest_run_collects_processes_and_notifies(engine, db_url, server, 
         "Python developer"]
 
 
-def one_due_now_and_one_in_2_s(engine: sa.Engine, server: LocalServer, first: str, second: str) -> None:
-    """Source /a due now, /b in 2 s, each with one item titled as given; both come due
-    again an hour after their fetch."""
+def one_due_now_and_one_later(engine: sa.Engine, server: LocalServer, first: str, second: str) -> None:
+    """Source /a due now, /b in 30 s, each with one item titled as given; both come due
+    again an hour after their fetch. /b is what a run that lingered too long would fetch;
+    30 s, not 2: a loaded machine took longer than 2 s to start the run's first pass,
+    which then fetched /b as due (it runs 30 s only when the linger is broken)."""
     serve(server, "/a", rss([("a", first)]))
     serve(server, "/b", rss([("b", second)]))
     with engine.begin() as conn:
         add_source(conn, server.url("/a"))
-        add_source(conn, server.url("/b"), next_fetch_at=now() + timedelta(seconds=2))
+        add_source(conn, server.url("/b"), next_fetch_at=now() + timedelta(seconds=30))
 
 
 def ingest_lingering(db_url: str, seconds: int, tags: dict[str, str] | None = None) -> dg.ExecuteInProcessResult:
@@ -600,7 +602,7 @@ def test_an_ingest_run_lingers_no_longer_than_its_tag_says(engine, db_url, serve
     """The sensor tags the run with when its linger ends, and counts on it: the run never
     lingers past that, however long its config would let it."""
     monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
-    one_due_now_and_one_in_2_s(engine, server, "A", "B")
+    one_due_now_and_one_later(engine, server, "A", "B")
     over = (datetime.now(UTC) - timedelta(seconds=1)).isoformat(timespec="seconds")
     result = ingest_lingering(db_url, 600, tags={LINGER_TAG: over})
     assert result.success

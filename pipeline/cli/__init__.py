@@ -7,6 +7,7 @@ one line on stderr and exit status 1, never a traceback.
 from __future__ import annotations
 
 import sys
+import unicodedata
 
 import click
 import sqlalchemy as sa
@@ -46,6 +47,13 @@ def status(as_json: bool) -> None:
         click.echo(status_as_text(current))
 
 
+def _one_line(message: str) -> str:
+    """``message`` with its control characters and line breaks escaped (``\\r``): an
+    error quotes what the operator typed, and a carriage return or a newline in it must
+    not break the one line an error is, nor overwrite it on a terminal."""
+    return "".join(repr(c)[1:-1] if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in message)
+
+
 def main(argv: list[str] | None = None) -> int:
     for n, arg in enumerate(sys.argv[1:] if argv is None else argv, 1):
         try:
@@ -56,14 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cli.main(args=argv, prog_name="pipeline", standalone_mode=False)
     except PipelineError as exc:
-        click.echo(f"pipeline: {redact.userinfo(str(exc))}", err=True)  # a URL's password never shows
+        click.echo(f"pipeline: {_one_line(redact.userinfo(str(exc)))}", err=True)  # a URL's password never shows
         return 1
     except sa.exc.DBAPIError as exc:
         # The server's own message, its first line only: later lines (PostgreSQL's
         # CONTEXT) can quote a bound value, and the statement's parameters never show.
         diag = getattr(exc.orig, "diag", None)
         reason = getattr(diag, "message_primary", None) or str(exc.orig or exc).strip().splitlines()[0]
-        click.echo(f"pipeline: database error: {redact.userinfo(reason)}", err=True)
+        click.echo(f"pipeline: database error: {_one_line(redact.userinfo(reason))}", err=True)
         return 1
     except click.ClickException as exc:
         exc.show()
