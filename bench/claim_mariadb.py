@@ -53,7 +53,7 @@ from bench.scratch import (
     wait_for_backends_gone,
 )
 from pipeline.queue.claim import WorkQueue
-from pipeline.queue.dialects import MARIADB
+from pipeline.backends.mariadb import MARIADB
 from pipeline.storage import db, migrate, schema
 
 DB_NAME = unique_name("bench_claim_maria")

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from pipeline.core import politeness
 from pipeline.fetching.politeness import PoliteQueue
 from pipeline.queue.claim import WorkQueue
-from pipeline.queue.dialects import MARIADB
+from pipeline.backends.mariadb import MARIADB
 from pipeline.queue.spec import QueueSpec
 from pipeline.storage import bulk, db, politeness_groups, schema
 from tests.conftest import ALL_BACKENDS, conformance

@@ -122,7 +122,6 @@ _DIALECT_NAMES = {"postgresql", "sqlite", "mysql", "mariadb"}
 _STILL_ASKING = {
     "pipeline/fetching/collector.py": 1,
     "pipeline/fetching/politeness.py": 5,
-    "pipeline/storage/schema.py": 2,
 }
 
 

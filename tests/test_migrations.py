@@ -13,7 +13,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from pipeline.core.errors import SchemaMismatch
-from pipeline.queue.dialects import MARIADB
+from pipeline.backends.mariadb import MARIADB
 from pipeline.storage import db, migrate, schema
 from tests.conftest import conformance
 from tests.helpers import wait_until

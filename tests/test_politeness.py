@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from pipeline.core import politeness
 from pipeline.fetching.politeness import SLOT_POLL_SECONDS, PoliteQueue
-from pipeline.queue.dialects import MARIADB
+from pipeline.backends.mariadb import MARIADB
 from pipeline.storage import db, politeness_groups, schema
 from tests.conftest import conformance
 from tests.helpers import add_source, now, wait_until

@@ -22,7 +22,7 @@ from pipeline.catalogue import users
 from pipeline.core.urls import story_url
 from pipeline.listings import stories
 from pipeline.listings.normalize import normalise
-from pipeline.queue.dialects import MARIADB
+from pipeline.backends.mariadb import MARIADB
 from pipeline.storage import bulk, schema
 from pipeline.storage.status import collect_status, status_as_text
 from tests import test_duplicates

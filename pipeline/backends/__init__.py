@@ -17,13 +17,13 @@ from typing import TypeVar
 
 from sqlalchemy.engine import Connection, Dialect, Engine
 
-from pipeline.backends.mariadb import MariaDB
+from pipeline.backends.mariadb import MARIADB, MariaDB
 from pipeline.backends.portable import Backend, Bind, Portable
 from pipeline.backends.postgresql import PostgreSQL
 from pipeline.backends.sqlite import SQLite
 
-# SQLAlchemy's dialect names; MariaDB through a ``mysql+`` URL is "mysql".
-_BACKENDS: dict[str, Backend] = {"postgresql": PostgreSQL(), "sqlite": SQLite(), "mysql": MariaDB(), "mariadb": MariaDB()}
+# By SQLAlchemy's dialect names.
+_BACKENDS: dict[str, Backend] = {"postgresql": PostgreSQL(), "sqlite": SQLite(), **dict.fromkeys(MARIADB, MariaDB())}
 _PORTABLE = Portable()
 T = TypeVar("T")
 

@@ -18,6 +18,8 @@ from pipeline.backends.portable import Portable, Rows
 from pipeline.backends.upsert import ForwardUpsert
 
 log = logging.getLogger(__name__)
+# SQLAlchemy's names of the MySQL family: MariaDB through a ``mysql+`` URL is "mysql".
+MARIADB = ("mysql", "mariadb")
 # InnoDB's "deadlock found" and "lock wait timeout": it rolled the transaction back.
 _INNODB_ROLLED_BACK = (1213, 1205)
 _TRIES = 8

@@ -14,10 +14,10 @@ from typing import Any
 
 import psycopg
 
+from pipeline.backends.mariadb import MARIADB
+
 log = logging.getLogger(__name__)
 
-# SQLAlchemy's names of the MySQL family: MariaDB through a ``mysql+`` URL is "mysql".
-MARIADB = ("mysql", "mariadb")
 
 @dataclass(frozen=True)
 class DriverStatement:

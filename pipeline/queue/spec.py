@@ -13,7 +13,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline.queue.dialects import MARIADB
+from pipeline.backends.mariadb import MARIADB
 
 Predicate = sa.ColumnElement[bool]
 # A claimed row: its columns by name (a dict from the driver on PostgreSQL's fast path).
