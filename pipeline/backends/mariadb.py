@@ -85,15 +85,19 @@ class MariaDB(Portable):
         condition ("not older"), and they run in order, each seeing the ones before: those
         that compare the old hash first, the content after, ``order`` (which the condition
         reads) last."""
-        t = spec.table
-        insert = mysql.insert(t)
-        new = insert.inserted
-        forward = spec.forward(new)
-        changed = sa.and_(forward, t.c[spec.hash] != new[spec.hash])
-        assignments: list[tuple[str, Any]] = [
-            *((name, sa.case((changed, value), else_=t.c[name])) for name, value in spec.on_change.items()),
-            *((name, sa.case((forward, new[name]), else_=t.c[name])) for name in spec.content),
-            (spec.order, sa.case((forward, new[spec.order]), else_=t.c[spec.order])),
-        ]
-        conn.execute(insert.on_duplicate_key_update(assignments), list(rows))
+
+        def build() -> Any:
+            t = spec.table
+            insert = mysql.insert(t)
+            new = insert.inserted
+            forward = spec.forward(new)
+            changed = sa.and_(forward, t.c[spec.hash] != new[spec.hash])
+            assignments: list[tuple[str, Any]] = [
+                *((name, sa.case((changed, value), else_=t.c[name])) for name, value in spec.on_change.items()),
+                *((name, sa.case((forward, new[name]), else_=t.c[name])) for name in spec.content),
+                (spec.order, sa.case((forward, new[spec.order]), else_=t.c[spec.order])),
+            ]
+            return insert.on_duplicate_key_update(assignments)
+
+        conn.execute(self._built(("forward", spec), build), list(rows))
         return None

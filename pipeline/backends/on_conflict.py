@@ -41,7 +41,8 @@ class OnConflict(Portable):
 
     def upsert_forward(self, conn: Connection, spec: ForwardUpsert, rows: Rows) -> Sequence[sa.Row[Any]] | None:
         """INSERT ... ON CONFLICT (keys) DO UPDATE ... WHERE not older; an executemany."""
-        conn.execute(self._forward(spec, self.on_conflict_insert(spec.table)), list(rows))
+        stmt = self._built(("forward", spec), lambda: self._forward(spec, self.on_conflict_insert(spec.table)))
+        conn.execute(stmt, list(rows))
         return None
 
     @staticmethod

@@ -123,6 +123,9 @@ class Portable:
     name = "portable"
     database_clock = False
 
+    def __init__(self) -> None:
+        self._statements: dict[Any, Any] = {}
+
     def now(self, type_: sa.types.TypeEngine[datetime], minus: timedelta = _ZERO) -> sa.ColumnElement[datetime]:
         return sql_now(type_, database_clock=self.database_clock, minus=minus)
 
@@ -190,7 +193,7 @@ class Portable:
 
     def recent_per_key(self, conn: Connection, spec: RecentPerKey, asking: Asking) -> Sequence[sa.Row[Any]]:
         # A window per key column; the fingerprints are not looked at (callers check).
-        stmt = self._built(("recent", id(spec)), lambda: self._recent_ranked(spec))
+        stmt = self._built(("recent", spec), lambda: self._recent_ranked(spec))
         params: dict[str, Any] = {"exclude": list(asking.exclude)}
         params.update({f"values_{n}": sorted(values) for n, values in enumerate(asking.values)})
         return conn.execute(stmt, params).all()
@@ -214,12 +217,11 @@ class Portable:
         return sa.select(*table.primary_key.columns).with_for_update()
 
     def _built(self, key: Any, build: Callable[[], T]) -> T:
-        """A statement built once per backend (SQLAlchemy then caches its SQL); a key
-        holding a spec's id is only used while the spec lives (specs are module-level)."""
-        cache: dict[Any, Any] = self.__dict__.setdefault("_statements", {})
-        if key not in cache:
-            cache[key] = build()
-        return cache[key]  # type: ignore[no-any-return]
+        """The statement ``key`` names, built once per backend (SQLAlchemy then caches its
+        SQL). A spec in a key is compared by identity, and kept alive by the key."""
+        if key not in self._statements:
+            self._statements[key] = build()
+        return self._statements[key]  # type: ignore[no-any-return]
 
     def late_seconds(
         self, conn: Connection, happened: sa.Column[datetime], due: sa.Column[datetime],

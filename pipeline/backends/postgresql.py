@@ -23,12 +23,6 @@ class PostgreSQL(OnConflict):
     name = "postgresql"
     database_clock = True
 
-    def __init__(self) -> None:
-        # Statements built once per table and column set (SQLAlchemy then caches their SQL).
-        self._inserts: dict[tuple[str, tuple[str, ...], tuple[str, ...]], sa.Insert] = {}
-        self._adds: dict[tuple[str, tuple[str, ...], str], sa.Insert] = {}
-        self._forwards: dict[int, tuple[ForwardUpsert, Any]] = {}
-
     def insert_rows(self, conn: Connection, table: sa.Table, rows: Rows, *,
                     ignore_conflicts_on: Sequence[str] = ()) -> int:
         """``INSERT INTO t (cols) SELECT cols FROM jsonb_to_recordset(:rows)``, with ``ON
@@ -39,21 +33,21 @@ class PostgreSQL(OnConflict):
         if not rows:
             return 0
         columns = tuple(rows[0])
-        key = (table.name, columns, tuple(ignore_conflicts_on))
-        stmt = self._inserts.get(key)
-        if stmt is None:
+
+        def build() -> sa.Insert:
             v = recordset(sa.column(name, table.c[name].type) for name in columns)
             select = sa.select(*(v.c[name] for name in columns))
+            stmt: sa.Insert = sa.insert(table).from_select(list(columns), select)
             if ignore_conflicts_on:
                 # ("*",): a clash on any unique key of the table.
                 targets = None if tuple(ignore_conflicts_on) == ("*",) else list(ignore_conflicts_on)
                 stmt = postgresql.insert(table).from_select(list(columns), select).on_conflict_do_nothing(
                     index_elements=targets
                 )
-            else:
-                stmt = sa.insert(table).from_select(list(columns), select)
             # SQLAlchemy keeps an INSERT's rowcount only when asked to.
-            stmt = self._inserts[key] = stmt.execution_options(preserve_rowcount=True)
+            return stmt.execution_options(preserve_rowcount=True)
+
+        stmt = self._built(("insert", table.name, columns, tuple(ignore_conflicts_on)), build)
         return int(conn.execute(stmt, {"rows": json_rows(rows)}).rowcount)
 
     def insert_ignoring_conflicts(self, conn: Connection, table: sa.Table, rows: Rows, keys: list[str]) -> int:
@@ -66,26 +60,25 @@ class PostgreSQL(OnConflict):
         samples on an unchanged pass (bench/RESULTS.md)."""
         if not rows:
             return
-        key = (table.name, tuple(keys), value)
-        stmt = self._adds.get(key)
-        if stmt is None:
+        def build() -> sa.Insert:
             columns = [*keys, value]
             v = recordset(sa.column(c, table.c[c].type) for c in columns)
             ordered = sa.select(*(v.c[c] for c in columns)).order_by(*(v.c[k] for k in keys))
-            stmt = self._adds[key] = self.adding(postgresql.insert(table).from_select(columns, ordered), table, keys, value)
+            return self.adding(postgresql.insert(table).from_select(columns, ordered), table, keys, value)
+
+        stmt = self._built(("add", table.name, tuple(keys), value), build)
         conn.execute(stmt, {"rows": json_rows(rows)})
 
     def upsert_forward(self, conn: Connection, spec: ForwardUpsert, rows: Rows) -> Sequence[sa.Row[Any]] | None:
         """One statement, the rows one JSON parameter, RETURNING what the spec names of
         the rows it wrote (a row older than the stored one writes nothing)."""
-        found = self._forwards.get(id(spec))
-        if found is None:
+        def build() -> Any:
             t = spec.table
             v = recordset(sa.column(name, t.c[name].type) for name in spec.columns)
             insert = postgresql.insert(t).from_select(list(spec.columns), sa.select(*(v.c[name] for name in spec.columns)))
-            stmt = self._forward(spec, insert).returning(*(t.c[name] for name in spec.returning))
-            found = self._forwards[id(spec)] = (spec, stmt)  # the spec kept: its id stays its own
-        return conn.execute(found[1], {"rows": json_rows(rows)}).all()
+            return self._forward(spec, insert).returning(*(t.c[name] for name in spec.returning))
+
+        return conn.execute(self._built(("forward", spec), build), {"rows": json_rows(rows)}).all()
 
     def where_pairs(self, query: sa.Select[Any], first: sa.Column[Any], second: sa.Column[Any]) -> sa.Select[Any]:
         """A join with the pairs as two paired arrays (``unnest``): one probe of an index
@@ -106,7 +99,7 @@ class PostgreSQL(OnConflict):
         """A lateral join per value asked, over the key's index (id descending); for the
         keys after the first, only rows near a fingerprint asking with that value (a far
         smaller answer when keys are crowded). The integers go as text (``integers``)."""
-        stmt = self._built(("recent", id(spec)), lambda: self._recent_lateral(spec))
+        stmt = self._built(("recent", spec), lambda: self._recent_lateral(spec))
         params: dict[str, Any] = {"exclude": integer_list(asking.exclude)}
         for number, values in enumerate(asking.values):
             params[f"values_{number}"] = integer_list(values)
