@@ -7,16 +7,20 @@ reference, and the two must leave the same rows."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
 
 from pipeline.backends import backend_for
+from pipeline.backends.changed import JSONValue
 from pipeline.backends.portable import ANY_UNIQUE_KEY, Portable
 from pipeline.backends.upsert import ForwardUpsert
+from pipeline.fetching.collector import STORE_ITEMS
 from pipeline.storage import schema
 from tests.conftest import conformance
+from tests.helpers import add_source
 
 pytestmark = conformance
 
@@ -201,3 +205,39 @@ def test_lateness_quantiles_are_the_references_on_every_database(engine):
         assert reference[1][0][2][0] == 15, "lateness 0, 10, 20, 30: the median 15"
     finally:
         meta.drop_all(engine)
+
+
+def _item(source: int, item_id: str, text: str) -> tuple:
+    value = {"title": text, "quote": 'a "q" \\ \u2028 caf\u00e9'}
+    return (source, item_id, f"{len(text):064x}", f"http://127.0.0.1/{item_id}",
+            JSONValue(value, json.dumps(value, ensure_ascii=False)))
+
+
+@pytest.mark.parametrize("which", ["own", "portable"])
+def test_rows_are_stored_when_their_hash_is_new_or_changed_and_never_twice(engine, which):
+    """The collector's item storage (``store_changed``): a row per key new or changed,
+    the last of a key given twice, nothing for an unchanged hash; ``unstored`` says the
+    same without writing."""
+    backend = _backends(engine)[which == "portable"]
+    spec, raw, kept = STORE_ITEMS, schema.listings_raw, schema.source_items
+    with engine.begin() as conn:
+        a, b = add_source(conn, "http://127.0.0.1/a"), add_source(conn, "http://127.0.0.1/b")
+        first = [_item(a, "1", "x"), _item(a, "2", "x"), _item(b, "1", "x"), _item(a, "1", "yy")]
+        # One per key: the last given, where the first was.
+        assert [r[:3] for r in backend.unstored(conn, spec, first)] == [r[:3] for r in (first[3], first[1], first[2])]
+        assert _rows(conn, kept, "source_id") == []
+        assert sorted(backend.store_changed(conn, spec, first)) == [a, a, b]
+        again = [_item(a, "1", "yy"), _item(a, "2", "zzz"), _item(a, "3", "x"), _item(b, "1", "x")]
+        assert [r[1] for r in backend.unstored(conn, spec, again)] == ["2", "3"]
+        assert backend.store_changed(conn, spec, again) == [a, a]
+        assert backend.store_changed(conn, spec, again) == []
+        assert backend.store_changed(conn, spec, []) == []
+        assert _rows(conn, kept, "source_id", "source_item_id", "content_hash") == [
+            (a, "1", f"{2:064x}"), (a, "2", f"{3:064x}"), (a, "3", f"{1:064x}"), (b, "1", f"{1:064x}")]
+        stored = _rows(conn, raw, "source_id", "source_item_id", "content_hash", "url")
+        assert stored == sorted([
+            (a, "1", f"{2:064x}", "http://127.0.0.1/1"), (a, "2", f"{1:064x}", "http://127.0.0.1/2"),
+            (a, "2", f"{3:064x}", "http://127.0.0.1/2"), (a, "3", f"{1:064x}", "http://127.0.0.1/3"),
+            (b, "1", f"{1:064x}", "http://127.0.0.1/1")])
+        values = conn.execute(sa.select(raw.c.raw_json).where(raw.c.source_item_id == "3")).scalar_one()
+        assert values == _item(a, "3", "x")[4].value

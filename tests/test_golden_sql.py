@@ -1,6 +1,6 @@
 """Every hot statement as a named artefact: each queue's claim, completion and lease
 extension, rendered per dialect into pipeline/queue/sql/, each with the index that serves
-it. A change to the SQL fails here until the golden file is rewritten, so it is reviewed
+it, and the collector's item storage on PostgreSQL. A change to the SQL fails here until the golden file is rewritten, so it is reviewed
 as a diff of SQL. Rewrite them with:
 
     PIPELINE_WRITE_GOLDEN=1 .venv/bin/pytest tests/test_golden_sql.py
@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from pipeline.backends.postgresql import PostgreSQL
+from pipeline.fetching.collector import STORE_ITEMS
 from pipeline.fetching.decide import SourceDecision
 from pipeline.fetching.politeness import PoliteQueue
 from pipeline.queue.claim import WorkQueue
@@ -85,7 +87,10 @@ def test_the_rendered_sql_matches_its_golden_file(file: str, dialect: str, spec:
     engine = sa.create_engine(DIALECTS[dialect])  # never connects: the dialect compiles
     # The polite claim as the collector sends it: writing its sources' started events.
     queue = PoliteQueue(engine, record_started=True) if polite else WorkQueue(engine, spec)
-    text = render(spec, dialect, queue, " (polite: per-host limits)" if polite else "")
+    _check_golden(file, render(spec, dialect, queue, " (polite: per-host limits)" if polite else ""))
+
+
+def _check_golden(file: str, text: str) -> None:
     path = GOLDEN / file
     if os.environ.get("PIPELINE_WRITE_GOLDEN") == "1":
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,6 +102,24 @@ def test_the_rendered_sql_matches_its_golden_file(file: str, dialect: str, spec:
     )
 
 
+STORE_FILE = "listings_raw.store.postgresql.sql"
+
+
+def test_the_item_store_statement_matches_its_golden_file() -> None:
+    """The collector's item storage on PostgreSQL: one statement per batch."""
+    sql, _ = PostgreSQL.store_statement(STORE_ITEMS, sa.create_engine(DIALECTS["postgresql"]).dialect)
+    text = "\n".join([
+        "-- The collector's item storage on postgresql (pipeline/fetching/collector.py store_items):",
+        "-- the statement pipeline/backends/postgresql.py store_changed sends, rendered by",
+        "-- tests/test_golden_sql.py (which fails when it changes). The batch's items are one",
+        "-- JSON array of arrays, %(rows)s.",
+        "-- served by pk_source_items (source_id, source_item_id), the ON CONFLICT target;",
+        "-- listings_raw takes plain inserts.",
+        sql + ";",
+    ]) + "\n"
+    _check_golden(STORE_FILE, text)
+
+
 def test_every_golden_file_is_rendered() -> None:
     """No stale golden file is left for a queue or dialect that no longer exists."""
-    assert sorted(p.name for p in GOLDEN.glob("*.sql")) == sorted(c[0] for c in cases())
+    assert sorted(p.name for p in GOLDEN.glob("*.sql")) == sorted([*(c[0] for c in cases()), STORE_FILE])

@@ -14,7 +14,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection, Engine
 
-from pipeline.backends.portable import Portable, Rows
+from pipeline.backends.changed import StoreChanged
+from pipeline.backends.portable import CHUNK, Portable, Rows
 from pipeline.backends.upsert import ForwardUpsert
 
 log = logging.getLogger(__name__)
@@ -101,3 +102,18 @@ class MariaDB(Portable):
 
         conn.execute(self._built(("forward", spec), build), list(rows))
         return None
+
+    def record_hashes(self, conn: Connection, spec: StoreChanged, rows: list[tuple[Any, ...]]) -> set[tuple[Any, ...]]:
+        """ON DUPLICATE KEY UPDATE has no RETURNING: the hashes kept are read first, then
+        the rows new or changed written in one upsert per thousand. Only one writer
+        stores a key's rows at a time (the collector's claim hands a source to one
+        worker), so nothing changes them in between."""
+        t, h = spec.hashes, spec.position(spec.hash)
+        known = self.known_hashes(conn, spec, rows)
+        fresh = [row for row in rows if known.get(spec.key_of(row)) != row[h]]
+        values = [{**dict(zip(spec.keys, spec.key_of(row), strict=True)), spec.hash: row[h]} for row in fresh]
+        for start in range(0, len(values), CHUNK):
+            upsert = mysql.insert(t).values(values[start:start + CHUNK])
+            conn.execute(upsert.on_duplicate_key_update(
+                {spec.hash: upsert.inserted[spec.hash], spec.touched: sa.func.current_timestamp()}))
+        return {spec.key_of(row) for row in fresh}

@@ -11,7 +11,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from pipeline.backends.portable import Portable, Rows
+from pipeline.backends.changed import StoreChanged
+from pipeline.backends.portable import CHUNK, Portable, Rows
 from pipeline.backends.upsert import ForwardUpsert
 
 
@@ -19,7 +20,25 @@ class OnConflict(Portable):
     """A database whose INSERT takes ON CONFLICT clauses (``on_conflict_insert``)."""
 
     def on_conflict_insert(self, table: sa.Table) -> postgresql.Insert | sqlite.Insert:
+        """The database's INSERT, which takes ON CONFLICT clauses."""
         raise NotImplementedError
+
+    def record_hashes(self, conn: Connection, spec: StoreChanged, rows: list[tuple[Any, ...]]) -> set[tuple[Any, ...]]:
+        """ON CONFLICT DO UPDATE ... WHERE the hash differs, RETURNING the keys: a row
+        whose hash is unchanged is neither written nor handed back. A thousand rows per
+        statement, each row's values bound apart."""
+        t, h = spec.hashes, spec.position(spec.hash)
+        values = [{**dict(zip(spec.keys, spec.key_of(row), strict=True)), spec.hash: row[h]} for row in rows]
+        changed: set[tuple[Any, ...]] = set()
+        for start in range(0, len(values), CHUNK):
+            insert = self.on_conflict_insert(t).values(values[start:start + CHUNK])  # new text each chunk
+            stmt = insert.on_conflict_do_update(
+                index_elements=[t.c[k] for k in spec.keys],
+                set_={spec.hash: insert.excluded[spec.hash], spec.touched: sa.func.current_timestamp()},
+                where=t.c[spec.hash] != insert.excluded[spec.hash],
+            ).returning(*(t.c[k] for k in spec.keys))
+            changed.update(tuple(found) for found in conn.execute(stmt))
+        return changed
 
     def insert_ignoring_conflicts(self, conn: Connection, table: sa.Table, rows: Rows, keys: list[str]) -> int:
         if not rows:

@@ -13,6 +13,7 @@ from typing import Any, Protocol, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect, Engine
 
+from pipeline.backends.changed import StoreChanged
 from pipeline.backends.clock import sql_now
 from pipeline.backends.recent import Asking, RecentPerKey
 from pipeline.backends.upsert import ForwardUpsert
@@ -23,6 +24,8 @@ _ZERO = timedelta(0)
 T = TypeVar("T")
 # ``keys`` of ``insert_ignoring_conflicts`` for "any unique key of the table".
 ANY_UNIQUE_KEY: list[str] = []
+# Rows per statement where each row's values are bound apart (SQLite allows 32,766 variables).
+CHUNK = 1000
 
 
 class Backend(Protocol):
@@ -104,10 +107,14 @@ class Backend(Protocol):
         none (then only a count tells)."""
         ...
 
-    def on_conflict_insert(self, table: sa.Table) -> Any:
-        """An INSERT that takes ON CONFLICT clauses (PostgreSQL's or SQLite's), or None
-        where the database has none (transitional: the item storage that uses it moves
-        into the backends next)."""
+    def store_changed(self, conn: Connection, spec: StoreChanged, rows: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Store the ``rows`` (one per key: the last given) whose hash is new or changed,
+        as ``spec`` says; each stored row's ``spec.returning``."""
+        ...
+
+    def unstored(self, conn: Connection, spec: StoreChanged, rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """The ``rows`` (one per key: the last given) that ``store_changed`` would store
+        now, found without writing."""
         ...
 
     def add_to(self, conn: Connection, table: sa.Table, keys: Sequence[str], value: str, rows: Rows) -> None:
@@ -240,8 +247,60 @@ class Portable:
     def estimated_rows(self, conn: Connection, table: sa.Table) -> int | None:
         return None
 
-    def on_conflict_insert(self, table: sa.Table) -> Any:
-        return None
+    def store_changed(self, conn: Connection, spec: StoreChanged, rows: Sequence[tuple[Any, ...]]) -> list[Any]:
+        unique = spec.unique(list(rows))
+        if not unique:
+            return []
+        fresh = self.record_hashes(conn, spec, unique)
+        stored = [row for row in unique if spec.key_of(row) in fresh]
+        if stored:
+            conn.execute(sa.insert(spec.rows), [spec.bound(row) for row in stored])  # an executemany
+        at = spec.position(spec.returning)
+        return [row[at] for row in stored]
+
+    def unstored(self, conn: Connection, spec: StoreChanged, rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        unique = spec.unique(list(rows))
+        known = self.known_hashes(conn, spec, unique)
+        h = spec.position(spec.hash)
+        return [row for row in unique if known.get(spec.key_of(row)) != row[h]]
+
+    def record_hashes(self, conn: Connection, spec: StoreChanged, rows: list[tuple[Any, ...]]) -> set[tuple[Any, ...]]:
+        """Keep each row's hash in ``spec.hashes``; the keys that were new or changed.
+        Here: read the hashes kept, then write each that differs (an update, or an
+        insert). Only one writer stores a key's rows at a time (the collector's claim
+        hands a source to one worker), so nothing changes them in between."""
+        t, h = spec.hashes, spec.position(spec.hash)
+        known = self.known_hashes(conn, spec, rows)
+        fresh = [row for row in rows if known.get(spec.key_of(row)) != row[h]]
+        for row in fresh:
+            key = spec.key_of(row)
+            if key in known:
+                where = [t.c[k] == v for k, v in zip(spec.keys, key, strict=True)]
+                conn.execute(sa.update(t).where(*where).values(
+                    {spec.hash: row[h], spec.touched: sa.func.current_timestamp()}))
+            else:
+                conn.execute(sa.insert(t).values({**dict(zip(spec.keys, key, strict=True)), spec.hash: row[h]}))
+        return {spec.key_of(row) for row in fresh}
+
+    @staticmethod
+    def known_hashes(conn: Connection, spec: StoreChanged, rows: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], Any]:
+        """The hash kept for each of the ``rows``' keys that ``spec.hashes`` has: per
+        value of the keys but the last (a prefix of its primary key), the last's values
+        a thousand at a time (well under SQLite's bound-variable limit)."""
+        t = spec.hashes
+        *prefix, last = spec.keys
+        by_prefix: dict[tuple[Any, ...], list[Any]] = {}
+        for row in rows:
+            key = spec.key_of(row)
+            by_prefix.setdefault(key[:-1], []).append(key[-1])
+        known: dict[tuple[Any, ...], Any] = {}
+        for head, lasts in by_prefix.items():
+            for start in range(0, len(lasts), CHUNK):
+                query = sa.select(*(t.c[k] for k in spec.keys), t.c[spec.hash]).where(
+                    *(t.c[k] == v for k, v in zip(prefix, head, strict=True)),
+                    t.c[last].in_(lasts[start:start + CHUNK]))
+                known.update({tuple(found[:-1]): found[-1] for found in conn.execute(query)})
+        return known
 
     def add_to(self, conn: Connection, table: sa.Table, keys: Sequence[str], value: str, rows: Rows) -> None:
         # An UPDATE per row; the rows it found no stored row for are inserted.

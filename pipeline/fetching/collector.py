@@ -25,14 +25,13 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Engine
 
 from pipeline.backends import backend_for
+from pipeline.backends.changed import JSONValue, StoreChanged
 from pipeline.core.backoff import (
     BackoffPolicy,
     clamp_retry_after,
@@ -62,7 +61,6 @@ from pipeline.storage.politeness_groups import cadence_floor_minutes, defer, ens
 
 log = logging.getLogger("pipeline.ingestion")
 
-_INSERT_RAW = sa.insert(schema.listings_raw)
 
 
 @dataclass
@@ -309,9 +307,9 @@ class Collector:
         cap, outcome = self.settings.max_items_per_fetch, fetched.outcome
         if outcome is None or len(outcome.items) <= cap:
             return
-        items = list({item.source_item_id: item for item in outcome.items}.values())
-        known = _known_hashes(conn, fetched.source["id"], [item.source_item_id for item in items])
-        fresh = [item for item in items if known.get(item.source_item_id) != item.content_hash]
+        by_id = {item.source_item_id: item for item in outcome.items}
+        unstored = backend_for(conn).unstored(conn, STORE_ITEMS, _store_rows([(fetched.source["id"], outcome.items)]))
+        fresh = [by_id[row[1]] for row in unstored]
         if len(fresh) <= cap:
             return
         fetched.items_seen, fetched.items_left = len(outcome.items), len(fresh) - cap
@@ -422,111 +420,33 @@ def _url_taken(conn: sa.Connection, url: str) -> bool:
 
 # -- items ----------------------------------------------------------------------------------
 
-# PostgreSQL: the items of every source in a batch in ONE statement. ``source_items``
-# keeps each item's newest content hash; the upsert returns only the items that are new
-# or whose hash changed, and exactly those get a raw row. The items are bound as one JSON
-# array of [source_id, source_item_id, content_hash, url, raw_json] (binding five arrays
-# cost psycopg more CPU than the rest of the write), so the statement text is the same
-# whatever the batch size. Each item's raw JSON goes into the array as the JSON text it
-# already has (``Item.raw_text``), not as a string holding it: the client escapes none
-# of it and the server parses it once (``_packed``). The SQL is a file of its own, to be
-# reviewed as SQL.
-_STORE_ITEMS_PG = (Path(__file__).parent / "store_items.postgresql.sql").read_text(encoding="utf-8")
-
-
-_string = json.JSONEncoder(ensure_ascii=False).encode
-
-
-def _packed(per_source: Sequence[tuple[int, Sequence[Item]]]) -> str:
-    """The items as the JSON array the PostgreSQL store statement reads: each item's
-    ``raw_text`` written in as it is (it is JSON: encoding it as a string took about 4 us
-    of client CPU per item against 1 for this, and the server parsed it twice). The
-    content hash is hex, which needs no escaping."""
-    return "[" + ",".join(
-        f'[{int(source_id)},{_string(item.source_item_id)},"{item.content_hash}",{_string(item.url)},{item.raw_text}]'
-        for source_id, items in per_source
-        for item in items
-    ) + "]"
+# Each item's newest content hash is kept per (source, item id) in source_items; an item
+# new there or whose hash changed gets a raw row, an unchanged one writes nothing. How
+# each database does it in a round trip or few is its backend's (pipeline/backends/,
+# ``store_changed``): on PostgreSQL one statement for the whole batch.
+STORE_ITEMS = StoreChanged(
+    hashes=schema.source_items,
+    keys=("source_id", "source_item_id"),
+    hash="content_hash",
+    touched="changed_at",
+    rows=schema.listings_raw,
+    columns=("source_id", "source_item_id", "content_hash", "url", "raw_json"),
+    json="raw_json",
+    returning="source_id",
+)
 
 
 def store_items(conn: sa.Connection, batch: Sequence[tuple[int, Sequence[Item]]]) -> dict[int, int]:
-    """Insert raw rows for the items that are new or changed; how many, per source id."""
-    per_source = [
-        (source_id, list({item.source_item_id: item for item in items}.values()))
+    """Insert raw rows for the items that are new or changed; how many, per source id
+    (an item listed twice by one source counts once: the last)."""
+    stored = backend_for(conn).store_changed(conn, STORE_ITEMS, _store_rows(batch))
+    return dict(Counter(stored))
+
+
+def _store_rows(batch: Sequence[tuple[int, Sequence[Item]]]) -> list[tuple[Any, ...]]:
+    """The items as ``STORE_ITEMS``' rows."""
+    return [
+        (source_id, item.source_item_id, item.content_hash, item.url, JSONValue(item.raw, item.raw_text))
         for source_id, items in batch
+        for item in items
     ]
-    per_source = [(source_id, items) for source_id, items in per_source if items]
-    if not per_source:
-        return {}
-    if conn.dialect.name == "postgresql":
-        result = conn.exec_driver_sql(_STORE_ITEMS_PG, {"items": _packed(per_source)})
-        return dict(Counter(result.scalars()))
-    new: dict[int, int] = {}
-    for source_id, items in per_source:
-        changed = _changed_item_ids(conn, source_id, items)
-        rows = [
-            {
-                "source_id": source_id,
-                "source_item_id": item.source_item_id,
-                "url": item.url,
-                "raw_json": item.raw,
-                "content_hash": item.content_hash,
-            }
-            for item in items
-            if item.source_item_id in changed
-        ]
-        if rows:
-            conn.execute(_INSERT_RAW, rows)
-            new[source_id] = len(rows)
-    return new
-
-
-def _known_hashes(conn: sa.Connection, source_id: int, item_ids: Sequence[str]) -> dict[str, str]:
-    """The stored content hash of each of ``item_ids`` that the source has had."""
-    t = schema.source_items
-    known: dict[str, str] = {}
-    for start in range(0, len(item_ids), 1000):  # well under SQLite's bound-variable limit
-        rows = conn.execute(
-            sa.select(t.c.source_item_id, t.c.content_hash).where(
-                t.c.source_id == source_id, t.c.source_item_id.in_(item_ids[start:start + 1000])
-            )
-        )
-        known.update({row.source_item_id: row.content_hash for row in rows})
-    return known
-
-
-def _changed_item_ids(conn: sa.Connection, source_id: int, items: Sequence[Item]) -> set[str]:
-    """Record each item's newest hash in source_items; return the ids that are new or changed.
-
-    One upsert: a row whose hash is unchanged is neither updated nor returned.
-    """
-    t = schema.source_items
-    rows: list[dict[str, Any]] = [
-        {"source_id": source_id, "source_item_id": i.source_item_id, "content_hash": i.content_hash}
-        for i in items
-    ]
-    base = backend_for(conn).on_conflict_insert(t)
-    if base is not None:
-        changed: set[str] = set()
-        for start in range(0, len(rows), 1000):  # well under SQLite's bound-variable limit
-            insert = base.values(rows[start : start + 1000])  # a new statement each chunk
-            stmt = insert.on_conflict_do_update(
-                index_elements=[t.c.source_id, t.c.source_item_id],
-                set_={
-                    "content_hash": insert.excluded.content_hash,
-                    "changed_at": sa.func.current_timestamp(),
-                },
-                where=t.c.content_hash != insert.excluded.content_hash,
-            ).returning(t.c.source_item_id)
-            changed.update(conn.execute(stmt).scalars())
-        return changed
-    # MariaDB (no ON CONFLICT ... RETURNING): the hashes known, then one upsert of the
-    # rows that are new or changed. Only this source's fetch writes its items (the claim
-    # hands a source to one worker at a time), so nothing changes them in between.
-    known = _known_hashes(conn, source_id, [r["source_item_id"] for r in rows])
-    fresh = [r for r in rows if known.get(r["source_item_id"]) != r["content_hash"]]
-    for start in range(0, len(fresh), 1000):
-        upsert = mysql.insert(t).values(fresh[start : start + 1000])
-        conn.execute(upsert.on_duplicate_key_update(
-            content_hash=upsert.inserted.content_hash, changed_at=sa.func.current_timestamp()))
-    return {r["source_item_id"] for r in fresh}
