@@ -128,13 +128,12 @@ class PoliteQueue(WorkQueue):
 
     def _order_keys(self, rows: Any) -> list[sa.ColumnElement[Any]]:
         """The queue's order over a derived table of candidates; expired leases first."""
-        dialect = self.engine.dialect.name
-        return [rows.c.branch, *(term.sql(over=rows, now=self.now(), dialect=dialect) for term in self.spec.order)]
+        return [rows.c.branch, *self.ordered(over=rows)]
 
     # -- PostgreSQL: one statement ----------------------------------------------------------
 
     def _build_claim(self) -> sa.Update | sa.Select[Any]:
-        if self.strategy is not Strategy.POSTGRES:
+        if not self.strategy.one_statement:
             return super()._build_claim()
         claim = self._build_polite_claim()
         if not self.record_started:
@@ -263,7 +262,7 @@ class PoliteQueue(WorkQueue):
     # -- claim --------------------------------------------------------------------------
 
     def claim(self, worker: str, limit: int) -> Claim:
-        if self.strategy is not Strategy.POSTGRES:
+        if not self.strategy.one_statement:
             return self._claim_in_steps(worker, limit)
         return super().claim(worker, limit)  # one statement, sent by psycopg itself
 
@@ -281,11 +280,9 @@ class PoliteQueue(WorkQueue):
             raise ValueError(f"limit must be at least 1, got {limit}")
         s, g, d = _sources, _groups, _groups.alias("d")
         token = uuid.uuid4().hex
-        params = {"claim_scan": limit * SCAN_FACTOR, **self._time_params(self.lease)}
         expired, free = self._polite_candidates(lock=False)
         with self.engine.begin() as conn:
-            if self.strategy is Strategy.MARIADB:  # hosts agree on the database's clock
-                params.update(self._database_time(conn, self.lease))
+            params = {"claim_scan": limit * SCAN_FACTOR, **self._time_params_in(conn)}
             candidates: list[RowMapping] = []
             for branch, query in enumerate((expired, free)):
                 ids = list(conn.execute(query, params).scalars())
@@ -354,7 +351,7 @@ class PoliteQueue(WorkQueue):
             still.append(self.spec.ready(now))
         values = {**self._lease_values()}
         lease = {**params, "claim_worker": worker, "claim_token": token}
-        if conn.dialect.name == "sqlite":
+        if self.strategy.update_returns_rows:
             return list(conn.execute(
                 sa.update(s).where(*still).values(values).returning(*s.c), lease
             ).mappings().all())

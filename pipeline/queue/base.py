@@ -147,6 +147,13 @@ class QueueBase:
         now = datetime.now(UTC)
         return {"claim_now": now, "claim_until": now + lease}
 
+    def _time_params_in(self, conn: Connection) -> dict[str, Any]:
+        """The time parameters of statements sent in ``conn``'s transaction: this host's
+        clock, or on MariaDB the database's, read in that transaction (``_database_time``)."""
+        if self.strategy is Strategy.MARIADB:
+            return self._database_time(conn, self.lease)
+        return self._time_params(self.lease)
+
     def _database_time(self, conn: Connection, lease: timedelta) -> dict[str, Any]:
         """MariaDB: ``claim_now`` and ``claim_until`` by the database's clock, read in
         the transaction that uses them, so workers on hosts with skewed clocks agree

@@ -170,7 +170,7 @@ class WorkQueue(FencedWrites):
         free = (
             sa.select(t.c.id)
             .where(spec.free(), *ready)
-            .order_by(*(term.sql(now=now, dialect=self.engine.dialect.name) for term in spec.order))
+            .order_by(*self.ordered(now=now))
             .limit(limit)
         )
         if lock:
@@ -179,6 +179,12 @@ class WorkQueue(FencedWrites):
             expired = expired.with_for_update(skip_locked=True, key_share=True)
             free = free.with_for_update(skip_locked=True, key_share=True)
         return expired, free
+
+    def ordered(self, over: Any = None, *, now: sa.ColumnElement[datetime] | None = None) -> list[sa.ColumnElement[Any]]:
+        """The queue's order (``ORDER BY`` terms) over its table, or over the same-named
+        columns of ``over`` (a derived table of its rows), as this database renders it."""
+        now = self.now() if now is None else now
+        return [term.sql(over=over, now=now, dialect=self.engine.dialect.name) for term in self.spec.order]
 
     def _chosen_ids(self) -> sa.CompoundSelect[Any]:
         """``<expired> UNION ALL <free> LIMIT n`` for the dialects without row locks."""

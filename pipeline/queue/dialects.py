@@ -74,6 +74,20 @@ class Strategy(Enum):
     # ids it locked, a read-back (MariaDB has SKIP LOCKED but no UPDATE ... RETURNING).
     MARIADB = "mariadb"
 
+    @property
+    def one_statement(self) -> bool:
+        """The claim is one statement that locks the rows it takes and skips those other
+        claims hold (PostgreSQL's ``FOR UPDATE SKIP LOCKED`` in CTEs); elsewhere a claim
+        that must read what it decides on (the polite claim) is a few statements in one
+        transaction."""
+        return self is Strategy.POSTGRES
+
+    @property
+    def update_returns_rows(self) -> bool:
+        """``UPDATE ... RETURNING`` hands back the rows it changed (PostgreSQL, SQLite);
+        elsewhere they are read back by their new claim token."""
+        return self in (Strategy.POSTGRES, Strategy.SQLITE)
+
 
 def strategy_for(dialect_name: str) -> Strategy:
     if dialect_name == "postgresql":
