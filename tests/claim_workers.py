@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from pipeline.backends.claiming import PortableClaim
 from pipeline.queue.claim import WorkQueue
-from pipeline.queue.dialects import Strategy
 from pipeline.storage import counters, db, schema
 from tests.helpers import now
 
@@ -25,7 +25,7 @@ def drain(
     queue = WorkQueue(
         engine,
         schema.NOTIFICATIONS_DUE if notifications else schema.RAW_UNPROCESSED,
-        strategy=Strategy(strategy) if strategy else None,
+        claiming=PortableClaim if strategy == "portable" else None,
     )
 
     rng = random.Random(seed)

@@ -9,9 +9,11 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
+from pipeline.backends import claiming_for
+from pipeline.backends.claim_postgresql import PostgreSQLClaim, dollar_placeholders
+from pipeline.backends.claiming import PortableClaim
 from pipeline.fetching.politeness import PoliteQueue
 from pipeline.queue.claim import WorkQueue
-from pipeline.queue.dialects import Strategy, dollar_placeholders, strategy_for
 from pipeline.queue.spec import UNCLAIMED, RowCompletion
 from pipeline.storage import db, schema
 from tests.conftest import conformance
@@ -33,14 +35,14 @@ STRATEGIES = ("native", "portable")
 
 
 @pytest.fixture(params=STRATEGIES)
-def strategy(request: pytest.FixtureRequest, engine: sa.Engine) -> Strategy:
+def strategy(request: pytest.FixtureRequest, engine: sa.Engine) -> type[PortableClaim]:
     if request.param == "portable":
-        return Strategy.PORTABLE
-    return strategy_for(engine.dialect.name)
+        return PortableClaim
+    return claiming_for(engine)
 
 
-def raw_queue(engine: sa.Engine, strategy: Strategy, lease_seconds: int = 300) -> WorkQueue:
-    return WorkQueue(engine, schema.RAW_UNPROCESSED, lease_seconds=lease_seconds, strategy=strategy)
+def raw_queue(engine: sa.Engine, strategy: type[PortableClaim], lease_seconds: int = 300) -> WorkQueue:
+    return WorkQueue(engine, schema.RAW_UNPROCESSED, lease_seconds=lease_seconds, claiming=strategy)
 
 
 @pytest.fixture
@@ -87,7 +89,7 @@ def test_sources_are_claimed_by_priority_then_next_fetch_at_nulls_first(engine, 
         urgent = add_source(conn, "http://127.0.0.1/urgent", priority=5, next_fetch_at=t0)
         add_source(conn, "http://127.0.0.1/future", next_fetch_at=now() + timedelta(hours=1))
         add_source(conn, "http://127.0.0.1/off", enabled=False)
-    queue = WorkQueue(engine, schema.SOURCES_DUE, strategy=strategy)
+    queue = WorkQueue(engine, schema.SOURCES_DUE, claiming=strategy)
     # One at a time, and all at once: both follow the design's order.
     assert [queue.claim("w", 1).ids[0] for _ in range(2)] == [urgent, never]
     assert queue.claim("w", 10).ids == [early, late]
@@ -109,7 +111,7 @@ def test_a_source_due_longer_rises_one_priority_level_per_aging_step(engine, str
         # Each source is its own politeness group; no spacing, so one claim can take all four.
         conn.execute(sa.update(schema.politeness_groups).values(min_interval_ms=0))
     expected = [ids["three"], ids["waited"], ids["two"], ids["fresh"]]
-    queue = PoliteQueue(engine, strategy=strategy) if polite else WorkQueue(engine, schema.SOURCES_DUE, strategy=strategy)
+    queue = PoliteQueue(engine, claiming=strategy) if polite else WorkQueue(engine, schema.SOURCES_DUE, claiming=strategy)
     assert [queue.claim("w", 1).ids[0] for _ in range(4)] == expected
     with engine.begin() as conn:
         for name, source_id in ids.items():
@@ -236,7 +238,7 @@ def test_a_batch_completes_in_one_statement(engine, strategy, source_id):
         if statement.lstrip().upper().startswith("UPDATE"):
             statements.append(statement)
 
-    if strategy is Strategy.POSTGRES:  # sent by the driver itself: count on the wire
+    if strategy is PostgreSQLClaim:  # sent by the driver itself: count on the wire
         warm = queue.claim("b", 1)
         queue.complete(warm, {"processed_at": now()})  # prepares the statement (a round trip)
         with wire_messages(engine) as lines:
@@ -258,7 +260,7 @@ def test_complete_each_writes_each_rows_own_values_and_fences_row_by_row(
     t = schema.sources
     with engine.begin() as conn:
         ids = [add_source(conn, f"http://127.0.0.1/{i}") for i in range(5)]
-    queue = WorkQueue(engine, schema.SOURCES_DUE, strategy=strategy)
+    queue = WorkQueue(engine, schema.SOURCES_DUE, claiming=strategy)
     stale = queue.claim("slow", 2)  # ids[0:2], whose leases run out
     expire_leases(engine, t)
     retaken = queue.claim("fast", 1)  # takes ids[0] over
@@ -320,7 +322,7 @@ def test_postgres_claim_is_one_round_trip(pg_engine):
     with engine.begin() as conn:
         source_id = add_source(conn)
         add_raw_rows(conn, source_id, 10)
-    queue = raw_queue(engine, Strategy.POSTGRES)
+    queue = raw_queue(engine, PostgreSQLClaim)
     with wire_messages(engine) as first:
         queue.claim("warm-up", 1)  # prepares the claim on the server
     with wire_messages(engine) as lines:
@@ -340,7 +342,7 @@ def test_complete_and_claim_is_one_round_trip_and_one_transaction(pg_engine):
     engine = pg_engine
     with engine.begin() as conn:
         ids = add_raw_rows(conn, add_source(conn), 6)
-    queue = raw_queue(engine, Strategy.POSTGRES)
+    queue = raw_queue(engine, PostgreSQLClaim)
     first = queue.claim("a", 3)
     stolen = first.ids[0]
     with engine.begin() as conn:  # another worker took one row over
@@ -367,7 +369,7 @@ def test_skip_locked_passes_over_rows_another_transaction_holds(engine):
     with engine.begin() as conn:
         source_id = add_source(conn)
         ids = add_raw_rows(conn, source_id, 3)
-    queue = raw_queue(engine, strategy_for(engine.dialect.name))
+    queue = raw_queue(engine, claiming_for(engine))
     t = schema.listings_raw
     with engine.connect() as holder:
         tx = holder.begin()
@@ -379,7 +381,7 @@ def test_skip_locked_passes_over_rows_another_transaction_holds(engine):
 
 def test_limit_must_be_positive(engine):
     with pytest.raises(ValueError, match="limit must be at least 1"):
-        raw_queue(engine, strategy_for(engine.dialect.name)).claim("a", 0)
+        raw_queue(engine, claiming_for(engine)).claim("a", 0)
 
 
 def test_every_queue_claims_and_completes(engine, strategy):
@@ -414,7 +416,7 @@ def test_every_queue_claims_and_completes(engine, strategy):
         "unmatched": {"matched_at": now()},
     }
     for spec in schema.QUEUES:
-        queue = WorkQueue(engine, spec, strategy=strategy)
+        queue = WorkQueue(engine, spec, claiming=strategy)
         claim = queue.claim("w", 10)
         assert len(claim) == 1, spec.table.name
         values = (
@@ -436,7 +438,7 @@ def test_claimed_timestamps_are_utc_whatever_the_server_zone(pg_engine):
     with engine.begin() as conn:
         add_raw_rows(conn, add_source(conn), 1)
         assert conn.exec_driver_sql("SHOW timezone").scalar_one() == "UTC"
-    claim = raw_queue(engine, Strategy.POSTGRES).claim("a", 1)
+    claim = raw_queue(engine, PostgreSQLClaim).claim("a", 1)
     row = claim.rows[0]
     for column in ("fetched_at", "locked_until"):
         assert row[column].utcoffset() == timedelta(0), column
@@ -464,7 +466,7 @@ def test_a_session_idle_inside_a_transaction_is_ended_by_the_server(pg_engine, p
 def test_count_ready_counts_free_and_expired_rows_up_to_a_cap(engine, source_id):
     with engine.begin() as conn:
         ids = add_raw_rows(conn, source_id, 6)
-    queue = raw_queue(engine, strategy_for(engine.dialect.name))
+    queue = raw_queue(engine, claiming_for(engine))
     assert queue.count_ready() == 6
     assert queue.count_ready(cap=4) == 4
     claim = queue.claim("a", 2)
@@ -497,7 +499,7 @@ def test_a_pass_that_fails_does_not_wait_for_its_work_in_flight(engine, source_i
     try:
         with pytest.raises(RuntimeError, match="went away"):
             work_claimed(
-                raw_queue(engine, strategy_for(engine.dialect.name)), "w1", threads=2,
+                raw_queue(engine, claiming_for(engine)), "w1", threads=2,
                 start=lambda claim: [(claim, row_id) for row_id in claim.ids],
                 held=lambda job: job, work=work, write=write, write_window=0.0,
             )
@@ -532,7 +534,7 @@ def test_the_pass_goes_on_claiming_and_working_while_a_batch_is_written(engine, 
         written.append(list(results))
 
     claimed = work_claimed(
-        raw_queue(engine, strategy_for(engine.dialect.name)), "w1", threads=1,
+        raw_queue(engine, claiming_for(engine)), "w1", threads=1,
         start=lambda claim: [(claim, row_id) for row_id in claim.ids],
         held=lambda job: job, work=work, write=write, write_window=0.0,
     )
@@ -570,7 +572,7 @@ def test_driver_errors_reach_the_caller_as_sqlalchemys_and_a_broken_connection_l
             for pid in backends:
                 admin.exec_driver_sql(f"SELECT pg_terminate_backend({pid})")
         with pytest.raises(sa.exc.OperationalError) as caught:
-            raw_queue(engine, Strategy.POSTGRES).claim("a", 1)
+            raw_queue(engine, PostgreSQLClaim).claim("a", 1)
         assert caught.value.connection_invalidated
         with engine.connect() as first, engine.connect() as second:
             assert not {c.exec_driver_sql("SELECT pg_backend_pid()").scalar_one() for c in (first, second)} & set(backends)
@@ -578,7 +580,7 @@ def test_driver_errors_reach_the_caller_as_sqlalchemys_and_a_broken_connection_l
         engine = db.create_engine(pg_engine.url.render_as_string(hide_password=False), pool_size=1)
         with engine.begin() as conn:
             add_raw_rows(conn, add_source(conn), 3)
-        queue = raw_queue(engine, Strategy.POSTGRES)
+        queue = raw_queue(engine, PostgreSQLClaim)
         claim = queue.claim("a", 1)
         with engine.connect() as conn:  # the pool's only connection: the one the claim used
             backend = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
@@ -598,9 +600,9 @@ def test_driver_errors_reach_the_caller_as_sqlalchemys_and_a_broken_connection_l
     # No server at all (a restart in progress): the pool's connect fails the same way.
     nowhere = db.create_engine("postgresql://postgres@127.0.0.1:1/none", connect_args={"connect_timeout": 2})
     with pytest.raises(sa.exc.OperationalError):
-        raw_queue(nowhere, Strategy.POSTGRES).claim("a", 1)
+        raw_queue(nowhere, PostgreSQLClaim).claim("a", 1)
     with pytest.raises(sa.exc.OperationalError):
-        raw_queue(nowhere, Strategy.POSTGRES).complete_and_claim(claim, {"processed_at": now()}, 1)
+        raw_queue(nowhere, PostgreSQLClaim).complete_and_claim(claim, {"processed_at": now()}, 1)
     nowhere.dispose()
 
 

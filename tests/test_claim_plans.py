@@ -17,10 +17,10 @@ import psycopg.sql
 import pytest
 import sqlalchemy as sa
 
+from pipeline.backends.mariadb import MARIADB
 from pipeline.core import politeness
 from pipeline.fetching.politeness import PoliteQueue
 from pipeline.queue.claim import WorkQueue
-from pipeline.backends.mariadb import MARIADB
 from pipeline.queue.spec import QueueSpec
 from pipeline.storage import bulk, db, politeness_groups, schema
 from tests.conftest import ALL_BACKENDS, conformance
@@ -209,8 +209,8 @@ def captured_claim_sql(engine: sa.Engine, spec: QueueSpec) -> tuple[str, object]
         # Sent by psycopg itself, past SQLAlchemy's events: the SQL compiled once, with
         # PostgreSQL's $n placeholders (test_claim.py checks on the wire that it is what
         # is sent), and its arguments in their order.
-        assert not seen and queue._claim_sql is not None
-        return queue._claim_sql.sql, queue._claim_sql.arguments(queue._claim_params("probe", 10)[1])
+        assert not seen and queue.claiming.claim_sql is not None
+        return queue.claiming.claim_sql.sql, queue.claiming.claim_sql.arguments(queue._claim_params("probe", 10)[1])
     if engine.dialect.name in MARIADB:
         return seen  # the locking reads (expired leases, then free rows), and the UPDATE by ids
     assert len(seen) == 1
@@ -249,8 +249,8 @@ def test_claim_uses_the_partial_indexes(big_engine: sa.Engine, spec: QueueSpec) 
         # first), explained with the parameters a real claim sent.
         [(_, parameters), *_] = [sp for sp in captured_claim_sql(big_engine, spec) if "SKIP LOCKED" in sp[0]]
         queue = WorkQueue(big_engine, spec)
-        assert queue._locking is not None
-        statements = [(str(select.compile(dialect=big_engine.dialect)), parameters) for select in queue._locking]
+        assert queue.claiming.locking is not None
+        statements = [(str(select.compile(dialect=big_engine.dialect)), parameters) for select in queue.claiming.locking]
         with big_engine.connect() as conn:
             plan = mariadb_plans(conn, statements)
         text = "\n".join(map(str, plan))
@@ -298,8 +298,8 @@ def test_the_polite_claim_of_due_sources_is_index_scans_too(big_engine: sa.Engin
     assert claim, "the populated table has claimable sources"
     if big_engine.dialect.name == "postgresql":
         # Sent by psycopg itself, past SQLAlchemy's events: the SQL compiled once.
-        assert not seen and queue._claim_sql is not None
-        seen.append((queue._claim_sql.sql, queue._claim_sql.arguments(queue._claim_params("probe", 10)[1])))
+        assert not seen and queue.claiming.claim_sql is not None
+        seen.append((queue.claiming.claim_sql.sql, queue.claiming.claim_sql.arguments(queue._claim_params("probe", 10)[1])))
     plans = []
     with big_engine.connect() as conn:
         for statement, parameters in seen:
@@ -340,10 +340,10 @@ def test_the_polite_claim_counts_a_groups_fetches_once_not_once_per_due_source(p
         conn.execute(sa.update(schema.sources).values(next_fetch_at=None))  # now every one is
     queue = PoliteQueue(pg_engine, record_started=True)
     assert len(queue.claim("w", 24)) == 24  # fetches in flight, for the count to read
-    assert queue._claim_sql is not None
+    assert queue.claiming.claim_sql is not None
     with pg_engine.connect() as conn:  # EXPLAIN ANALYZE runs the claim: rolled back
-        [[plan]] = explain_raw(conn, "EXPLAIN (ANALYZE, FORMAT JSON)", queue._claim_sql.sql,
-                               queue._claim_sql.arguments(queue._claim_params("w", 8)[1]))
+        [[plan]] = explain_raw(conn, "EXPLAIN (ANALYZE, FORMAT JSON)", queue.claiming.claim_sql.sql,
+                               queue.claiming.claim_sql.arguments(queue._claim_params("w", 8)[1]))
         conn.rollback()
 
     def nodes(node: dict) -> Iterator[dict]:

@@ -77,7 +77,7 @@ def cases() -> list[tuple[str, str, QueueSpec, bool]]:
         for dialect in DIALECTS:
             out.append((f"{spec.table.name}.{spec.name}.{dialect}.sql", dialect, spec, False))
     # The due-source claim with its politeness conditions; SQLite runs it as several
-    # statements in Python (PoliteQueue._claim_portable), so only PostgreSQL has one.
+    # statements in Python (PoliteQueue._claim_in_steps), so only PostgreSQL has one.
     out.append(("sources.due.polite.postgresql.sql", "postgresql", schema.SOURCES_DUE, True))
     return out
 

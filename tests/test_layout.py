@@ -113,19 +113,19 @@ def test_the_command_line_imports_no_library_it_does_not_need_to_start() -> None
     assert result.stdout.strip() == "[]"
 
 
-# Where code may ask which database it runs on: the backends (one module per database),
-# the claim queues (their strategies move into the backends next), the engine's creation
-# and the migrations.
-_DIALECT_HOMES = ("pipeline/backends/", "pipeline/queue/", "pipeline/storage/db.py", "pipeline/storage/migrate.py")
+# Where code may ask which database it runs on: the backends (one module per database,
+# their claims too), the engine's creation and the migrations.
+_DIALECT_HOMES = ("pipeline/backends/", "pipeline/storage/db.py", "pipeline/storage/migrate.py")
 _DIALECT_NAMES = {"postgresql", "sqlite", "mysql", "mariadb"}
-# What still asks outside them, per file: nothing (issue 35; the collector's item storage
-# and the polite claim were the last). A new question belongs in a backend.
+# What still asks outside them, per file: nothing (issue 35; the collector's item storage,
+# the polite claim and the claim queues' strategies were the last). A new question
+# belongs in a backend.
 _STILL_ASKING: dict[str, int] = {}
 
 
 def _asks_for_the_database(node: ast.AST) -> bool:
-    """``x.dialect.name``; a comparison with a database's name, with ``MARIADB`` or with a
-    claim ``Strategy``; a variable named ``dialect`` compared."""
+    """``x.dialect.name``; a comparison with a database's name or with ``MARIADB``; a
+    variable named ``dialect`` compared."""
     if isinstance(node, ast.Attribute) and node.attr == "name" and isinstance(node.value, ast.Attribute) \
             and node.value.attr == "dialect":
         return True
@@ -136,8 +136,6 @@ def _asks_for_the_database(node: ast.AST) -> bool:
         if isinstance(side, ast.Constant) and side.value in _DIALECT_NAMES:
             return True
         if isinstance(side, ast.Name) and side.id in ("MARIADB", "dialect"):
-            return True
-        if isinstance(side, ast.Attribute) and isinstance(side.value, ast.Name) and side.value.id == "Strategy":
             return True
     return False
 

@@ -6,6 +6,8 @@ behind one protocol (``Backend``), the portable strategy as the reference.
 (ON CONFLICT, executemany run in-process), ``mariadb.py`` (INSERT IGNORE, ON DUPLICATE
 KEY UPDATE, rows created apart from the transaction that adds to them), and for any
 other database ``portable.py`` (plain statements, correct for one writer at a time).
+``claiming_for(conn)`` gives the database's claim: ``claiming.py`` (the protocol and the
+portable reference), ``claim_postgresql.py``, ``claim_sqlite.py``, ``claim_mariadb.py``.
 Code outside this package, the claim queues (pipeline/queue/) and the migrations does
 not ask which database it runs on: it asks its backend (tests/test_layout.py counts).
 """
@@ -17,6 +19,10 @@ from typing import TypeVar
 
 from sqlalchemy.engine import Connection, Dialect, Engine
 
+from pipeline.backends.claim_mariadb import MariaDBClaim
+from pipeline.backends.claim_postgresql import PostgreSQLClaim
+from pipeline.backends.claim_sqlite import SQLiteClaim
+from pipeline.backends.claiming import PortableClaim
 from pipeline.backends.mariadb import MARIADB, MariaDB
 from pipeline.backends.portable import Backend, Bind, Portable
 from pipeline.backends.postgresql import PostgreSQL
@@ -25,6 +31,9 @@ from pipeline.backends.sqlite import SQLite
 # By SQLAlchemy's dialect names.
 _BACKENDS: dict[str, Backend] = {"postgresql": PostgreSQL(), "sqlite": SQLite(), **dict.fromkeys(MARIADB, MariaDB())}
 _PORTABLE = Portable()
+# Each database's claim (pipeline/backends/claiming.py).
+_CLAIMS: dict[str, type[PortableClaim]] = {
+    "postgresql": PostgreSQLClaim, "sqlite": SQLiteClaim, **dict.fromkeys(MARIADB, MariaDBClaim)}
 T = TypeVar("T")
 
 
@@ -34,10 +43,16 @@ def backend_for(bind: Bind) -> Backend:
     return _BACKENDS.get(dialect.name, _PORTABLE)
 
 
+def claiming_for(bind: Bind) -> type[PortableClaim]:
+    """How the database of ``bind`` claims a queue's rows (made once per queue)."""
+    dialect = bind if isinstance(bind, Dialect) else bind.dialect
+    return _CLAIMS.get(dialect.name, PortableClaim)
+
+
 def in_transaction(engine: Engine, work: Callable[[Connection], T]) -> T:
     """``work`` in a transaction of its own, run again where the database broke a
     deadlock by rolling it back (MariaDB); ``work`` must be safe to run again."""
     return backend_for(engine).in_transaction(engine, work)
 
 
-__all__ = ["Backend", "backend_for", "in_transaction"]
+__all__ = ["Backend", "backend_for", "claiming_for", "in_transaction"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -22,3 +23,9 @@ def sql_now(
     if bind is not None:
         return sa.bindparam(bind, type_=type_)
     return sa.literal(datetime.now(UTC) - minus, type_)
+
+
+def seconds_text(step: timedelta) -> sa.ColumnElement[Any]:
+    """``step`` in seconds as SQL text, not a parameter: a claim is compiled once, sent
+    as text."""
+    return sa.literal_column(f"{step.total_seconds():.1f}")

@@ -8,6 +8,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -15,6 +16,7 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection, Engine
 
 from pipeline.backends.changed import StoreChanged
+from pipeline.backends.clock import seconds_text
 from pipeline.backends.portable import CHUNK, Portable, Rows
 from pipeline.backends.upsert import ForwardUpsert
 
@@ -117,3 +119,14 @@ class MariaDB(Portable):
             conn.execute(upsert.on_duplicate_key_update(
                 {spec.hash: upsert.inserted[spec.hash], spec.touched: sa.func.current_timestamp()}))
         return {spec.key_of(row) for row in fresh}
+
+    def order_by(self, column: sa.ColumnElement[Any], *, descending: bool,
+                 nulls_first: bool | None) -> sa.ColumnElement[Any]:
+        """No NULLS FIRST/LAST here; MariaDB's own order puts NULLs first when ascending."""
+        if nulls_first is not None and nulls_first == descending:
+            raise NotImplementedError(f"{column} with NULLs {'first' if nulls_first else 'last'} on MariaDB")
+        return column.desc() if descending else column.asc()
+
+    def whole_steps(self, since: sa.ColumnElement[datetime], now: sa.ColumnElement[datetime],
+                    step: timedelta) -> sa.ColumnElement[Any]:
+        return sa.func.floor(sa.func.timestampdiff(sa.literal_column("SECOND"), since, now) / seconds_text(step))

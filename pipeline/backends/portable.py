@@ -117,6 +117,18 @@ class Backend(Protocol):
         now, found without writing."""
         ...
 
+    def order_by(self, column: sa.ColumnElement[Any], *, descending: bool,
+                 nulls_first: bool | None) -> sa.ColumnElement[Any]:
+        """``column`` as an ORDER BY term; ``nulls_first`` None leaves the database's
+        default."""
+        ...
+
+    def whole_steps(self, since: sa.ColumnElement[datetime], now: sa.ColumnElement[datetime],
+                    step: timedelta) -> sa.ColumnElement[Any]:
+        """How many whole ``step``s passed from ``since`` to ``now`` (never before it),
+        its constants as SQL text (a claim is compiled once, sent as text)."""
+        ...
+
     def add_to(self, conn: Connection, table: sa.Table, keys: Sequence[str], value: str, rows: Rows) -> None:
         """Add each row's ``value`` to the stored row with its ``keys`` (the table's
         unique key), creating it when missing; in ``keys`` order, so that two adders lock
@@ -301,6 +313,19 @@ class Portable:
                     t.c[last].in_(lasts[start:start + CHUNK]))
                 known.update({tuple(found[:-1]): found[-1] for found in conn.execute(query)})
         return known
+
+    def order_by(self, column: sa.ColumnElement[Any], *, descending: bool,
+                 nulls_first: bool | None) -> sa.ColumnElement[Any]:
+        term = column.desc() if descending else column.asc()
+        if nulls_first is True:
+            return term.nulls_first()
+        if nulls_first is False:
+            return term.nulls_last()
+        return term
+
+    def whole_steps(self, since: sa.ColumnElement[datetime], now: sa.ColumnElement[datetime],
+                    step: timedelta) -> sa.ColumnElement[Any]:
+        raise NotImplementedError(f"{self.name}: no portable SQL for the time between two timestamps")
 
     def add_to(self, conn: Connection, table: sa.Table, keys: Sequence[str], value: str, rows: Rows) -> None:
         # An UPDATE per row; the rows it found no stored row for are inserted.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import operator
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -15,6 +15,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
 from pipeline.backends.changed import StoreChanged
+from pipeline.backends.clock import seconds_text
 from pipeline.backends.on_conflict import OnConflict
 from pipeline.backends.portable import Rows
 from pipeline.backends.recent import Asking, RecentPerKey
@@ -140,6 +141,10 @@ class PostgreSQL(OnConflict):
         ])
         return sql, encoders
 
+    def whole_steps(self, since: sa.ColumnElement[datetime], now: sa.ColumnElement[datetime],
+                    step: timedelta) -> sa.ColumnElement[Any]:
+        return sa.func.floor(sa.extract("epoch", now - since) / seconds_text(step))
+
     def where_pairs(self, query: sa.Select[Any], first: sa.Column[Any], second: sa.Column[Any]) -> sa.Select[Any]:
         """A join with the pairs as two paired arrays (``unnest``): one probe of an index
         on the pair per pair, and the same SQL text for every batch (a tuple IN list
@@ -232,4 +237,3 @@ class PostgreSQL(OnConflict):
 
 
 _string: Callable[[Any], str] = json.JSONEncoder(ensure_ascii=False).encode
-

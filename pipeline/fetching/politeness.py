@@ -41,9 +41,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, RowMapping
 
+from pipeline.backends.claiming import PortableClaim
 from pipeline.core.politeness import DEFAULT, pick
 from pipeline.queue.claim import WorkQueue
-from pipeline.queue.dialects import Strategy
 from pipeline.queue.spec import Claim
 from pipeline.storage import counters, schema
 from pipeline.storage.bulk import insert_rows
@@ -64,7 +64,7 @@ class PoliteQueue(WorkQueue):
     """The due-sources queue whose claim only hands out sources whose group has room."""
 
     def __init__(
-        self, engine: sa.Engine, *, lease_seconds: int = 300, strategy: Strategy | None = None,
+        self, engine: sa.Engine, *, lease_seconds: int = 300, claiming: type[PortableClaim] | None = None,
         record_started: bool = False, run_id: str | None = None,
     ) -> None:
         """``record_started``: each claim also writes an ``ingestion.started`` event
@@ -73,7 +73,7 @@ class PoliteQueue(WorkQueue):
         without its event nor the event written for a claim that did not commit. It
         counts them too (``counters.SOURCES_CLAIMED``), in the same way."""
         self.record_started, self.run_id = record_started, run_id
-        super().__init__(engine, schema.SOURCES_DUE, lease_seconds=lease_seconds, strategy=strategy)
+        super().__init__(engine, schema.SOURCES_DUE, lease_seconds=lease_seconds, claiming=claiming)
         self._next_start = self._build_next_start()
 
     # -- shared SQL ---------------------------------------------------------------------
@@ -116,7 +116,7 @@ class PoliteQueue(WorkQueue):
     def _polite_candidates(self, *, lock: bool) -> tuple[sa.Select[Any], sa.Select[Any]]:
         """The claim's two branches (expired leases, free rows), less sources whose group
         has no room, each looking at up to ``claim_scan`` rows."""
-        expired, free = self._candidates(lock=False)
+        expired, free = self.candidates(lock=False)
         scan = sa.bindparam("claim_scan", type_=sa.Integer())
         has_room = self._has_room(materialized=lock)
         expired = expired.where(has_room).limit(scan)
@@ -133,7 +133,7 @@ class PoliteQueue(WorkQueue):
     # -- PostgreSQL: one statement ----------------------------------------------------------
 
     def _build_claim(self) -> sa.Update | sa.Select[Any]:
-        if not self.strategy.one_statement:
+        if not self.claiming.one_statement:
             return super()._build_claim()
         claim = self._build_polite_claim()
         if not self.record_started:
@@ -187,7 +187,7 @@ class PoliteQueue(WorkQueue):
                 g.c.name.in_(sa.select(cand.c.grp)),
                 sa.or_(
                     g.c.next_request_at.is_(None),
-                    g.c.next_request_at <= sa.func.clock_timestamp(type_=self._time_type),
+                    g.c.next_request_at <= sa.func.clock_timestamp(type_=self.claiming.time_type),
                 ),
             )
             .with_for_update(skip_locked=True, key_share=True, of=g)
@@ -244,7 +244,7 @@ class PoliteQueue(WorkQueue):
                 claims=g.c.claims + picked_groups.c.n,
                 # From the moment of this update (clock_timestamp(), not the statement's
                 # start, now()): the spacing runs from as close to the send as SQL gets.
-                next_request_at=sa.func.clock_timestamp(type_=self._time_type) + sa.func.make_interval(
+                next_request_at=sa.func.clock_timestamp(type_=self.claiming.time_type) + sa.func.make_interval(
                     0, 0, 0, 0, 0, 0, sa.cast(picked_groups.c.interval_ms, sa.Float) / 1000.0
                 ),
                 deferred_reason=None,
@@ -254,7 +254,7 @@ class PoliteQueue(WorkQueue):
         return (
             sa.update(s)
             .where(s.c.id == picked.c.id)
-            .values(self._lease_values())
+            .values(self.lease_values())
             .returning(*self.columns)
             .add_cte(bump)
         )
@@ -262,7 +262,7 @@ class PoliteQueue(WorkQueue):
     # -- claim --------------------------------------------------------------------------
 
     def claim(self, worker: str, limit: int) -> Claim:
-        if not self.strategy.one_statement:
+        if not self.claiming.one_statement:
             return self._claim_in_steps(worker, limit)
         return super().claim(worker, limit)  # one statement, sent by psycopg itself
 
@@ -349,9 +349,9 @@ class PoliteQueue(WorkQueue):
         ]
         if self.spec.ready is not None:
             still.append(self.spec.ready(now))
-        values = {**self._lease_values()}
+        values = {**self.lease_values()}
         lease = {**params, "claim_worker": worker, "claim_token": token}
-        if self.strategy.update_returns_rows:
+        if conn.dialect.update_returning:  # SQLAlchemy's word: it hands back the rows
             return list(conn.execute(
                 sa.update(s).where(*still).values(values).returning(*s.c), lease
             ).mappings().all())

@@ -6,12 +6,13 @@ their post-claim state. Completion, release and lease extension are fenced by to
 worker: a worker whose lease expired and whose rows were claimed again changes nothing.
 The SQL each database runs is in pipeline/queue/sql/, rendered (tests/test_golden_sql.py).
 
-The package, by idea: spec.py (what a queue is, what a claim hands out), dialects.py
-(where the databases differ: the claim's ``Strategy``, whose clock, MariaDB's retries,
-PostgreSQL's driver statements), base.py (a queue's engine, driver path and time),
-fenced.py (the fenced writes), this module (the claim: each strategy's statement, the
-portable and MariaDB paths, ``complete_and_claim``), heartbeat.py (leases kept alive
-while rows are worked on), workpool.py (a claim worked on by threads).
+The package, by idea: spec.py (what a queue is, what a claim hands out), base.py (a
+queue's engine, columns, its database's claim and time), fenced.py (the fenced writes),
+this module (what a claim takes: its branches, the lease's values; ``complete_and_claim``),
+heartbeat.py (leases kept alive while rows are worked on), workpool.py (a claim worked
+on by threads). How each database takes the rows is its backend's:
+pipeline/backends/claiming.py (the protocol and the portable reference), then
+claim_postgresql.py, claim_sqlite.py and claim_mariadb.py there.
 
 Indexes: every queue has two partial indexes built from the same predicates the claim
 uses (``QueueSpec.indexes``): a *free* index over ready rows with no lease, and a *leased*
@@ -28,12 +29,10 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
 
-from pipeline.backends import in_transaction
-from pipeline.queue.dialects import DriverStatement, Strategy
+from pipeline.backends import backend_for
 from pipeline.queue.fenced import FencedWrites, refuse_claim_columns
-from pipeline.queue.spec import Claim, Fenced, Row
+from pipeline.queue.spec import Claim, Fenced
 
 log = logging.getLogger(__name__)
 
@@ -41,32 +40,24 @@ log = logging.getLogger(__name__)
 class WorkQueue(FencedWrites):
     """Claim, complete, release and extend rows of one queue on one engine.
 
-    Each statement is built once per queue, with bound parameters, and reused: a claim
-    costs one execution, not a rebuild of the SQL (see bench/claim_throughput.py).
-
-    On PostgreSQL the hot statements (the claim, and a completion whose values need no
-    conversion by SQLAlchemy) are sent by psycopg itself, compiled once and prepared on
-    the server, on a connection from the engine's pool: SQLAlchemy's per-statement work
-    was most of a claim's client CPU (bench/RESULTS.md). ``complete_and_claim`` sends a
-    batch's completion and the next claim in one round trip and one commit.
+    The queue says what a claim takes (its two branches, the lease's values, what it
+    returns); its database's ``claiming`` (pipeline/backends/) takes them. Each statement
+    is built once per queue, with bound parameters, and reused: a claim costs one
+    execution, not a rebuild of the SQL (see bench/claim_throughput.py).
+    ``complete_and_claim`` sends a batch's completion and the next claim in one round
+    trip and one commit where the database allows (PostgreSQL).
     """
 
     def _build_statements(self) -> None:
         """The claim's statements, built once, when the queue is made."""
         self._claim_stmt = self._build_claim()
-        # PostgreSQL runs the claim as SQL compiled once, by the driver: it skips
-        # SQLAlchemy's per-call work and per-row type processing. That is safe because
-        # pipeline/storage/db.py pins every PostgreSQL session to UTC and psycopg decodes
-        # JSON itself.
-        # Its constants (bound parameters of the compiled text) go with every execution.
-        self._claim_sql: DriverStatement | None = None
-        if self.strategy is Strategy.POSTGRES:
-            self._claim_sql = self._driver_sql(self._claim_stmt)
-        # MariaDB's claim locks each branch's rows with a query of its own.
-        self._locking = self._mariadb_locking() if self.strategy is Strategy.MARIADB else None
-        # The unlocked candidate query (portable claims) and the sensor's capped count.
-        self._chosen = self._chosen_ids()
-        self._count_stmt = sa.select(sa.func.count()).select_from(self._chosen.subquery())
+        self.claiming.prepare(self._claim_stmt)
+        # The sensor's capped count: the claim's candidates, unlocked.
+        self._count_stmt = sa.select(sa.func.count()).select_from(self.chosen_ids().subquery())
+
+    def _build_claim(self) -> sa.Update | sa.Select[Any]:
+        """The claim's statement: the database's (a kind of queue may have its own)."""
+        return self.claiming.build_claim()
 
     # -- claim --------------------------------------------------------------------------
 
@@ -75,29 +66,18 @@ class WorkQueue(FencedWrites):
         ``completes`` (and, on PostgreSQL, its one-statement form for rows with values of
         their own) and the lease extension. tests/test_golden_sql.py renders them into
         pipeline/queue/sql/, so a change to a hot query is reviewed as a diff."""
-        named: dict[str, sa.Executable] = {}
-        if self._locking is not None:  # MariaDB: the claim's locking reads, then its UPDATE
-            named["claim_expired"], named["claim_free"] = self._locking
-        named["claim"] = self._claim_stmt
-        named["complete"] = self._fenced_statement(completes)
-        if self.strategy is Strategy.POSTGRES:
-            named["complete_each"] = self._fenced_each_statement(completes)
-        named["extend"] = self._fenced_statement((), extend=True)
+        named: dict[str, sa.Executable] = dict(self.claiming.named())
+        named["complete"] = self.fenced_statement(completes)
+        each = self.claiming.each_statement(completes)
+        if each is not None:
+            named["complete_each"] = each
+        named["extend"] = self.fenced_statement((), extend=True)
         return named
 
     def claim(self, worker: str, limit: int) -> Claim:
         """Lease up to ``limit`` ready rows to ``worker``; never more than ``limit``."""
         token, params = self._claim_params(worker, limit)
-        if self.strategy is Strategy.PORTABLE:
-            rows: Sequence[Row] = self._claim_portable(params)
-        elif self.strategy is Strategy.MARIADB:
-            rows = self._claim_mariadb(params, limit)
-        elif self._claim_sql is not None:
-            with self._driver() as pg:
-                rows = self._rows(self._claim_sql.execute(pg, params))
-        else:
-            with self._one_statement.begin() as conn:
-                rows = conn.execute(self._claim_stmt, params).mappings().all()
+        rows = self.claiming.claim(params, limit)
         return Claim(self.spec.name, worker, token, self.spec.sort(rows))
 
     def _claim_params(self, worker: str, limit: int) -> tuple[str, dict[str, Any]]:
@@ -119,19 +99,15 @@ class WorkQueue(FencedWrites):
         batch and takes the next waits for the database once and commits once. If the
         completion fails, the next claim is not taken either."""
         refuse_claim_columns(values, "the completion clears")
-        driver = self._complete_sql(values)
         wanted = list(claim.ids if ids is None else ids)
-        if self._claim_sql is None or driver is None or not wanted:
-            return self.complete(claim, values, ids=ids), self.claim(claim.worker, limit)
-        token, params = self._claim_params(claim.worker, limit)
-        with self._driver() as pg:
-            with pg.pipeline():
-                completed = driver.execute(pg, self._complete_params(driver, claim, wanted, values))
-                claimed = self._claim_sql.execute(pg, params)
-            done = [row[0] for row in completed.fetchall()]
-            rows = self._rows(claimed)
-        fenced = self._fenced_outcome(claim, wanted, done, "completion", quiet=False)
-        return fenced, Claim(self.spec.name, claim.worker, token, self.spec.sort(rows))
+        if wanted:
+            token, params = self._claim_params(claim.worker, limit)
+            both = self.claiming.complete_and_claim(claim.token, claim.worker, wanted, values, params)
+            if both is not None:
+                done, rows = both
+                fenced = self._fenced_outcome(claim, wanted, done, "completion", quiet=False)
+                return fenced, Claim(self.spec.name, claim.worker, token, self.spec.sort(rows))
+        return self.complete(claim, values, ids=ids), self.claim(claim.worker, limit)
 
     def count_ready(self, cap: int = 1000) -> int:
         """How many rows a claim could take now, counted up to ``cap``.
@@ -147,7 +123,7 @@ class WorkQueue(FencedWrites):
         with self._autocommit.connect() as conn:
             return int(conn.execute(self._count_stmt, params).scalar_one())
 
-    def _candidates(
+    def candidates(
         self, *, lock: bool, now: sa.ColumnElement[datetime] | None = None
     ) -> tuple[sa.Select[Any], sa.Select[Any]]:
         """The two branches of a claim: leases that expired, and rows never leased.
@@ -184,17 +160,24 @@ class WorkQueue(FencedWrites):
         """The queue's order (``ORDER BY`` terms) over its table, or over the same-named
         columns of ``over`` (a derived table of its rows), as this database renders it."""
         now = self.now() if now is None else now
-        return [term.sql(over=over, now=now, dialect=self.engine.dialect.name) for term in self.spec.order]
+        backend = backend_for(self.engine)
+        return [term.sql(over=over, now=now, backend=backend) for term in self.spec.order]
 
-    def _chosen_ids(self) -> sa.CompoundSelect[Any]:
-        """``<expired> UNION ALL <free> LIMIT n`` for the dialects without row locks."""
-        expired, free = self._candidates(lock=False)
+    def chosen_ids(self) -> sa.CompoundSelect[Any]:
+        """``<expired> UNION ALL <free> LIMIT n``, without locks."""
+        expired, free = self.candidates(lock=False)
         expired_sq, free_sq = expired.subquery(), free.subquery()
         return sa.union_all(sa.select(expired_sq.c.id), sa.select(free_sq.c.id)).limit(
             sa.bindparam("claim_limit", type_=sa.Integer())
         )
 
-    def _lease_values(self) -> dict[str, Any]:
+    def claimable(self, now: sa.ColumnElement[datetime]) -> list[sa.ColumnElement[bool]]:
+        """A row a claim may take at ``now``: pending, ready, and free or expired."""
+        t = self.spec.table
+        return [self.spec.pending, sa.or_(t.c.locked_until.is_(None), t.c.locked_until <= now),
+                *self.spec.ready_at(now)]
+
+    def lease_values(self) -> dict[str, Any]:
         values: dict[str, Any] = {
             "locked_until": self._lease_until(),
             "claimed_by": sa.bindparam("claim_worker", type_=sa.Text()),
@@ -203,126 +186,6 @@ class WorkQueue(FencedWrites):
         if self.spec.attempts is not None:
             values[self.spec.attempts.name] = self.spec.attempts + sa.literal_column("1")
         return values
-
-    def _build_claim(self) -> sa.Update | sa.Select[Any]:
-        t = self.spec.table
-        if self.strategy is Strategy.POSTGRES:
-            # WITH expired AS MATERIALIZED (... FOR NO KEY UPDATE SKIP LOCKED),
-            #      free AS MATERIALIZED (... FOR NO KEY UPDATE SKIP LOCKED),
-            #      c AS MATERIALIZED (SELECT id FROM expired UNION ALL SELECT id FROM free LIMIT n)
-            # UPDATE t SET <lease> FROM c WHERE t.id = c.id RETURNING t.*
-            # MATERIALIZED keeps each CTE evaluated exactly once; the design forbids the
-            # "WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)" form, which the planner
-            # may evaluate more than once and so claim more than n rows. The outer LIMIT
-            # stops pulling (and locking) rows once n are found.
-            expired, free = self._candidates(lock=True)
-            expired_cte = expired.cte("expired").prefix_with("MATERIALIZED")
-            free_cte = free.cte("free").prefix_with("MATERIALIZED")
-            chosen = (
-                sa.union_all(sa.select(expired_cte.c.id), sa.select(free_cte.c.id))
-                .limit(sa.bindparam("claim_limit", type_=sa.Integer()))
-                .cte("c")
-                .prefix_with("MATERIALIZED")
-            )
-            return (
-                sa.update(t)
-                .where(t.c.id == chosen.c.id)
-                .values(self._lease_values())
-                .returning(*self.columns)
-            )
-        if self.strategy is Strategy.MARIADB:
-            # UPDATE t SET <lease> WHERE id IN (:ids): the ids the claim's SELECT ... FOR
-            # UPDATE SKIP LOCKED locked in the same transaction (``_claim_mariadb``).
-            return (
-                sa.update(t)
-                .where(t.c.id.in_(sa.bindparam("claim_ids", expanding=True)))
-                .values(self._lease_values())
-            )
-        if self.strategy is Strategy.SQLITE:
-            # UPDATE t SET <lease> WHERE id IN (<expired> UNION ALL <free> LIMIT n)
-            # RETURNING *, inside BEGIN IMMEDIATE (pipeline/storage/db.py begins every SQLite
-            # transaction so): SQLite serialises writers, so no row is claimed twice.
-            return (
-                sa.update(t)
-                .where(t.c.id.in_(self._chosen_ids()))
-                .values(self._lease_values())
-                .returning(*self.columns)
-            )
-        # Portable: take one candidate with an UPDATE that re-checks the criteria and
-        # the lease, so a row another worker took in between is skipped (rowcount 0).
-        ready = self.spec.ready_at(self.now())
-        return (
-            sa.update(t)
-            .where(
-                t.c.id == sa.bindparam("claim_id"),
-                self.spec.pending,
-                sa.or_(t.c.locked_until.is_(None), t.c.locked_until <= self.now()),
-                *ready,
-            )
-            .values(self._lease_values())
-        )
-
-    def _claim_portable(self, params: dict[str, Any]) -> Sequence[Row]:
-        # Correct on any SQL database, in 1 + N + 1 round trips: read candidates, take
-        # each with the guarded UPDATE of _build_claim, read back the rows taken.
-        # Workers that read at the same moment read the same candidates, and all but one
-        # may lose every one of them: an empty claim means "no work", so such a claim
-        # reads again (the rows taken meanwhile are leased, so each read sees fewer)
-        # and returns empty only when no candidate is left.
-        t = self.spec.table
-        taken: list[int] = []
-        with self._autocommit.connect() as conn:
-            while not taken:
-                candidates = list(conn.execute(self._chosen, params).scalars())
-                if not candidates:
-                    return []
-                for row_id in candidates:
-                    if conn.execute(self._claim_stmt, {**params, "claim_id": row_id}).rowcount == 1:
-                        taken.append(row_id)
-            return conn.execute(sa.select(*self.columns).where(t.c.id.in_(taken))).mappings().all()
-
-    def _mariadb_locking(self) -> tuple[sa.Select[Any], sa.Select[Any]]:
-        """MariaDB's locking reads: each branch's rows (the columns a claim returns) and
-        the database's clock, which their own conditions read too."""
-        clock = sa.func.utc_timestamp(sa.literal_column("6"), type_=self._time_type)
-        expired, free = self._candidates(lock=True, now=clock)
-        return (expired.with_only_columns(*self.columns, clock.label("claim_clock")),
-                free.with_only_columns(*self.columns, clock.label("claim_clock")))
-
-    def _claim_mariadb(self, params: dict[str, Any], limit: int) -> Sequence[Row]:
-        """One short transaction (READ COMMITTED, pipeline/storage/db.py): lock up to
-        ``limit`` expired leases, then free rows, with ``FOR UPDATE SKIP LOCKED`` (each a
-        range of the queue's index), reading their columns and the database's clock;
-        lease exactly the ids locked until that clock + the lease. The locks hold to the
-        commit, so no other claim can take or change those rows in between: the same
-        rows, once, as PostgreSQL's one statement. The rows come back as the lease left
-        them (its columns set here as the UPDATE sets them)."""
-        assert self._locking is not None
-        expired, free = self._locking
-
-        def lease(conn: Connection) -> tuple[list[dict[str, Any]], datetime | None]:
-            rows = [dict(row) for row in conn.execute(expired, params).mappings()]
-            if len(rows) < limit:
-                rows += [dict(row) for row in conn.execute(free, {**params, "claim_limit": limit - len(rows)}).mappings()]
-            if not rows:
-                return [], None
-            until = rows[0]["claim_clock"] + self.lease
-            conn.execute(self._claim_stmt, {**params, "claim_until": until, "claim_ids": [r["id"] for r in rows]})
-            return rows, until
-
-        rows, until = in_transaction(self.engine, lease)
-        if not rows:
-            return []
-        leased = {"locked_until": until, "claimed_by": params["claim_worker"], "claim_token": params["claim_token"]}
-        attempts = self.spec.attempts.name if self.spec.attempts is not None else None
-        taken = []
-        for row in rows:
-            found = {name: value for name, value in row.items() if name != "claim_clock"}
-            found.update({name: value for name, value in leased.items() if name in found})
-            if attempts is not None:
-                found[attempts] += 1
-            taken.append(found)
-        return taken
 
     def isolate(self, claim: Claim) -> Claim:
         """``claim`` itself, or, when it holds suspects (``QueueSpec.suspect``), a claim

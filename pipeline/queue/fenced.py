@@ -12,13 +12,10 @@ from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
 from pipeline.backends import in_transaction
-from pipeline.backends.recordset import json_rows, recordset
 from pipeline.queue.base import QueueBase
-from pipeline.queue.dialects import DriverStatement, Strategy
 from pipeline.queue.spec import Claim, Fenced, RowCompletion
 
 log = logging.getLogger(__name__)
@@ -27,26 +24,20 @@ log = logging.getLogger(__name__)
 class FencedWrites(QueueBase):
     """A queue's fenced writes (``WorkQueue`` claims as well)."""
 
-    def _fenced_statement(self, columns: tuple[str, ...], *, extend: bool = False) -> sa.Update:
+    def fenced_statement(self, columns: tuple[str, ...], *, extend: bool = False) -> sa.Update:
         """``UPDATE t SET ... WHERE id IN <ids> AND token AND worker RETURNING id``.
 
-        One statement for the whole batch: ``= ANY(:ids)`` with one bound array on
-        PostgreSQL (the same text, and plan, for every batch size), an expanding ``IN``
-        elsewhere. Completion and release set ``columns`` and clear the lease; extension
+        One statement for the whole batch (the ids as the database's claim binds them:
+        ``claiming.ids_in``). Completion and release set ``columns`` and clear the lease; extension
         moves ``locked_until`` only. Built once per kind.
         """
         key = (*columns, "+extend") if extend else columns
         stmt = self._fenced.get(key)
         if stmt is None:
             t = self.spec.table
-            if self.strategy is Strategy.POSTGRES:
-                array = postgresql.ARRAY(sa.BigInteger())
-                ids = t.c.id == sa.any_(sa.bindparam("ids", type_=array))
-            else:
-                ids = t.c.id.in_(sa.bindparam("ids", expanding=True))
             values: dict[str, Any]
             fence = [
-                ids,
+                self.claiming.ids_in(t.c.id),
                 t.c.claim_token == sa.bindparam("fence_token"),
                 t.c.claimed_by == sa.bindparam("fence_worker"),
             ]
@@ -76,10 +67,10 @@ class FencedWrites(QueueBase):
     ) -> Fenced:
         refuse_claim_columns(values, f"the {action} clears")
         if all(not isinstance(v, sa.ClauseElement) for v in values.values()):
-            stmt = self._fenced_statement(tuple(sorted(values)))
+            stmt = self.fenced_statement(tuple(sorted(values)))
             params = {f"set_{name}": value for name, value in values.items()}
         else:  # a SQL expression among the values: this statement is built as given
-            stmt, params = self._fenced_statement(()).values(dict(values)), {}
+            stmt, params = self.fenced_statement(()).values(dict(values)), {}
         return self._run_fenced(conn, claim, ids, stmt, params, action, quiet=quiet)
 
     def _run_fenced(
@@ -116,8 +107,8 @@ class FencedWrites(QueueBase):
         then run the write on exactly those ids. Held by this transaction, they cannot
         leave the fence in between; "now" (an extension's fence) is one value for both
         statements (on MariaDB, the database's)."""
-        if self.strategy is Strategy.MARIADB and "claim_now" in params:
-            params = {**params, **self._database_time(conn, params["claim_until"] - params["claim_now"])}
+        if "claim_now" in params:
+            params = {**params, **self.claiming.time_params_in(conn, params["claim_until"] - params["claim_now"])}
         t = self.spec.table
         assert stmt.whereclause is not None
         done = list(conn.execute(sa.select(t.c.id).where(stmt.whereclause).with_for_update(), params).scalars())
@@ -143,31 +134,6 @@ class FencedWrites(QueueBase):
             )
         return Fenced(done=sorted(done), lost=lost)
 
-    def _complete_sql(self, values: Mapping[str, Any]) -> DriverStatement | None:
-        """The completion setting ``values`` as driver SQL (PostgreSQL), or None where
-        SQLAlchemy must send it (a SQL expression among the values)."""
-        if self.strategy is not Strategy.POSTGRES or any(
-            isinstance(v, sa.ClauseElement) or name not in self.spec.table.c for name, v in values.items()
-        ):
-            return None
-        key = tuple(sorted(values))
-        statement = self._fenced_sql.get(key)
-        if statement is None:
-            t, dialect = self.spec.table, self.engine.dialect
-            # The columns' own conversions (UTC times, JSON), as SQLAlchemy applies them.
-            convert = {name: t.c[name].type.dialect_impl(dialect).bind_processor(dialect) for name in key}
-            statement = self._fenced_sql[key] = self._driver_sql(self._fenced_statement(key), convert)
-        return statement
-
-    def _complete_params(
-        self, statement: DriverStatement, claim: Claim, ids: Sequence[int], values: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        params = {"ids": list(ids), "fence_token": claim.token, "fence_worker": claim.worker}
-        for name, value in values.items():
-            convert = statement.convert[name]
-            params[f"set_{name}"] = value if convert is None else convert(value)
-        return params
-
     def complete(
         self,
         claim: Claim,
@@ -184,16 +150,12 @@ class FencedWrites(QueueBase):
         belong to another worker now.
         """
         refuse_claim_columns(values, "the completion clears")  # before any statement is built
-        driver = self._complete_sql(values) if conn is None else None
-        if driver is None:
-            return self._finish(conn, claim, ids, values, "completion")
         wanted = list(claim.ids if ids is None else ids)
-        if not wanted:
-            return Fenced(done=[])
-        with self._driver() as pg:
-            cursor = driver.execute(pg, self._complete_params(driver, claim, wanted, values))
-            done = [row[0] for row in cursor.fetchall()]
-        return self._fenced_outcome(claim, wanted, done, "completion", quiet=False)
+        if conn is None and wanted:
+            done = self.claiming.complete_now(claim.token, claim.worker, wanted, values)
+            if done is not None:  # sent in a round trip of its own (PostgreSQL's driver)
+                return self._fenced_outcome(claim, wanted, done, "completion", quiet=False)
+        return self._finish(conn, claim, ids, values, "completion")
 
     def complete_each(
         self, completions: Sequence[RowCompletion], *, conn: Connection
@@ -216,15 +178,12 @@ class FencedWrites(QueueBase):
         done: list[int] = []
         lost: list[int] = []
         for columns, group in groups.items():
-            if self.strategy is Strategy.POSTGRES:
-                rows = [
-                    {"id": c.row_id, "fence_token": c.claim.token, "fence_worker": c.claim.worker,
-                     **c.values}
-                    for c in group
-                ]
-                stmt = self._fenced_each_statement(columns)
-                changed = set(conn.execute(stmt, {"rows": json_rows(rows)}).scalars())
-            else:
+            rows = [
+                {"id": c.row_id, "fence_token": c.claim.token, "fence_worker": c.claim.worker, **c.values}
+                for c in group
+            ]
+            changed = self.claiming.complete_rows(conn, columns, rows)
+            if changed is None:
                 changed = set()
                 for c in group:
                     fenced = self._finish(conn, c.claim, [c.row_id], c.values, "completion",
@@ -261,7 +220,7 @@ class FencedWrites(QueueBase):
                     name: sa.bindparam(f"set_{name}", type_=t.c[name].type) for name in columns
                 }
                 # The extension's statement (it moves locked_until only), plus the values.
-                stmt = self._fenced_statement((), extend=True).values(values)
+                stmt = self.fenced_statement((), extend=True).values(values)
                 self._fenced[key] = stmt
             fenced = self._run_fenced(
                 conn, c.claim, [c.row_id], stmt,
@@ -273,33 +232,6 @@ class FencedWrites(QueueBase):
             log.warning("deferral of %d %s row(s) changed nothing: no longer held (ids %s)",
                         len(lost), self.spec.name, sorted(lost)[:20])
         return Fenced(done=sorted(done), lost=sorted(lost))
-
-    def _fenced_each_statement(self, columns: tuple[str, ...]) -> sa.Update:
-        """The PostgreSQL statement of ``complete_each`` for one set of columns; built once."""
-        key = (*columns, "+each")
-        stmt = self._fenced.get(key)
-        if stmt is None:
-            t = self.spec.table
-            v = recordset([
-                sa.column("id", sa.BigInteger()),
-                sa.column("fence_token", sa.Text()),
-                sa.column("fence_worker", sa.Text()),
-                *(sa.column(name, t.c[name].type) for name in columns),
-            ])
-            values: dict[str, Any] = {name: v.c[name] for name in columns}
-            values.update(locked_until=None, claimed_by=None, claim_token=None)
-            stmt = (
-                sa.update(t)
-                .where(
-                    t.c.id == v.c.id,
-                    t.c.claim_token == v.c.fence_token,
-                    t.c.claimed_by == v.c.fence_worker,
-                )
-                .values(values)
-                .returning(t.c.id)
-            )
-            self._fenced[key] = stmt
-        return stmt
 
     def release(
         self,
@@ -324,7 +256,7 @@ class FencedWrites(QueueBase):
         """Push the lease of still-owned rows to now + ``seconds`` (default: the lease).
         A row whose lease has already run out is not extended: it is lost."""
         lease = self.lease if seconds is None else timedelta(seconds=seconds)
-        stmt = self._fenced_statement((), extend=True)
+        stmt = self.fenced_statement((), extend=True)
         return self._run_fenced(
             conn, claim, ids, stmt, self._time_params(lease), "lease extension", quiet=quiet
         )

@@ -13,7 +13,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from pipeline.backends.mariadb import MARIADB
+from pipeline.backends import Backend
 
 Predicate = sa.ColumnElement[bool]
 # A claimed row: its columns by name (a dict from the driver on PostgreSQL's fast path).
@@ -34,23 +34,12 @@ class OrderTerm:
         return (self.column.name,)
 
     def sql(self, over: Any = None, *, now: sa.ColumnElement[datetime] | None = None,
-            dialect: str = "postgresql") -> sa.ColumnElement[Any]:
+            backend: Backend) -> sa.ColumnElement[Any]:
         """The term over the table's column, or over the same-named column of the
-        derived table ``over`` (a CTE or subquery of the queue's rows). ``now`` and
-        ``dialect`` are for terms that depend on the time (``AgedTerm``)."""
+        derived table ``over`` (a CTE or subquery of the queue's rows), as ``backend``'s
+        database writes it. ``now`` is for terms that depend on the time (``AgedTerm``)."""
         column = self.column if over is None else over.c[self.column.name]
-        term = column.desc() if self.descending else column.asc()
-        if dialect in MARIADB:
-            # No NULLS FIRST/LAST there; its own order puts NULLs first when ascending.
-            if self.nulls_first is not None and self.nulls_first == self.descending:
-                raise NotImplementedError(f"{self.column} with NULLs {'first' if self.nulls_first else 'last'}"
-                                          " on MariaDB")
-            return term
-        if self.nulls_first is True:
-            return term.nulls_first()
-        if self.nulls_first is False:
-            return term.nulls_last()
-        return term
+        return backend.order_by(column, descending=self.descending, nulls_first=self.nulls_first)
 
     def sort(self, rows: list[Row]) -> None:
         """Stable in-place sort of ``rows`` by this term alone, as the database orders it."""
@@ -82,19 +71,11 @@ class AgedTerm(OrderTerm):
         return (self.column.name, self.since.name)
 
     def sql(self, over: Any = None, *, now: sa.ColumnElement[datetime] | None = None,
-            dialect: str = "postgresql") -> sa.ColumnElement[Any]:
+            backend: Backend) -> sa.ColumnElement[Any]:
         assert self.since is not None and now is not None, "an aged term needs the claim's now"
         column = self.column if over is None else over.c[self.column.name]
         since = self.since if over is None else over.c[self.since.name]
-        # Constants as SQL text, not parameters: the claim is compiled once, sent as text.
-        seconds: sa.ColumnElement[Any] = sa.literal_column(f"{self.step.total_seconds():.1f}")
-        if dialect == "postgresql":
-            steps: sa.ColumnElement[Any] = sa.func.floor(sa.extract("epoch", now - since) / seconds)
-        elif dialect in MARIADB:
-            steps = sa.func.floor(sa.func.timestampdiff(sa.literal_column("SECOND"), since, now) / seconds)
-        else:  # SQLite: times are UTC text; a due row's age is never negative, so the cast floors
-            age = (sa.func.julianday(now) - sa.func.julianday(since)) * sa.literal_column("86400.0")
-            steps = sa.cast(age / seconds, sa.Integer())
+        steps = backend.whole_steps(since, now, self.step)
         return (column + sa.func.coalesce(steps, sa.literal_column("0"))).desc()
 
     def sort(self, rows: list[Row]) -> None:

@@ -1,0 +1,264 @@
+"""PostgreSQL's claim, production's: one statement, sent by psycopg itself.
+
+``WITH expired AS MATERIALIZED (... FOR NO KEY UPDATE SKIP LOCKED), free AS MATERIALIZED
+(... FOR NO KEY UPDATE SKIP LOCKED), c AS MATERIALIZED (SELECT id FROM expired UNION ALL
+SELECT id FROM free LIMIT n) UPDATE t SET <lease> FROM c WHERE t.id = c.id RETURNING
+...``. MATERIALIZED keeps each CTE evaluated exactly once: the "WHERE id IN (SELECT ...
+FOR UPDATE SKIP LOCKED)" form may be evaluated more than once by the planner and so
+claim more than n rows. The outer LIMIT stops pulling (and locking) rows once n are
+found. FOR NO KEY UPDATE: the claim never changes a key, so rows that reference a
+claimed row (their foreign-key checks take KEY SHARE) are not blocked.
+
+The hot statements (the claim, and a completion whose values need no conversion by
+SQLAlchemy) are compiled once and sent by psycopg on a connection from the engine's pool,
+prepared on the server: SQLAlchemy's per-statement work was most of a claim's client CPU
+(bench/RESULTS.md). That is safe because pipeline/storage/db.py pins every PostgreSQL
+session to UTC and psycopg decodes JSON itself. A batch's completion and the next claim
+go in one round trip and one commit (``complete_and_claim``). "Now" is the database's
+clock, so hosts with skewed clocks agree.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection
+
+from pipeline.backends.claiming import ClaimQueue, PortableClaim, Row
+from pipeline.backends.recordset import json_rows, recordset
+
+
+@dataclass(frozen=True)
+class DriverStatement:
+    """A statement as psycopg runs it: its SQL with PostgreSQL's own ``$n``
+    placeholders, the parameter each one takes (``order``), the values of its fixed
+    parameters, and for a fenced write each set column's conversion (None when the
+    driver takes the value as it is).
+
+    ``$n`` placeholders make it a raw query (``psycopg.RawCursor``): psycopg parses a
+    ``%(name)s`` statement's placeholders at every execution when the statement is over
+    4 KB (its cache's limit), as the polite claim is: 3.8% of the collector's samples
+    in a profile of its passes (bench/RESULTS.md, "The claim as a raw query")."""
+
+    sql: str
+    order: tuple[str, ...]
+    fixed: dict[str, Any]
+    convert: Mapping[str, Callable[[Any], Any] | None] = field(default_factory=dict)
+
+    def arguments(self, params: Mapping[str, Any]) -> list[Any]:
+        """The values of ``$1``, ``$2`` ...: from ``params``, else the fixed ones."""
+        fixed = self.fixed
+        return [params[name] if name in params else fixed[name] for name in self.order]
+
+    def execute(self, pg: Any, params: Mapping[str, Any]) -> Any:
+        """Run on the psycopg connection ``pg`` (prepared on the server); its cursor."""
+        return psycopg.RawCursor(pg).execute(self.sql, self.arguments(params), prepare=True)
+
+
+# The placeholders of SQL compiled for psycopg (``%(name)s``) and its escaped percent sign.
+_PYFORMAT = re.compile(r"%\((\w+)\)s|%%")
+
+
+def dollar_placeholders(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``sql`` with PostgreSQL's ``$n`` placeholders instead of psycopg's ``%(name)s``
+    (a name used twice is one placeholder), and the name each ``$n`` stands for."""
+    order: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name is None:
+            return "%"
+        if name not in order:
+            order.append(name)
+        return f"${order.index(name) + 1}"
+
+    return _PYFORMAT.sub(number, sql), tuple(order)
+
+
+class PostgreSQLClaim(PortableClaim):
+    database_clock = True
+    one_statement = True
+
+    def __init__(self, queue: ClaimQueue) -> None:
+        super().__init__(queue)
+        self.claim_sql: DriverStatement | None = None
+        self._complete_sql: dict[tuple[str, ...], DriverStatement] = {}
+        self._each: dict[tuple[str, ...], sa.Update] = {}
+        self._names = [c.name for c in queue.columns]  # what a claim returns, in order
+
+    # -- time ---------------------------------------------------------------------------
+
+    def lease_until(self) -> sa.ColumnElement[datetime]:
+        return self.now() + sa.bindparam("claim_lease", type_=sa.Interval())
+
+    def time_params(self, lease: timedelta) -> dict[str, Any]:
+        return {"claim_lease": lease}
+
+    # -- the claim ----------------------------------------------------------------------
+
+    def build_claim(self) -> sa.Update | sa.Select[Any]:
+        q = self.queue
+        t = q.table
+        expired, free = q.candidates(lock=True)
+        expired_cte = expired.cte("expired").prefix_with("MATERIALIZED")
+        free_cte = free.cte("free").prefix_with("MATERIALIZED")
+        chosen = (
+            sa.union_all(sa.select(expired_cte.c.id), sa.select(free_cte.c.id))
+            .limit(sa.bindparam("claim_limit", type_=sa.Integer()))
+            .cte("c")
+            .prefix_with("MATERIALIZED")
+        )
+        return sa.update(t).where(t.c.id == chosen.c.id).values(q.lease_values()).returning(*q.columns)
+
+    def prepare(self, claim_stmt: sa.Update | sa.Select[Any]) -> None:
+        super().prepare(claim_stmt)
+        self.claim_sql = self.driver_sql(claim_stmt)
+
+    def claim(self, params: dict[str, Any], limit: int) -> Sequence[Row]:
+        assert self.claim_sql is not None
+        with self.driver() as pg:
+            return self.rows(self.claim_sql.execute(pg, params))
+
+    # -- the fenced writes --------------------------------------------------------------
+
+    def ids_in(self, column: sa.Column[Any]) -> sa.ColumnElement[bool]:
+        """``= ANY(:ids)`` with one bound array: the same text, and plan, for every
+        batch size."""
+        return column == sa.any_(sa.bindparam("ids", type_=postgresql.ARRAY(sa.BigInteger())))
+
+    def complete_now(self, token: str, worker: str, ids: Sequence[int], values: Mapping[str, Any]) -> list[int] | None:
+        driver = self.completion(values)
+        if driver is None:
+            return None
+        with self.driver() as pg:
+            cursor = driver.execute(pg, self._completion_params(driver, token, worker, ids, values))
+            return [row[0] for row in cursor.fetchall()]
+
+    def complete_and_claim(
+        self, token: str, worker: str, ids: Sequence[int], values: Mapping[str, Any], params: dict[str, Any],
+    ) -> tuple[list[int], Sequence[Row]] | None:
+        """In psycopg's pipeline mode: the worker waits for the database once and commits
+        once. If the completion fails, the next claim is not taken either."""
+        driver = self.completion(values)
+        if driver is None or self.claim_sql is None:
+            return None
+        with self.driver() as pg:
+            with pg.pipeline():
+                completed = driver.execute(pg, self._completion_params(driver, token, worker, ids, values))
+                claimed = self.claim_sql.execute(pg, params)
+            done = [row[0] for row in completed.fetchall()]
+            return done, self.rows(claimed)
+
+    def completion(self, values: Mapping[str, Any]) -> DriverStatement | None:
+        """The completion setting ``values`` as driver SQL, or None where SQLAlchemy must
+        send it (a SQL expression among the values, or a column the table lacks)."""
+        t = self.queue.table
+        if any(isinstance(v, sa.ClauseElement) or name not in t.c for name, v in values.items()):
+            return None
+        key = tuple(sorted(values))
+        statement = self._complete_sql.get(key)
+        if statement is None:
+            dialect = self.queue.engine.dialect
+            # The columns' own conversions (UTC times, JSON), as SQLAlchemy applies them.
+            convert = {name: t.c[name].type.dialect_impl(dialect).bind_processor(dialect) for name in key}
+            statement = self._complete_sql[key] = self.driver_sql(self.queue.fenced_statement(key), convert)
+        return statement
+
+    @staticmethod
+    def _completion_params(
+        statement: DriverStatement, token: str, worker: str, ids: Sequence[int], values: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        params = {"ids": list(ids), "fence_token": token, "fence_worker": worker}
+        for name, value in values.items():
+            convert = statement.convert[name]
+            params[f"set_{name}"] = value if convert is None else convert(value)
+        return params
+
+    def complete_rows(self, conn: Connection, columns: tuple[str, ...], rows: list[dict[str, Any]]) -> set[int] | None:
+        """``UPDATE t SET c = v.c ... FROM jsonb_to_recordset(:rows) AS v(id, fence_token,
+        fence_worker, c ...) WHERE t.id = v.id AND t.claim_token = v.fence_token AND
+        t.claimed_by = v.fence_worker``: one bound JSON parameter whatever the batch size."""
+        return set(conn.execute(self.each_statement(columns), {"rows": json_rows(rows)}).scalars())
+
+    def each_statement(self, columns: tuple[str, ...]) -> sa.Update:
+        stmt = self._each.get(columns)
+        if stmt is None:
+            t = self.queue.table
+            v = recordset([
+                sa.column("id", sa.BigInteger()),
+                sa.column("fence_token", sa.Text()),
+                sa.column("fence_worker", sa.Text()),
+                *(sa.column(name, t.c[name].type) for name in columns),
+            ])
+            values: dict[str, Any] = {name: v.c[name] for name in columns}
+            values.update(locked_until=None, claimed_by=None, claim_token=None)
+            stmt = self._each[columns] = (
+                sa.update(t)
+                .where(t.c.id == v.c.id, t.c.claim_token == v.c.fence_token, t.c.claimed_by == v.c.fence_worker)
+                .values(values)
+                .returning(t.c.id)
+            )
+        return stmt
+
+    # -- the driver's own path ----------------------------------------------------------
+
+    def driver_sql(
+        self, stmt: sa.Update | sa.Select[Any], convert: Mapping[str, Callable[[Any], Any] | None] | None = None,
+    ) -> DriverStatement:
+        """``stmt`` as psycopg runs it: compiled by the engine's dialect, its placeholders
+        then PostgreSQL's own."""
+        compiled = stmt.compile(dialect=self.queue.engine.dialect)
+        sql, order = dollar_placeholders(str(compiled))
+        return DriverStatement(sql, order, dict(compiled.params), convert or {})
+
+    @contextmanager
+    def driver(self) -> Iterator[Any]:
+        """A psycopg connection from the engine's pool, in autocommit while it is lent.
+
+        Its errors reach the caller as SQLAlchemy's (``sa.exc.DBAPIError``), as every
+        other statement's do, and a connection the error broke leaves the pool.
+        """
+        engine = self.queue.engine
+        dbapi_error = engine.dialect.loaded_dbapi.Error
+        try:
+            raw = engine.raw_connection()  # unlike Engine.connect, it does not wrap errors
+        except dbapi_error as exc:
+            raise sa.exc.DBAPIError.instance(None, None, exc, dbapi_error, hide_parameters=True) from exc
+        pg = raw.driver_connection
+        assert pg is not None
+        try:
+            pg.autocommit = True
+            yield pg
+        except dbapi_error as exc:
+            broken = bool(pg.closed or pg.broken or engine.dialect.is_disconnect(exc, pg, None))
+            if broken:
+                # As SQLAlchemy does on a disconnect: this connection leaves the pool, and
+                # every other the pool holds is stale too (a server restart): the engine
+                # starts a new pool (the old one's idle connections are closed now, those
+                # lent out when they come back).
+                raw.invalidate(exc)
+                engine.dispose()
+            raise sa.exc.DBAPIError.instance(
+                None, None, exc, dbapi_error, hide_parameters=True, connection_invalidated=broken
+            ) from exc
+        finally:
+            if not pg.closed:
+                if pg.info.transaction_status == pg.info.transaction_status.IDLE:
+                    pg.autocommit = False  # as the pool lends it to everyone else
+                else:
+                    raw.invalidate()
+            raw.close()
+
+    def rows(self, cursor: Any) -> list[Row]:
+        """A claim's rows (the queue's columns, in order: psycopg's ``description``
+        builds a column object per column at each call)."""
+        names = self._names
+        return [dict(zip(names, values, strict=True)) for values in cursor.fetchall()]
