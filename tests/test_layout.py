@@ -113,13 +113,13 @@ def test_the_command_line_imports_no_library_it_does_not_need_to_start() -> None
     assert result.stdout.strip() == "[]"
 
 
-# Where code may ask which database it runs on: the backends (one module per database,
-# their claims too), the engine's creation and the migrations.
-_DIALECT_HOMES = ("pipeline/backends/", "pipeline/storage/db.py", "pipeline/storage/migrate.py")
+# Where code may ask which database it runs on: the backends (one module per database:
+# their sessions, storage and claims) and the migrations.
+_DIALECT_HOMES = ("pipeline/backends/", "pipeline/storage/migrate.py")
 _DIALECT_NAMES = {"postgresql", "sqlite", "mysql", "mariadb"}
 # What still asks outside them, per file: nothing (issue 35; the collector's item storage,
-# the polite claim and the claim queues' strategies were the last). A new question
-# belongs in a backend.
+# the polite claim, the claim queues' strategies and the engine's set-up were the last).
+# A new question belongs in a backend.
 _STILL_ASKING: dict[str, int] = {}
 
 

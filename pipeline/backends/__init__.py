@@ -40,7 +40,12 @@ T = TypeVar("T")
 def backend_for(bind: Bind) -> Backend:
     """The backend of ``bind`` (a connection, an engine or a dialect)."""
     dialect = bind if isinstance(bind, Dialect) else bind.dialect
-    return _BACKENDS.get(dialect.name, _PORTABLE)
+    return backend_named(dialect.name)
+
+
+def backend_named(name: str) -> Backend:
+    """The backend of the database SQLAlchemy names ``name`` (a URL's backend name)."""
+    return _BACKENDS.get(name, _PORTABLE)
 
 
 def claiming_for(bind: Bind) -> type[PortableClaim]:
@@ -55,4 +60,4 @@ def in_transaction(engine: Engine, work: Callable[[Connection], T]) -> T:
     return backend_for(engine).in_transaction(engine, work)
 
 
-__all__ = ["Backend", "backend_for", "claiming_for", "in_transaction"]
+__all__ = ["Backend", "backend_for", "backend_named", "claiming_for", "in_transaction"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -17,8 +18,9 @@ from sqlalchemy.engine import Connection, Engine
 
 from pipeline.backends.changed import StoreChanged
 from pipeline.backends.clock import seconds_text
-from pipeline.backends.portable import CHUNK, Portable, Rows
+from pipeline.backends.portable import CHUNK, IDLE_IN_TRANSACTION_TIMEOUT_MS, Portable, Rows
 from pipeline.backends.upsert import ForwardUpsert
+from pipeline.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 # SQLAlchemy's names of the MySQL family: MariaDB through a ``mysql+`` URL is "mysql".
@@ -26,12 +28,56 @@ MARIADB = ("mysql", "mariadb")
 # InnoDB's "deadlock found" and "lock wait timeout": it rolled the transaction back.
 _INNODB_ROLLED_BACK = (1213, 1205)
 _TRIES = 8
+MIN_MARIADB_VERSION = (10, 6)  # FOR UPDATE SKIP LOCKED
 T = TypeVar("T")
 
 
 class MariaDB(Portable):
     name = "mariadb"
     database_clock = False
+
+    def engine_options(self, url: sa.URL, options: dict[str, Any]) -> None:
+        """READ COMMITTED: a claim's SKIP LOCKED scan locks the rows it takes, not every
+        row it reads past (InnoDB's REPEATABLE READ locks gaps and read rows too)."""
+        options.setdefault("isolation_level", "READ COMMITTED")
+        connect_args = options.setdefault("connect_args", {})
+        connect_args.setdefault("connect_timeout", 10)
+        connect_args.setdefault("charset", "utf8mb4")
+
+    def configure(self, engine: Engine) -> None:
+        """Each connection checks the server (MariaDB, new enough) and the database's
+        collation (keys compared case-sensitively), then sets UTC, strict SQL and the
+        idle-transaction timeout."""
+
+        @sa.event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("SELECT VERSION()")
+            version = str(cur.fetchone()[0])
+            found = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+            if "mariadb" not in version.lower() or found < MIN_MARIADB_VERSION:
+                cur.close()
+                need = ".".join(map(str, MIN_MARIADB_VERSION))
+                raise ConfigError(
+                    f"the database is {version}: the pipeline needs MariaDB {need} or newer (SKIP LOCKED;"
+                    " MySQL lacks unique keys on long text)"
+                )
+            cur.execute("SELECT @@collation_database, DATABASE()")
+            collation, database = cur.fetchone()
+            if database is not None and not (str(collation).startswith("utf8mb4_") and str(collation).endswith("_bin")):
+                cur.close()
+                raise ConfigError(
+                    f"database {database} compares text by {collation}: the pipeline's keys (URLs, item ids) are"
+                    f" case-sensitive; create it with CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+                )
+            # Every timestamp is UTC (CURRENT_TIMESTAMP defaults too); strict, standard SQL;
+            # a transaction left idle ends as on PostgreSQL (IDLE_IN_TRANSACTION_TIMEOUT_MS).
+            cur.execute(
+                "SET time_zone = '+00:00',"
+                " sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_DATE,NO_ENGINE_SUBSTITUTION',"
+                f" idle_transaction_timeout = {IDLE_IN_TRANSACTION_TIMEOUT_MS // 1000}"
+            )
+            cur.close()
 
     def in_transaction(self, engine: Engine, work: Callable[[Connection], T]) -> T:
         """Run again when InnoDB rolled ``work`` back to break a deadlock (up to 8 times,

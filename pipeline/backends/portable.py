@@ -24,6 +24,13 @@ _ZERO = timedelta(0)
 T = TypeVar("T")
 # ``keys`` of ``insert_ignoring_conflicts`` for "any unique key of the table".
 ANY_UNIQUE_KEY: list[str] = []
+# A session left idle inside a transaction this long is ended by the database (unless
+# the server, the role or DATABASE_URL's options set a timeout of their own): a worker
+# cut off from the database in the middle of a transaction would otherwise hold its row
+# locks for as long as its silent connection stays open, hours, and no other worker
+# could take its rows over when their leases ran out. No transaction of the pipeline
+# waits on anything but the database (fetches and deliveries run outside them).
+IDLE_IN_TRANSACTION_TIMEOUT_MS = 60_000
 # Rows per statement where each row's values are bound apart (SQLite allows 32,766 variables).
 CHUNK = 1000
 
@@ -34,6 +41,16 @@ class Backend(Protocol):
     name: str
     # "Now" is the database's clock (hosts with skewed clocks share it), not this host's.
     database_clock: bool
+
+    def engine_options(self, url: sa.URL, options: dict[str, Any]) -> None:
+        """Add to ``options`` (``sa.create_engine``'s keywords; those given stay) what
+        this database needs; ConfigError where it cannot serve the pipeline."""
+        ...
+
+    def configure(self, engine: Engine) -> None:
+        """Set up each new connection of ``engine`` (its session: time zone, timeouts,
+        transaction control) as the pipeline relies on."""
+        ...
 
     def now(self, type_: sa.types.TypeEngine[datetime], minus: timedelta = _ZERO) -> sa.ColumnElement[datetime]:
         """"Now" (less ``minus``) for SQL that compares with stored times."""
@@ -147,6 +164,12 @@ class Portable:
 
     def now(self, type_: sa.types.TypeEngine[datetime], minus: timedelta = _ZERO) -> sa.ColumnElement[datetime]:
         return sql_now(type_, database_clock=self.database_clock, minus=minus)
+
+    def engine_options(self, url: sa.URL, options: dict[str, Any]) -> None:
+        return None
+
+    def configure(self, engine: Engine) -> None:
+        return None
 
     def in_transaction(self, engine: Engine, work: Callable[[Connection], T]) -> T:
         with engine.begin() as conn:
