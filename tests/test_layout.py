@@ -157,3 +157,11 @@ def test_no_code_outside_the_backends_asks_which_database_it_runs_on() -> None:
             if lines:
                 asking[name] = len(lines)
     assert asking == _STILL_ASKING, "files asking which database they run on (lines per file): " + repr(asking)
+
+
+def test_the_package_type_checks_strictly() -> None:
+    """mypy --strict over the package ([tool.mypy] in pyproject.toml): every stage's types,
+    the rows each queue's claim hands out by name among them. It starts mypy (about 15 s of
+    one core without its cache, a second or two with it)."""
+    found = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
+    assert found.returncode == 0, found.stdout[-6000:] + found.stderr[-2000:]

@@ -91,7 +91,7 @@ def send_test(engine: sa.Engine, settings: Settings, user: str) -> Message:
         "id": None, "url": None, "title": "Test notification",
         "summary": f"Sent by `pipeline users test` at {now:%Y-%m-%d %H:%M:%S} UTC: this channel works.",
         "published_at": now.isoformat(), "source_id": None})
-    message = Message.to_user(row._mapping, (item,), f"test-{secrets.token_hex(8)}", now)
+    message = Message.to_user(dict(row._mapping), (item,), f"test-{secrets.token_hex(8)}", now)
     with Fetcher.from_settings(settings) as fetcher:
         channels(fetcher)[row.channel].send(message)
     return message

@@ -404,17 +404,17 @@ class _ImportLoader(yaml.SafeLoader):
         super().__init__(stream)
         self._depth = 0
 
-    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
+            event = self.peek_event()  # type: ignore[no-untyped-call]
             raise yaml.composer.ComposerError(
                 None, None, f"aliases (*{event.anchor}) are not accepted in an import", event.start_mark)
         self._depth += 1
         try:
             if self._depth > YAML_DEPTH:
                 raise yaml.composer.ComposerError(
-                    None, None, f"nested more than {YAML_DEPTH} levels deep", self.peek_event().start_mark)
-            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+                    None, None, f"nested more than {YAML_DEPTH} levels deep", self.peek_event().start_mark)  # type: ignore[no-untyped-call]
+            return super().compose_node(parent, index)
         finally:
             self._depth -= 1
 

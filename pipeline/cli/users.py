@@ -390,7 +390,7 @@ def notifications_digest(user: str, as_json: bool) -> None:
         payload = held.message.payload() if held.message else None
         click.echo(common.as_json({"release_at": held.release_at, "digest": payload}))
         return
-    if held.message is None:
+    if held.message is None or held.release_at is None:
         click.echo(f"nothing held for {user}")
         return
     title, body = held.message.text()

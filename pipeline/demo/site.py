@@ -263,7 +263,7 @@ def parse_site(url: str) -> str:
     return url.rstrip("/")
 
 
-def _link(listing: dict) -> str:
+def _link(listing: dict[str, Any]) -> str:
     """Where a delivered listing's row links: its own link, else its source's site (a
     listing without a link of its own carries ``url`` null), else nowhere."""
     return listing.get("url") or listing.get("site_url") or ""

@@ -78,10 +78,12 @@ def _item(entry: dict[str, Any], feed_url: str) -> Item:
     absolute = joined_link(link, feed_url)
     tags = entry.get("tags")
     html = _text(entry.get("content_html"))
+    title = _text(entry.get("title"))
+    summary = html or _text(entry.get("content_text")) or _text(entry.get("summary"))
     read = {
-        "title": _text(entry.get("title")),
+        "title": title,
         "url": absolute,
-        "summary": html or _text(entry.get("content_text")) or _text(entry.get("summary")),
+        "summary": summary,
         "published_at": _date(entry.get("date_published")) or _date(entry.get("date_modified")),
         "author": _author(entry),
         "categories": [t for t in tags if isinstance(t, str) and t] if isinstance(tags, list) else [],
@@ -92,5 +94,5 @@ def _item(entry: dict[str, Any], feed_url: str) -> Item:
         digest = hashlib.sha256(json.dumps(read, sort_keys=True).encode()).hexdigest()
         identity = f"sha256:{digest}"
     # JSON Feed's title, summary and content_text are plain text; content_html is HTML.
-    raw = {**read, "title": markup(read["title"]), "summary": read["summary"] if html else markup(read["summary"])}
+    raw = {**read, "title": markup(title), "summary": summary if html else markup(summary)}
     return Item(source_item_id=identity, url=absolute or feed_url, raw=raw)

@@ -120,7 +120,7 @@ def _item_fields(element: Tag, page_url: str, link: str, config: Mapping[str, An
     it, then the page's JSON-LD thing at the item's link."""
     selected = {key: _text(node) for key in FIELD_KEYS if (node := _select_one(element, config.get(key)))}
     found = from_selected(selected)
-    if microdata and (element.has_attr("itemscope") or element.find(attrs={"itemscope": True}) is not None):
+    if microdata and (element.has_attr("itemscope") or element.select_one("[itemscope]") is not None):
         found = found.merged(structured.page_fields(structured.extract(str(element), page_url, ["microdata"])))
     if link and (canonical := web_urls(link)) is not None and canonical[1] in linked:
         found = found.merged(linked[canonical[1]])

@@ -283,17 +283,17 @@ class PoliteQueue(WorkQueue):
         expired, free = self._polite_candidates(lock=False)
         with self.engine.begin() as conn:
             params = {"claim_scan": limit * SCAN_FACTOR, **self._time_params_in(conn)}
-            candidates: list[RowMapping] = []
+            candidates: list[dict[str, Any]] = []
             for branch, query in enumerate((expired, free)):
                 ids = list(conn.execute(query, params).scalars())
                 found = conn.execute(
                     sa.select(s.c.id, s.c.politeness_group, s.c.priority, s.c.next_fetch_at)
                     .where(s.c.id.in_(ids))
                 ).mappings().all()
-                candidates.extend({**row, "branch": branch} for row in found)  # type: ignore[misc]
+                candidates.extend({**row, "branch": branch} for row in found)
             if not candidates:
                 return Claim(self.spec.name, worker, token, [])
-            groups = conn.execute(
+            groups = [dict(group) for group in conn.execute(
                 sa.select(
                     g.c.name,
                     sa.func.coalesce(g.c.max_in_flight, d.c.max_in_flight).label("max_in_flight"),
@@ -306,7 +306,7 @@ class PoliteQueue(WorkQueue):
                 )
                 .with_for_update(of=g),
                 params,
-            ).mappings().all()
+            ).mappings()]
             in_flight: dict[str, int] = dict(conn.execute(
                 sa.select(s.c.politeness_group, sa.func.count())
                 .where(s.c.politeness_group.in_([grp["name"] for grp in groups]),

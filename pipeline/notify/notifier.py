@@ -196,7 +196,7 @@ class Notifier:
                                      failures=failures, limits=self.limits))
             stats.fenced_out += len(fenced.lost)
             stats.listings_matched += len(fenced.done)
-            stats.notifications_created += created.count
+            stats.notifications_created += created.total
             stats.batched += created.batched
 
     def rematch(
@@ -237,11 +237,11 @@ class Notifier:
             with self.engine.begin() as conn:
                 made = _insert_notifications(conn, matches, recipients, _stories(rows), limits=self.limits)
                 counts = _record_failures(conn, self._catalogue.take_failures())
-                counters.NOTIFICATIONS_CREATED.count(counts, made.count)
+                counters.NOTIFICATIONS_CREATED.count(counts, made.total)
                 if made.batched:
                     counters.NOTIFICATIONS_BATCHED.count(counts, made.batched)
                 counters.add(conn, counts)
-            created += made.count
+            created += made.total
             if progress is not None:
                 progress(len(rows))
 
@@ -434,7 +434,7 @@ def _write_matches(
         ])
     counts = _record_failures(conn, failures)
     counters.LISTINGS_MATCHED.count(counts, len(done))
-    counters.NOTIFICATIONS_CREATED.count(counts, created.count)
+    counters.NOTIFICATIONS_CREATED.count(counts, created.total)
     if created.batched:
         counters.NOTIFICATIONS_BATCHED.count(counts, created.batched)
     counters.add(conn, counts)  # last: see pipeline/storage/counters.py
@@ -638,7 +638,7 @@ class AlertLimits:
 
 
 class Created(NamedTuple):
-    count: int  # notifications created
+    total: int  # notifications created
     batched: int  # of them, held past the user's limit (``AlertLimits``)
 
 
@@ -646,7 +646,7 @@ def _room(conn: sa.Connection, users: Collection[int], now: datetime, limits: Al
     """How many more alerts each of ``users`` may hear one by one in the window ending
     now: the limit less those created in it that go (or went) out on their own."""
     n = schema.notifications
-    heard = dict(conn.execute(
+    heard: dict[int, int] = dict(conn.execute(
         sa.select(n.c.user_id, sa.func.count())
         .where(n.c.user_id.in_(sorted(users)), n.c.created_at >= now - limits.window, n.c.digest_id.is_(None),
                n.c.status != NotificationStatus.HELD)

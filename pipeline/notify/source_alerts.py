@@ -125,7 +125,7 @@ class SourceAlerts:
             ).all()
         return {
             r.id: message(
-                r._mapping,
+                dict(r._mapping),
                 {"id": r.user_id, "name": r.user_name, "channel": r.channel, "channel_url": r.channel_url,
                  "secret": r.secret, "previous_secret": r.previous_secret,
                  "previous_secret_until": r.previous_secret_until},

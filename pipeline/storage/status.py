@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from pipeline.backends import backend_for
+from pipeline.backends.types import UTCDateTime
 from pipeline.core.kinds import NotificationStatus, WebSubState
 from pipeline.queue.spec import QueueSpec
 from pipeline.storage import counters, db, health, schema
@@ -172,7 +173,7 @@ def collect_status(engine: Engine) -> PipelineStatus:
                 sa.func.count(sa.case((events.c.success.is_(False), 1))),  # MariaDB has no FILTER
                 sa.func.coalesce(sa.func.sum(events.c.items_new), 0),
             ).where(events.c.event == schema.EVENT_COMPLETED,
-                    events.c.occurred_at >= sa.literal(datetime.now(UTC) - timedelta(hours=1), schema.UTCDateTime()))
+                    events.c.occurred_at >= sa.literal(datetime.now(UTC) - timedelta(hours=1), UTCDateTime()))
         ).one()
         by_status: dict[str, int] = {status: count for status, count in conn.execute(
             sa.select(n.c.status, sa.func.count()).where(n.c.status.in_(UNSENT))
