@@ -10,6 +10,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -159,6 +161,7 @@ def test_no_code_outside_the_backends_asks_which_database_it_runs_on() -> None:
     assert asking == _STILL_ASKING, "files asking which database they run on (lines per file): " + repr(asking)
 
 
+@pytest.mark.xdist_group("mypy")  # one mypy at a time writes the cache they share
 def test_the_package_type_checks_strictly() -> None:
     """mypy --strict over the package ([tool.mypy] in pyproject.toml): every stage's types,
     the rows each queue's claim hands out by name among them. It starts mypy (about 15 s of

@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -52,12 +52,12 @@ from pipeline.fetching.decide import (
 from pipeline.fetching.politeness import PoliteQueue, started_event
 from pipeline.fetching.registry import adapter_for, push_reader
 from pipeline.net.http import Fetcher
-from pipeline.queue.claim import WorkQueue
-from pipeline.queue.spec import Claim, Row, RowCompletion
+from pipeline.queue.spec import Claim, RowCompletion
 from pipeline.queue.workpool import work_claimed
 from pipeline.storage import counters, owners, schema, watches
 from pipeline.storage.bulk import insert_rows
 from pipeline.storage.politeness_groups import cadence_floor_minutes, defer, ensure_groups
+from pipeline.storage.rows import SourceRow
 
 log = logging.getLogger("pipeline.ingestion")
 
@@ -112,8 +112,8 @@ class CollectStats:
 class Fetched:
     """One source after its fetch: an outcome or an error, and how long it took."""
 
-    claim: Claim
-    source: Mapping[str, Any]
+    claim: Claim[SourceRow]
+    source: SourceRow
     outcome: Outcome | None
     error: FetchError | None
     finished: datetime
@@ -179,7 +179,8 @@ class Collector:
                 stats.hub_requests = websub.ask_due(self.engine, self.settings, fetcher, self.worker)
         return stats
 
-    def _start(self, queue: WorkQueue, claim: Claim, stats: CollectStats) -> list[tuple[Claim, Row]]:
+    def _start(self, queue: PoliteQueue, claim: Claim[SourceRow], stats: CollectStats
+               ) -> list[tuple[Claim[SourceRow], SourceRow]]:
         """Log the claimed sources' started events (the claim wrote them); the ones whose
         earlier holders all died before finishing (claimed too often) end here as a
         failure, unfetched."""
@@ -194,14 +195,15 @@ class Collector:
                 f"claimed {limit + 1} times without a fetch finishing: every worker that took"
                 " it stopped (killed, cut off, or out of lease) while fetching",
             )
-            self._store(queue, [Fetched(claim, dict(row), None, error, now, 0) for row in abandoned], stats)
+            self._store(queue, [Fetched(claim, cast(SourceRow, dict(row)), None, error, now, 0) for row in abandoned],
+                        stats)
         gone = {row["id"] for row in abandoned}
         return [(claim, row) for row in claim.rows if row["id"] not in gone]
 
     # -- fetching (on the pool's threads) ------------------------------------------------
 
-    def _fetch(self, claim: Claim, row: Row, fetcher: Fetcher) -> Fetched:
-        source: Mapping[str, Any] = dict(row)
+    def _fetch(self, claim: Claim[SourceRow], row: SourceRow, fetcher: Fetcher) -> Fetched:
+        source = cast(SourceRow, dict(row))  # a row of its own (SQLite's is the result's)
         started = time.monotonic()
         outcome: Outcome | None = None
         error: FetchError | None = None
@@ -229,14 +231,14 @@ class Collector:
 
     # -- storing (on the collector's own thread) ----------------------------------------
 
-    def _store(self, queue: WorkQueue, batch: list[Fetched], stats: CollectStats) -> None:
+    def _store(self, queue: PoliteQueue, batch: list[Fetched], stats: CollectStats) -> None:
         """Write a batch in one transaction; if the database refuses it, source by source.
         Batches are written on the pool's writer thread, sources that end unfetched on the
         claiming thread (``_start``): one at a time, so ``stats`` is counted right."""
         with self._storing:
             self._store_now(queue, batch, stats)
 
-    def _store_now(self, queue: WorkQueue, batch: list[Fetched], stats: CollectStats) -> None:
+    def _store_now(self, queue: PoliteQueue, batch: list[Fetched], stats: CollectStats) -> None:
         try:
             events = self._write(queue, batch)
         except sa.exc.StatementError as exc:
@@ -261,7 +263,7 @@ class Collector:
             stats.tally(event)
             _log(event)  # after the commit: the log never shows an event the database lacks
 
-    def _write(self, queue: WorkQueue, batch: list[Fetched]) -> list[dict[str, Any]]:
+    def _write(self, queue: PoliteQueue, batch: list[Fetched]) -> list[dict[str, Any]]:
         """Complete, store items and record events for ``batch``; the events written."""
         with self.engine.begin() as conn:
             decisions = {}

@@ -48,6 +48,7 @@ from pipeline.queue.spec import Claim
 from pipeline.storage import counters, schema
 from pipeline.storage.bulk import insert_rows
 from pipeline.storage.politeness_groups import fetching
+from pipeline.storage.rows import SourceRow
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ SCAN_FACTOR = 4
 SLOT_POLL_SECONDS = 0.1
 
 
-class PoliteQueue(WorkQueue):
+class PoliteQueue(WorkQueue[SourceRow]):
     """The due-sources queue whose claim only hands out sources whose group has room."""
 
     def __init__(
@@ -73,7 +74,7 @@ class PoliteQueue(WorkQueue):
         without its event nor the event written for a claim that did not commit. It
         counts them too (``counters.SOURCES_CLAIMED``), in the same way."""
         self.record_started, self.run_id = record_started, run_id
-        super().__init__(engine, schema.SOURCES_DUE, lease_seconds=lease_seconds, claiming=claiming)
+        super().__init__(engine, schema.SOURCES_DUE, lease_seconds=lease_seconds, claiming=claiming, row=SourceRow)
         self._next_start = self._build_next_start()
 
     # -- shared SQL ---------------------------------------------------------------------
@@ -261,7 +262,7 @@ class PoliteQueue(WorkQueue):
 
     # -- claim --------------------------------------------------------------------------
 
-    def claim(self, worker: str, limit: int) -> Claim:
+    def claim(self, worker: str, limit: int) -> Claim[SourceRow]:
         if not self.claiming.one_statement:
             return self._claim_in_steps(worker, limit)
         return super().claim(worker, limit)  # one statement, sent by psycopg itself
@@ -272,7 +273,7 @@ class PoliteQueue(WorkQueue):
         token, params = super()._claim_params(worker, limit)
         return token, {**params, "started_run_id": self.run_id, "claim_scan": limit * SCAN_FACTOR}
 
-    def _claim_in_steps(self, worker: str, limit: int) -> Claim:
+    def _claim_in_steps(self, worker: str, limit: int) -> Claim[SourceRow]:
         """SQLite and the portable path: the same rules, as statements in one transaction.
         The group rows are locked (SQLite: the whole database is) before fetches in
         flight are counted, so the count is current."""
@@ -335,7 +336,7 @@ class PoliteQueue(WorkQueue):
                 )
             if self.record_started:  # last in the transaction: see pipeline/storage/counters.py
                 counters.add(conn, {(counters.SOURCES_CLAIMED.name, ""): len(taken)})
-        return Claim(self.spec.name, worker, token, self.spec.sort(taken))
+        return self._claimed(worker, token, taken)
 
     def _take(
         self, conn: Connection, ids: list[int], worker: str, token: str, params: dict[str, Any]

@@ -48,8 +48,9 @@ from pipeline.core.kinds import WebSubState
 from pipeline.core.settings import Settings
 from pipeline.net.http import Fetcher, FetchResult
 from pipeline.queue.claim import WorkQueue
-from pipeline.queue.spec import UNCLAIMED, Claim, Row
+from pipeline.queue.spec import UNCLAIMED, Claim
 from pipeline.storage import counters, schema
+from pipeline.storage.rows import SubscriptionRow
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ def end(conn: sa.Connection, source_ids: Collection[int], *, removed: bool = Fal
 def ask_due(engine: Engine, settings: Settings, fetcher: Fetcher, worker: str, *, limit: int = 1000) -> int:
     """Ask the hubs what is due of them (``WEBSUB_DUE``: subscribe, renew, unsubscribe),
     claimed as every piece of work is; how many were claimed."""
-    queue = WorkQueue(engine, schema.WEBSUB_DUE, lease_seconds=settings.lease_seconds)
+    queue = WorkQueue(engine, schema.WEBSUB_DUE, lease_seconds=settings.lease_seconds, row=SubscriptionRow)
     taken = 0
     while taken < limit and (claim := queue.claim(worker, min(BATCH, limit - taken))):
         taken += len(claim)
@@ -173,7 +174,8 @@ def ask_due(engine: Engine, settings: Settings, fetcher: Fetcher, worker: str, *
     return taken
 
 
-def _ask(engine: Engine, settings: Settings, fetcher: Fetcher, queue: WorkQueue, claim: Claim, row: Row) -> None:
+def _ask(engine: Engine, settings: Settings, fetcher: Fetcher, queue: WorkQueue[SubscriptionRow], claim: Claim[SubscriptionRow],
+         row: SubscriptionRow) -> None:
     """One claimed subscription: the request it is due, written (fenced) before it is
     sent, as a hub may verify before its answer arrives."""
     t, s = schema.websub_subscriptions, schema.sources

@@ -34,8 +34,9 @@ from pipeline.listings import stories
 from pipeline.listings.normalize import Listing, normalise
 from pipeline.queue.claim import WorkQueue
 from pipeline.queue.heartbeat import Heartbeat
-from pipeline.queue.spec import UNCLAIMED, Claim, Row, RowCompletion
+from pipeline.queue.spec import UNCLAIMED, Claim, RowCompletion
 from pipeline.storage import counters, schema
+from pipeline.storage.rows import RawRow
 
 log = logging.getLogger("pipeline.listings.processor")
 
@@ -80,7 +81,7 @@ class Processor:
         ``progress`` is told each batch's size once it is written."""
         stats = ProcessStats()
         queue = WorkQueue(self.engine, schema.RAW_UNPROCESSED, lease_seconds=self.settings.lease_seconds,
-                          columns=_CLAIMED)
+                          columns=_CLAIMED, row=RawRow)
         existing = _existing(self.engine)
         isolating = False  # suspects came back: claim one row at a time until they are done
         with Heartbeat(queue) as heartbeat:
@@ -104,15 +105,15 @@ class Processor:
                     progress(len(claim))
         return stats
 
-    def _process(self, queue: WorkQueue, claim: Claim, existing: sa.Select[Any], stats: ProcessStats) -> None:
+    def _process(self, queue: WorkQueue[RawRow], claim: Claim[RawRow], existing: sa.Select[Any], stats: ProcessStats) -> None:
         """Normalise a claimed batch and write it in one transaction. Any error while
         handling one row fails that row only: a row the normaliser (or anything else)
         cannot handle is recorded as failed, and if the database refuses the batch, its
         rows are written one by one so only the refused one fails."""
         now = datetime.now(UTC)
         categories = self._source_categories({row["source_id"] for row in claim.rows})
-        good: list[tuple[Row, Listing]] = []
-        bad: list[tuple[Row, str]] = []
+        good: list[tuple[RawRow, Listing]] = []
+        bad: list[tuple[RawRow, str]] = []
         limit = self.settings.raw_max_attempts
         for row in claim.rows:  # oldest first, so a later row of the same item wins
             if queue.spec.exhausted(row, limit):
@@ -162,13 +163,13 @@ class Processor:
                 _count(conn, counted, stats)
 
     def _write(
-        self, conn: sa.Connection, queue: WorkQueue, claim: Claim, existing: sa.Select[Any],
-        good: Sequence[tuple[Row, Listing]], now: datetime, stats: ProcessStats,
+        self, conn: sa.Connection, queue: WorkQueue[RawRow], claim: Claim[RawRow], existing: sa.Select[Any],
+        good: Sequence[tuple[RawRow, Listing]], now: datetime, stats: ProcessStats,
     ) -> None:
         """Mark ``good`` processed (fenced) and upsert the listings of the rows still held."""
         if not good:
             return
-        latest: dict[tuple[int, str], tuple[Row, Listing]] = {}
+        latest: dict[tuple[int, str], tuple[RawRow, Listing]] = {}
         for row, listing in good:
             key = (row["source_id"], row["source_item_id"])
             if key in latest:
@@ -181,7 +182,7 @@ class Processor:
         self._upsert(conn, existing, [pair for pair in latest.values() if pair[0]["id"] in done], stats)
 
     def _upsert(
-        self, conn: sa.Connection, existing: sa.Select[Any], pairs: list[tuple[Row, Listing]], stats: ProcessStats,
+        self, conn: sa.Connection, existing: sa.Select[Any], pairs: list[tuple[RawRow, Listing]], stats: ProcessStats,
     ) -> None:
         """Upsert the listings of ``pairs``, then put the new ones in their stories."""
         if not pairs:
@@ -219,8 +220,8 @@ class Processor:
             ])
 
     def _record_failures(
-        self, conn: sa.Connection, queue: WorkQueue, claim: Claim,
-        bad: Sequence[tuple[Row, str]], now: datetime, stats: ProcessStats,
+        self, conn: sa.Connection, queue: WorkQueue[RawRow], claim: Claim[RawRow],
+        bad: Sequence[tuple[RawRow, str]], now: datetime, stats: ProcessStats,
     ) -> None:
         give_up, retry = [], []
         for row, error in bad:
@@ -279,7 +280,7 @@ def reopen_window(engine: Engine, start: datetime, end: datetime) -> int:
     return int(result.rowcount)
 
 
-def _listing_row(row: Row, listing: Listing) -> dict[str, Any]:
+def _listing_row(row: RawRow, listing: Listing) -> dict[str, Any]:
     fields = listing.fields or {}
     return {
         "source_id": row["source_id"],

@@ -47,6 +47,7 @@ from pipeline.queue.spec import Claim, Fenced, Row, RowCompletion
 from pipeline.queue.workpool import work_claimed
 from pipeline.storage import counters, schema, watches
 from pipeline.storage.bulk import ANY_UNIQUE_KEY, insert_ignoring_conflicts
+from pipeline.storage.rows import NotificationRow, UnmatchedRow
 
 log = logging.getLogger("pipeline.notify.notifier")
 
@@ -137,7 +138,7 @@ class NotifyStats:
 class Attempt:
     """One delivery attempt's outcome."""
 
-    claim: Claim
+    claim: Claim[NotificationRow]
     notification_id: int
     attempts: int  # counting this one (the claim counts it)
     error: DeliveryError | None
@@ -176,7 +177,7 @@ class Notifier:
 
     def match(self, stats: NotifyStats, *, max_listings: int | None = None) -> None:
         queue = WorkQueue(self.engine, schema.LISTINGS_UNMATCHED, lease_seconds=self.settings.lease_seconds,
-                          columns=(*MATCHED_COLUMNS, *watches.ALERT_COLUMNS))
+                          columns=(*MATCHED_COLUMNS, *watches.ALERT_COLUMNS), row=UnmatchedRow)
         claimed = 0  # the cap counts rows claimed: rows lost to another worker count too
         while max_listings is None or claimed < max_listings:
             limit = min(self.match_batch, max_listings - claimed) if max_listings else self.match_batch
@@ -290,7 +291,8 @@ class Notifier:
 
     def deliver(self, stats: NotifyStats, *, max_notifications: int | None = None) -> None:
         self.make_digests(stats)
-        queue = WorkQueue(self.engine, schema.NOTIFICATIONS_DUE, lease_seconds=self.settings.lease_seconds)
+        queue = WorkQueue(self.engine, schema.NOTIFICATIONS_DUE, lease_seconds=self.settings.lease_seconds,
+                          row=NotificationRow)
         threads = self.settings.concurrency
         with Fetcher.from_settings(self.settings, threads=threads) as fetcher:
             channels = self.channels or delivery.channels(fetcher)
@@ -312,8 +314,8 @@ class Notifier:
         stats.fenced_out += told.fenced_out
 
     def _messages(
-        self, queue: WorkQueue, claim: Claim, stats: NotifyStats
-    ) -> list[tuple[Claim, Row, Message | None]]:
+        self, queue: WorkQueue[NotificationRow], claim: Claim[NotificationRow], stats: NotifyStats
+    ) -> list[tuple[Claim[NotificationRow], NotificationRow, Message | None]]:
         """The claimed notifications' messages; those claimed more often than
         ``delivery_max_attempts`` (every earlier sender died before recording an outcome)
         are dead at once, unsent."""
@@ -348,7 +350,7 @@ class Notifier:
         return [(claim, row, by_id.get(row["id"])) for row in rows if row["id"] not in quiet]
 
     def _send(
-        self, job: tuple[Claim, Row, Message | None], channels: Mapping[str, Channel]
+        self, job: tuple[Claim[NotificationRow], NotificationRow, Message | None], channels: Mapping[str, Channel]
     ) -> Attempt:
         claim, row, message = job
         started = time.monotonic()
@@ -360,14 +362,14 @@ class Notifier:
         return Attempt(claim, row["id"], row["attempts"], error, datetime.now(UTC), created_at=row["created_at"],
                        members=members, digest=message is not None and message.is_digest)
 
-    def _record(self, queue: WorkQueue, attempts: Sequence[Attempt], stats: NotifyStats) -> None:
+    def _record(self, queue: WorkQueue[NotificationRow], attempts: Sequence[Attempt], stats: NotifyStats) -> None:
         """Record the attempts' outcomes (fenced). Deliveries are recorded on the pool's
         writer thread, notifications that end unsent on the claiming thread
         (``_messages``): one at a time, so ``stats`` is counted right."""
         with self._recording:
             self._record_now(queue, attempts, stats)
 
-    def _record_now(self, queue: WorkQueue, attempts: Sequence[Attempt], stats: NotifyStats) -> None:
+    def _record_now(self, queue: WorkQueue[NotificationRow], attempts: Sequence[Attempt], stats: NotifyStats) -> None:
         completions = []
         for a in attempts:
             values: dict[str, Any] = {}
@@ -410,7 +412,7 @@ _OUTCOME = {NotificationStatus.SENT: "sent", NotificationStatus.FAILED: "retryin
 
 
 def _write_matches(
-    conn: sa.Connection, *, queue: WorkQueue, claim: Claim, matches: Sequence[Match],
+    conn: sa.Connection, *, queue: WorkQueue[UnmatchedRow], claim: Claim[UnmatchedRow], matches: Sequence[Match],
     recipients: Recipients, watching: Collection[int],
     failures: Mapping[str, Mapping[int, str]], limits: AlertLimits,
 ) -> tuple[Fenced, Created]:

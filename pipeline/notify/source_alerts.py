@@ -32,9 +32,10 @@ from pipeline.core.kinds import NotificationStatus, SourceHealth
 from pipeline.core.settings import Settings
 from pipeline.notify.delivery import Channel, Item, Message, attempt_outcome, send
 from pipeline.queue.claim import WorkQueue
-from pipeline.queue.spec import Claim, Row, RowCompletion
+from pipeline.queue.spec import Claim, RowCompletion
 from pipeline.queue.workpool import work_claimed
 from pipeline.storage import schema
+from pipeline.storage.rows import SourceAlertRow
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,8 @@ class AlertStats:
 
 
 class Sent(NamedTuple):
-    claim: Claim
-    row: Row
+    claim: Claim[SourceAlertRow]
+    row: SourceAlertRow
     error: DeliveryError | None
     finished: datetime
     final: bool = False  # dead whatever the attempts say (a disabled owner, claimed too often)
@@ -81,7 +82,8 @@ class SourceAlerts:
     _recording: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def deliver(self, channels: Mapping[str, Channel], *, threads: int = 1, max_rows: int | None = None) -> AlertStats:
-        queue = WorkQueue(self.engine, schema.SOURCE_ALERTS_DUE, lease_seconds=self.settings.lease_seconds)
+        queue = WorkQueue(self.engine, schema.SOURCE_ALERTS_DUE, lease_seconds=self.settings.lease_seconds,
+                          row=SourceAlertRow)
         self.stats.claimed += work_claimed(
             queue, self.worker, threads=threads, max_rows=max_rows, batch_size=8,
             start=lambda claim: self._start(queue, claim),
@@ -92,7 +94,8 @@ class SourceAlerts:
         )
         return self.stats
 
-    def _start(self, queue: WorkQueue, claim: Claim) -> list[tuple[Claim, Row, Message | None]]:
+    def _start(self, queue: WorkQueue[SourceAlertRow], claim: Claim[SourceAlertRow]
+               ) -> list[tuple[Claim[SourceAlertRow], SourceAlertRow, Message | None]]:
         """The claimed alerts' messages; those claimed too often (each sender died before
         recording an outcome) and those of a disabled owner end here, unsent."""
         limit, now = self.settings.delivery_max_attempts, datetime.now(UTC)
@@ -112,7 +115,7 @@ class SourceAlerts:
             self._record(queue, ended)
         return jobs
 
-    def _messages(self, rows: Sequence[Row], now: datetime) -> dict[int, Message | None]:
+    def _messages(self, rows: Sequence[SourceAlertRow], now: datetime) -> dict[int, Message | None]:
         a, u, s = schema.source_alerts, schema.users, schema.sources
         with self.engine.connect() as conn:
             found = conn.execute(
@@ -134,12 +137,12 @@ class SourceAlerts:
             for r in found
         }
 
-    def _send(self, job: tuple[Claim, Row, Message | None], channels: Mapping[str, Channel]) -> Sent:
+    def _send(self, job: tuple[Claim[SourceAlertRow], SourceAlertRow, Message | None], channels: Mapping[str, Channel]) -> Sent:
         claim, row, told = job
         assert told is not None
         return Sent(claim, row, send(channels, told, f"source alert {row['id']}"), datetime.now(UTC))
 
-    def _record(self, queue: WorkQueue, sent: Sequence[Sent]) -> None:
+    def _record(self, queue: WorkQueue[SourceAlertRow], sent: Sequence[Sent]) -> None:
         """Record the outcomes (fenced), one batch at a time: ``stats`` is counted right."""
         with self._recording:
             completions = []

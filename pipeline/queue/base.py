@@ -9,18 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any, Generic, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from pipeline.backends import claiming_for
 from pipeline.backends.claiming import ClaimQueue, PortableClaim
-from pipeline.queue.spec import QueueSpec
+from pipeline.queue.spec import QueueSpec, R
 
 
-class QueueBase:
-    """A queue's engine, spec, lease and columns, and its database's claim."""
+class QueueBase(Generic[R]):
+    """A queue's engine, spec, lease and columns, and its database's claim; its claims
+    hand out rows of type ``R`` (``row``)."""
 
     def __init__(
         self,
@@ -30,16 +31,21 @@ class QueueBase:
         lease_seconds: int = 300,
         claiming: type[PortableClaim] | None = None,
         columns: Iterable[str] | None = None,
+        row: type[R] | None = None,
     ) -> None:
         """``columns``: what a claim returns besides what the queue itself reads (``id``,
         the columns of its order, its attempts); every column when None. ``claiming``:
-        the way to claim (a backend's; its database's when None)."""
+        the way to claim (a backend's; its database's when None). ``row``: the TypedDict
+        of what a claim returns, whose keys must be those columns (ValueError names the
+        difference)."""
         if lease_seconds < 1:
             raise ValueError(f"lease_seconds must be at least 1, got {lease_seconds}")
         self.engine = engine
         self.spec = spec
         self.lease = timedelta(seconds=lease_seconds)
         self.columns = self._returned(columns)
+        if row is not None:
+            _check_row_type(row, spec, [c.name for c in self.columns])
         # The queue a claim reads: a WorkQueue (claim.py), the kind of queue there is.
         self.claiming = (claiming or claiming_for(engine))(cast("ClaimQueue", self))
         self._autocommit = self.claiming.autocommit
@@ -91,3 +97,17 @@ class QueueBase:
         """The time parameters of statements sent in ``conn``'s transaction: this host's
         clock, or on MariaDB the database's, read in that transaction."""
         return self.claiming.time_params_in(conn, self.lease)
+
+
+def _check_row_type(row: type[Any], spec: QueueSpec, columns: list[str]) -> None:
+    """ValueError unless the TypedDict ``row`` names exactly the ``columns`` a claim of
+    ``spec`` returns: the type a stage reads its rows by is the rows it gets."""
+    named = set(getattr(row, "__annotations__", {}))
+    missing, extra = sorted(set(columns) - named), sorted(named - set(columns))
+    if missing or extra:
+        raise ValueError(
+            f"{row.__name__} is not what a claim of {spec.table.name}.{spec.name} returns:"
+            + (f" it lacks {', '.join(missing)}" if missing else "")
+            + (";" if missing and extra else "")
+            + (f" it has {', '.join(extra)}, which the claim does not return" if extra else "")
+        )

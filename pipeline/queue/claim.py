@@ -26,18 +26,18 @@ import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 
 from pipeline.backends import backend_for
 from pipeline.queue.fenced import FencedWrites, refuse_claim_columns
-from pipeline.queue.spec import Claim, Fenced
+from pipeline.queue.spec import Claim, Fenced, R, Row
 
 log = logging.getLogger(__name__)
 
 
-class WorkQueue(FencedWrites):
+class WorkQueue(FencedWrites[R]):
     """Claim, complete, release and extend rows of one queue on one engine.
 
     The queue says what a claim takes (its two branches, the lease's values, what it
@@ -74,11 +74,14 @@ class WorkQueue(FencedWrites):
         named["extend"] = self.fenced_statement((), extend=True)
         return named
 
-    def claim(self, worker: str, limit: int) -> Claim:
+    def claim(self, worker: str, limit: int) -> Claim[R]:
         """Lease up to ``limit`` ready rows to ``worker``; never more than ``limit``."""
         token, params = self._claim_params(worker, limit)
-        rows = self.claiming.claim(params, limit)
-        return Claim(self.spec.name, worker, token, self.spec.sort(rows))
+        return self._claimed(worker, token, self.claiming.claim(params, limit))
+
+    def _claimed(self, worker: str, token: str, rows: Sequence[Row]) -> Claim[R]:
+        """The claim of ``rows``, in the queue's order, as rows of the queue's type."""
+        return Claim(self.spec.name, worker, token, cast(list[R], self.spec.sort(rows)))
 
     def _claim_params(self, worker: str, limit: int) -> tuple[str, dict[str, Any]]:
         if limit < 1:
@@ -93,7 +96,7 @@ class WorkQueue(FencedWrites):
 
     def complete_and_claim(
         self, claim: Claim, values: Mapping[str, Any], limit: int, *, ids: Sequence[int] | None = None
-    ) -> tuple[Fenced, Claim]:
+    ) -> tuple[Fenced, Claim[R]]:
         """``complete`` then ``claim`` for the same worker: on PostgreSQL in one round
         trip and one transaction (psycopg's pipeline mode), so a worker that finishes a
         batch and takes the next waits for the database once and commits once. If the
@@ -106,7 +109,7 @@ class WorkQueue(FencedWrites):
             if both is not None:
                 done, rows = both
                 fenced = self._fenced_outcome(claim, wanted, done, "completion", quiet=False)
-                return fenced, Claim(self.spec.name, claim.worker, token, self.spec.sort(rows))
+                return fenced, self._claimed(claim.worker, token, rows)
         return self.complete(claim, values, ids=ids), self.claim(claim.worker, limit)
 
     def count_ready(self, cap: int = 1000) -> int:
@@ -187,7 +190,7 @@ class WorkQueue(FencedWrites):
             values[self.spec.attempts.name] = self.spec.attempts + sa.literal_column("1")
         return values
 
-    def isolate(self, claim: Claim) -> Claim:
+    def isolate(self, claim: Claim[R]) -> Claim[R]:
         """``claim`` itself, or, when it holds suspects (``QueueSpec.suspect``), a claim
         of the first suspect alone: the other rows are released, their attempt given
         back, and are claimed again at once. A batch whose worker died comes back as

@@ -16,12 +16,12 @@ from sqlalchemy.engine import Connection
 
 from pipeline.backends import in_transaction
 from pipeline.queue.base import QueueBase
-from pipeline.queue.spec import Claim, Fenced, RowCompletion
+from pipeline.queue.spec import Claim, Fenced, R, RowCompletion
 
 log = logging.getLogger(__name__)
 
 
-class FencedWrites(QueueBase):
+class FencedWrites(QueueBase[R]):
     """A queue's fenced writes (``WorkQueue`` claims as well)."""
 
     def fenced_statement(self, columns: tuple[str, ...], *, extend: bool = False) -> sa.Update:

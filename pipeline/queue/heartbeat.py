@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline.queue.spec import Claim
 
@@ -29,7 +29,7 @@ class Heartbeat:
     """
 
     def __init__(
-        self, queue: WorkQueue, *, every: float | None = None, max_work_seconds: float | None = None
+        self, queue: WorkQueue[Any], *, every: float | None = None, max_work_seconds: float | None = None
     ) -> None:
         lease = queue.lease.total_seconds()
         self.queue = queue

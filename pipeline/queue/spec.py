@@ -6,18 +6,25 @@ itself is pipeline/queue/claim.py; the contract, docs/architecture.md ("The clai
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Generic
 
 import sqlalchemy as sa
+from typing_extensions import TypeVar
 
 from pipeline.backends import Backend
 
 Predicate = sa.ColumnElement[bool]
 # A claimed row: its columns by name (a dict from the driver on PostgreSQL's fast path).
 Row = Mapping[Any, Any]
+# What a queue's claim hands out: a TypedDict of the columns it returns, where the queue
+# was made with one (pipeline/storage/rows.py), so that mypy checks each name a stage
+# reads; else ``Row``. ``R_co`` is a claim's (a claim of typed rows is a claim of rows),
+# ``R`` a queue's.
+R_co = TypeVar("R_co", bound=Mapping[str, Any], default=Row, covariant=True)
+R = TypeVar("R", bound=Mapping[str, Any], default=Row)
 
 
 @dataclass(frozen=True)
@@ -192,13 +199,13 @@ UNCLAIMED: Mapping[str, None] = {"locked_until": None, "claimed_by": None, "clai
 
 
 @dataclass(frozen=True)
-class Claim:
+class Claim(Generic[R_co]):
     """Rows one worker holds under one token, in the queue's order."""
 
     queue: str
     worker: str
     token: str
-    rows: list[Row]
+    rows: Sequence[R_co]
 
     @property
     def ids(self) -> list[int]:

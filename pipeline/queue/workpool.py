@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 
 from pipeline.queue.claim import WorkQueue
 from pipeline.queue.heartbeat import Heartbeat
-from pipeline.queue.spec import Claim
+from pipeline.queue.spec import Claim, R
 
 # A claim that came back short while work was claimable now (``next_start_in`` said 0)
 # lost a race to another worker's claim: look again after a pause that starts short and
@@ -39,11 +39,11 @@ Result = TypeVar("Result")
 
 
 def work_claimed(
-    queue: WorkQueue,
+    queue: WorkQueue[R],
     worker: str,
     *,
     threads: int,
-    start: Callable[[Claim], Sequence[Job]],
+    start: Callable[[Claim[R]], Sequence[Job]],
     held: Callable[[Job], tuple[Claim, int]],
     work: Callable[[Job], Result],
     write: Callable[[list[Result]], None],
