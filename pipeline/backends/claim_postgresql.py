@@ -32,7 +32,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
-from pipeline.backends.claiming import ClaimQueue, PortableClaim, Row
+from pipeline.backends.claiming import ClaimQueue, PoliteQueueParts, PortableClaim, Row
 from pipeline.backends.recordset import json_rows, recordset
 
 
@@ -126,6 +126,120 @@ class PostgreSQLClaim(PortableClaim):
         assert self.claim_sql is not None
         with self.driver() as pg:
             return self.rows(self.claim_sql.execute(pg, params))
+
+    def polite_claim(self, q: PoliteQueueParts) -> sa.Update:
+        """The polite claim (pipeline/fetching/politeness.py) as one statement: the due
+        sources whose group has room, their groups' rows locked (``FOR NO KEY UPDATE SKIP
+        LOCKED``: a group another claim is drawing from is passed over), each group's room
+        over its fetches in flight and the claims committed since this statement's
+        snapshot, its spacing from ``clock_timestamp()``, and the groups' ``claims`` and
+        next request written in the same statement (docs/runbook.md "Politeness")."""
+        s, g = q.table, q.groups
+        d = g.alias("d")
+        expired, free = q.polite_candidates(lock=True)
+        expired_cte = expired.cte("expired").prefix_with("MATERIALIZED")
+        free_cte = free.cte("free").prefix_with("MATERIALIZED")
+        branches = sa.union_all(
+            sa.select(expired_cte.c.id, sa.literal(0).label("branch")),
+            sa.select(free_cte.c.id, sa.literal(1).label("branch")),
+        ).subquery("branches")
+        cand = (
+            sa.select(
+                s.c.id, s.c.politeness_group.label("grp"), s.c.priority, s.c.next_fetch_at,
+                branches.c.branch,
+            )
+            .join(branches, branches.c.id == s.c.id)
+            .cte("cand")
+            .prefix_with("MATERIALIZED")
+        )
+        # The candidates' groups that are open, locked; their newest row (re-read and
+        # re-checked under the lock when a claim committed since this statement began).
+        # Open by the clock at the lock, not the statement's start (now()): a claim that
+        # committed since then set the group's next request from its own, later clock.
+        locked = (
+            sa.select(
+                g.c.name, g.c.claims,
+                sa.func.coalesce(g.c.max_in_flight, d.c.max_in_flight).label("max_in_flight"),
+                sa.func.coalesce(g.c.min_interval_ms, d.c.min_interval_ms).label("interval_ms"),
+            )
+            .select_from(g)
+            .join(d, d.c.name == q.default_group)
+            .where(
+                g.c.name.in_(sa.select(cand.c.grp)),
+                sa.or_(
+                    g.c.next_request_at.is_(None),
+                    g.c.next_request_at <= sa.func.clock_timestamp(type_=self.time_type),
+                ),
+            )
+            .with_for_update(skip_locked=True, key_share=True, of=g)
+            .cte("locked")
+            .prefix_with("MATERIALIZED")
+        )
+        # The same rows as this statement's snapshot sees them. The snapshot's count of
+        # fetches in flight misses only the sources handed out since it was taken, and
+        # every one of those bumped ``claims`` (under the lock this statement now holds):
+        # the difference between the newest row and the snapshot's is exactly them.
+        seen = g.alias("seen")
+        room = (
+            sa.select(
+                locked.c.name, locked.c.interval_ms,
+                (
+                    locked.c.max_in_flight - q.in_flight(locked.c.name)
+                    - (locked.c.claims - seen.c.claims)
+                ).label("room"),
+            )
+            .join(seen, seen.c.name == locked.c.name)
+            .cte("room")
+            .prefix_with("MATERIALIZED")
+        )
+        order = q.order_keys(cand)
+        ranked = (
+            sa.select(
+                cand.c.id, cand.c.grp, cand.c.branch, cand.c.priority, cand.c.next_fetch_at,
+                room.c.interval_ms, room.c.room,
+                sa.func.row_number().over(partition_by=cand.c.grp, order_by=order).label("rn"),
+            )
+            .join(room, room.c.name == cand.c.grp)
+            .subquery("ranked")
+        )
+        picked = (
+            sa.select(ranked.c.id, ranked.c.grp, ranked.c.interval_ms)
+            .where(
+                ranked.c.rn <= ranked.c.room,
+                sa.or_(ranked.c.interval_ms == 0, ranked.c.rn == 1),  # spaced: one per claim
+            )
+            .order_by(*q.order_keys(ranked))
+            .limit(sa.bindparam("claim_limit", type_=sa.Integer()))
+            .cte("picked")
+            .prefix_with("MATERIALIZED")
+        )
+        picked_groups = (
+            sa.select(picked.c.grp, picked.c.interval_ms, sa.func.count().label("n"))
+            .group_by(picked.c.grp, picked.c.interval_ms)
+            .subquery("pg")
+        )
+        bump = (
+            sa.update(g)
+            .where(g.c.name == picked_groups.c.grp)
+            .values(
+                claims=g.c.claims + picked_groups.c.n,
+                # From the moment of this update (clock_timestamp(), not the statement's
+                # start, now()): the spacing runs from as close to the send as SQL gets.
+                next_request_at=sa.func.clock_timestamp(type_=self.time_type) + sa.func.make_interval(
+                    0, 0, 0, 0, 0, 0, sa.cast(picked_groups.c.interval_ms, sa.Float) / 1000.0
+                ),
+                deferred_reason=None,
+            )
+            .cte("bump")
+        )
+        return (
+            sa.update(s)
+            .where(s.c.id == picked.c.id)
+            .values(q.lease_values())
+            .returning(*q.columns)
+            .add_cte(bump)
+        )
+
 
     # -- the fenced writes --------------------------------------------------------------
 

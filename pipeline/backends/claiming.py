@@ -78,6 +78,26 @@ class ClaimQueue(Protocol):
         ...
 
 
+class PoliteQueueParts(ClaimQueue, Protocol):
+    """What the polite claim (pipeline/fetching/politeness.py ``PoliteQueue``) reads of
+    its queue, where the database takes it in one statement."""
+
+    groups: sa.Table  # the politeness groups' rows
+    default_group: str  # the group whose limits a group without its own takes
+
+    def in_flight(self, group: sa.ColumnElement[str]) -> sa.ScalarSelect[int]:
+        """The fetches in flight of ``group``: its sources whose lease is running."""
+        ...
+
+    def polite_candidates(self, *, lock: bool) -> tuple[sa.Select[Any], sa.Select[Any]]:
+        """The claim's two branches, less sources whose group has no room."""
+        ...
+
+    def order_keys(self, rows: Any) -> list[sa.ColumnElement[Any]]:
+        """The queue's order over the derived table ``rows``; expired leases first."""
+        ...
+
+
 class PortableClaim:
     """The reference: read the candidates, take each with an UPDATE that checks again
     that it is claimable (a row another worker took in between changes nothing), read
@@ -191,6 +211,10 @@ class PortableClaim:
         """A completion and the next claim (``params``) in one round trip and one
         transaction: the ids finished and the rows claimed, or None where they are two."""
         return None
+
+    def polite_claim(self, queue: PoliteQueueParts) -> sa.Update:
+        """The polite claim as one statement, where ``one_statement``."""
+        raise NotImplementedError(f"{type(self).__name__} claims politely in steps (PoliteQueue)")
 
     def each_statement(self, columns: tuple[str, ...]) -> sa.Update | None:
         """``complete_rows``'s statement, where there is one."""

@@ -8,7 +8,9 @@ a worker never holds a source it cannot start, and the request deadline starts o
 the request is sent.
 
 How the PostgreSQL claim stays safe with many workers, in one statement
-(``PoliteQueue._build_claim``; docs/runbook.md "Politeness" has the SQL):
+(``PostgreSQLClaim.polite_claim`` in pipeline/backends/claim_postgresql.py, from the
+pieces this module gives it, ``PoliteQueueParts``; docs/runbook.md "Politeness" has the
+SQL):
 
 * fetches in flight are the group's sources whose lease is running: a dead worker's
   slot frees itself when its lease runs out;
@@ -25,8 +27,9 @@ How the PostgreSQL claim stays safe with many workers, in one statement
   group is only drawn from when ``next_request_at <= now()``, re-checked on the locked
   row by the clock at the lock; with a spacing, one source per group per claim.
 
-Elsewhere (SQLite, which serialises writers, and the portable path) the same rules run
-as a few statements in one transaction, the group rows locked before the count.
+Elsewhere (SQLite, which serialises writers, MariaDB and the portable path) the same
+rules run as a few statements in one transaction, the group rows locked before the count
+(``PoliteQueue._claim_in_steps``, here: the reference).
 """
 
 from __future__ import annotations
@@ -74,12 +77,13 @@ class PoliteQueue(WorkQueue[SourceRow]):
         without its event nor the event written for a claim that did not commit. It
         counts them too (``counters.SOURCES_CLAIMED``), in the same way."""
         self.record_started, self.run_id = record_started, run_id
+        self.groups, self.default_group = _groups, DEFAULT
         super().__init__(engine, schema.SOURCES_DUE, lease_seconds=lease_seconds, claiming=claiming, row=SourceRow)
         self._next_start = self._build_next_start()
 
     # -- shared SQL ---------------------------------------------------------------------
 
-    def _in_flight(self, group: sa.ColumnElement[str]) -> sa.ScalarSelect[int]:
+    def in_flight(self, group: sa.ColumnElement[str]) -> sa.ScalarSelect[int]:
         """The group's fetches in flight: its claimed sources whose lease is running
         (served by ix_sources_politeness_leased, whose predicate is the holder's)."""
         leased = _sources.alias("leased")
@@ -106,7 +110,7 @@ class PoliteQueue(WorkQueue[SourceRow]):
             .join(d, d.c.name == DEFAULT)
             .where(
                 sa.or_(g.c.next_request_at.is_(None), g.c.next_request_at <= self.now()),
-                self._in_flight(g.c.name) < sa.func.coalesce(g.c.max_in_flight, d.c.max_in_flight),
+                self.in_flight(g.c.name) < sa.func.coalesce(g.c.max_in_flight, d.c.max_in_flight),
             )
         )
         if materialized:
@@ -114,7 +118,7 @@ class PoliteQueue(WorkQueue[SourceRow]):
             return _sources.c.politeness_group.in_(sa.select(once.c.name))
         return _sources.c.politeness_group.in_(open_groups)
 
-    def _polite_candidates(self, *, lock: bool) -> tuple[sa.Select[Any], sa.Select[Any]]:
+    def polite_candidates(self, *, lock: bool) -> tuple[sa.Select[Any], sa.Select[Any]]:
         """The claim's two branches (expired leases, free rows), less sources whose group
         has no room, each looking at up to ``claim_scan`` rows."""
         expired, free = self.candidates(lock=False)
@@ -127,7 +131,7 @@ class PoliteQueue(WorkQueue[SourceRow]):
             free = free.with_for_update(skip_locked=True, key_share=True, of=_sources)
         return expired, free
 
-    def _order_keys(self, rows: Any) -> list[sa.ColumnElement[Any]]:
+    def order_keys(self, rows: Any) -> list[sa.ColumnElement[Any]]:
         """The queue's order over a derived table of candidates; expired leases first."""
         return [rows.c.branch, *self.ordered(over=rows)]
 
@@ -136,7 +140,7 @@ class PoliteQueue(WorkQueue[SourceRow]):
     def _build_claim(self) -> sa.Update | sa.Select[Any]:
         if not self.claiming.one_statement:
             return super()._build_claim()
-        claim = self._build_polite_claim()
+        claim = self.claiming.polite_claim(self)  # PostgreSQL's one statement (pipeline/backends/)
         if not self.record_started:
             return claim
         # WITH ..., taken AS (UPDATE sources ... RETURNING sources.*),
@@ -153,112 +157,6 @@ class PoliteQueue(WorkQueue[SourceRow]):
         ).cte("started")
         counted = counters.count_rows_of(sa.select(taken.c.id), counters.SOURCES_CLAIMED).cte("counted")
         return sa.select(*taken.c).add_cte(started, counted)
-
-    def _build_polite_claim(self) -> sa.Update:
-        s, g, d = _sources, _groups, _groups.alias("d")
-        expired, free = self._polite_candidates(lock=True)
-        expired_cte = expired.cte("expired").prefix_with("MATERIALIZED")
-        free_cte = free.cte("free").prefix_with("MATERIALIZED")
-        branches = sa.union_all(
-            sa.select(expired_cte.c.id, sa.literal(0).label("branch")),
-            sa.select(free_cte.c.id, sa.literal(1).label("branch")),
-        ).subquery("branches")
-        cand = (
-            sa.select(
-                s.c.id, s.c.politeness_group.label("grp"), s.c.priority, s.c.next_fetch_at,
-                branches.c.branch,
-            )
-            .join(branches, branches.c.id == s.c.id)
-            .cte("cand")
-            .prefix_with("MATERIALIZED")
-        )
-        # The candidates' groups that are open, locked; their newest row (re-read and
-        # re-checked under the lock when a claim committed since this statement began).
-        # Open by the clock at the lock, not the statement's start (now()): a claim that
-        # committed since then set the group's next request from its own, later clock.
-        locked = (
-            sa.select(
-                g.c.name, g.c.claims,
-                sa.func.coalesce(g.c.max_in_flight, d.c.max_in_flight).label("max_in_flight"),
-                sa.func.coalesce(g.c.min_interval_ms, d.c.min_interval_ms).label("interval_ms"),
-            )
-            .select_from(g)
-            .join(d, d.c.name == DEFAULT)
-            .where(
-                g.c.name.in_(sa.select(cand.c.grp)),
-                sa.or_(
-                    g.c.next_request_at.is_(None),
-                    g.c.next_request_at <= sa.func.clock_timestamp(type_=self.claiming.time_type),
-                ),
-            )
-            .with_for_update(skip_locked=True, key_share=True, of=g)
-            .cte("locked")
-            .prefix_with("MATERIALIZED")
-        )
-        # The same rows as this statement's snapshot sees them. The snapshot's count of
-        # fetches in flight misses only the sources handed out since it was taken, and
-        # every one of those bumped ``claims`` (under the lock this statement now holds):
-        # the difference between the newest row and the snapshot's is exactly them.
-        seen = _groups.alias("seen")
-        room = (
-            sa.select(
-                locked.c.name, locked.c.interval_ms,
-                (
-                    locked.c.max_in_flight - self._in_flight(locked.c.name)
-                    - (locked.c.claims - seen.c.claims)
-                ).label("room"),
-            )
-            .join(seen, seen.c.name == locked.c.name)
-            .cte("room")
-            .prefix_with("MATERIALIZED")
-        )
-        order = self._order_keys(cand)
-        ranked = (
-            sa.select(
-                cand.c.id, cand.c.grp, cand.c.branch, cand.c.priority, cand.c.next_fetch_at,
-                room.c.interval_ms, room.c.room,
-                sa.func.row_number().over(partition_by=cand.c.grp, order_by=order).label("rn"),
-            )
-            .join(room, room.c.name == cand.c.grp)
-            .subquery("ranked")
-        )
-        picked = (
-            sa.select(ranked.c.id, ranked.c.grp, ranked.c.interval_ms)
-            .where(
-                ranked.c.rn <= ranked.c.room,
-                sa.or_(ranked.c.interval_ms == 0, ranked.c.rn == 1),  # spaced: one per claim
-            )
-            .order_by(*self._order_keys(ranked))
-            .limit(sa.bindparam("claim_limit", type_=sa.Integer()))
-            .cte("picked")
-            .prefix_with("MATERIALIZED")
-        )
-        picked_groups = (
-            sa.select(picked.c.grp, picked.c.interval_ms, sa.func.count().label("n"))
-            .group_by(picked.c.grp, picked.c.interval_ms)
-            .subquery("pg")
-        )
-        bump = (
-            sa.update(g)
-            .where(g.c.name == picked_groups.c.grp)
-            .values(
-                claims=g.c.claims + picked_groups.c.n,
-                # From the moment of this update (clock_timestamp(), not the statement's
-                # start, now()): the spacing runs from as close to the send as SQL gets.
-                next_request_at=sa.func.clock_timestamp(type_=self.claiming.time_type) + sa.func.make_interval(
-                    0, 0, 0, 0, 0, 0, sa.cast(picked_groups.c.interval_ms, sa.Float) / 1000.0
-                ),
-                deferred_reason=None,
-            )
-            .cte("bump")
-        )
-        return (
-            sa.update(s)
-            .where(s.c.id == picked.c.id)
-            .values(self.lease_values())
-            .returning(*self.columns)
-            .add_cte(bump)
-        )
 
     # -- claim --------------------------------------------------------------------------
 
@@ -281,7 +179,7 @@ class PoliteQueue(WorkQueue[SourceRow]):
             raise ValueError(f"limit must be at least 1, got {limit}")
         s, g, d = _sources, _groups, _groups.alias("d")
         token = uuid.uuid4().hex
-        expired, free = self._polite_candidates(lock=False)
+        expired, free = self.polite_candidates(lock=False)
         with self.engine.begin() as conn:
             params = {"claim_scan": limit * SCAN_FACTOR, **self._time_params_in(conn)}
             candidates: list[dict[str, Any]] = []
@@ -375,7 +273,7 @@ class PoliteQueue(WorkQueue[SourceRow]):
             *([spec.ready(now)] if spec.ready is not None else []),
         )
         opens = sa.func.coalesce(g.c.next_request_at, now)
-        has_slot = self._in_flight(g.c.name) < sa.func.coalesce(g.c.max_in_flight, d.c.max_in_flight)
+        has_slot = self.in_flight(g.c.name) < sa.func.coalesce(g.c.max_in_flight, d.c.max_in_flight)
         return (
             sa.select(
                 sa.func.min(sa.case((has_slot, opens))).label("with_slot"),
@@ -406,7 +304,8 @@ class PoliteQueue(WorkQueue[SourceRow]):
 
 def started_event(source: Mapping[Any, Any], run_id: str | None) -> dict[str, Any]:
     """The ``ingestion.started`` event of a claimed source, as ingestion_events stores it
-    (the PostgreSQL claim writes the same columns in SQL: ``PoliteQueue._build_claim``)."""
+    (the PostgreSQL claim writes the same columns in SQL: ``PoliteQueue._build_claim``,
+    around ``PostgreSQLClaim.polite_claim``)."""
     return {
         "event": schema.EVENT_STARTED,
         "source_id": source["id"],
