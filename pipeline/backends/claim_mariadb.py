@@ -1,5 +1,5 @@
-"""MariaDB's claim (10.6 or later): a short transaction (READ COMMITTED,
-pipeline/storage/db.py) that locks up to ``limit`` expired leases, then free rows, with
+"""MariaDB's claim (10.6 or later): a short transaction (READ COMMITTED: mariadb.py
+``engine_options``) that locks up to ``limit`` expired leases, then free rows, with
 ``SELECT ... FOR UPDATE SKIP LOCKED`` (each a range of the queue's index), reading their
 columns and the database's clock, then leases exactly the ids it locked until that
 clock + the lease. The locks hold to the commit, so no other claim can take or change

@@ -12,7 +12,7 @@ claimed row (their foreign-key checks take KEY SHARE) are not blocked.
 The hot statements (the claim, and a completion whose values need no conversion by
 SQLAlchemy) are compiled once and sent by psycopg on a connection from the engine's pool,
 prepared on the server: SQLAlchemy's per-statement work was most of a claim's client CPU
-(bench/RESULTS.md). That is safe because pipeline/storage/db.py pins every PostgreSQL
+(bench/RESULTS.md). That is safe because postgresql.py ``configure`` pins every PostgreSQL
 session to UTC and psycopg decodes JSON itself. A batch's completion and the next claim
 go in one round trip and one commit (``complete_and_claim``). "Now" is the database's
 clock, so hosts with skewed clocks agree.

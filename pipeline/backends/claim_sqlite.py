@@ -1,5 +1,5 @@
 """SQLite's claim: ``UPDATE t SET <lease> WHERE id IN (<expired> UNION ALL <free> LIMIT n)
-RETURNING ...``, one statement inside ``BEGIN IMMEDIATE`` (pipeline/storage/db.py begins
+RETURNING ...``, one statement inside ``BEGIN IMMEDIATE`` (sqlite.py ``configure`` begins
 every SQLite transaction so): SQLite serialises writers, so no row is claimed twice.
 "Now" is this host's clock, the one the file's writers share."""
 

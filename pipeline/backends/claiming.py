@@ -2,11 +2,11 @@
 
 A claim queue (pipeline/queue/) says *what* to claim: its table, the two branches of a
 claim (expired leases, rows never leased) as selects, the values a lease sets, what a
-claim returns (``ClaimQueue``). A database's ``Claiming`` says *how* its database takes
-those rows so that no two workers get the same one, and how its fenced writes find
-theirs; one per queue, made by the queue (``Backend.claiming``). This module holds the
-protocol's reference, ``PortableClaim``: correct on any SQL database, in more round
-trips. The others, one module per database:
+claim returns (``ClaimQueue``). A database's claim (a ``PortableClaim`` of its own) says
+*how* its database takes those rows so that no two workers get the same one, and how its
+fenced writes find theirs; one per queue, made by the queue from ``claiming_for(engine)``.
+This module holds the protocol and its reference, ``PortableClaim``: correct on any SQL
+database, in more round trips. The others, one module per database:
 
 * claim_postgresql.py -- one statement (``FOR NO KEY UPDATE SKIP LOCKED`` in
   materialised CTEs), sent by psycopg itself and prepared on the server; a batch's

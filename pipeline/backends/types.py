@@ -20,7 +20,7 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
     PostgreSQL stores ``timestamptz``. SQLite has no such type: values are stored as
     naive UTC text (which sorts and compares correctly) and come back tagged UTC.
     MariaDB stores naive UTC in ``DATETIME(6)`` (microseconds; the session's time zone
-    is UTC, pipeline/storage/db.py, so its CURRENT_TIMESTAMP defaults are UTC too).
+    is UTC, mariadb.py ``configure``, so its CURRENT_TIMESTAMP defaults are UTC too).
     """
 
     impl = sa.DateTime(timezone=True)
