@@ -74,6 +74,28 @@ def test_an_add_creates_missing_rows_and_adds_to_present_ones(engine, which):
     assert found == [("a", "", 0, 2.5), ("a", "", 1, 4.0), ("b", "x", 0, 2.0)]
 
 
+def test_an_insert_from_a_select_adds_to_the_rows_it_meets_where_the_database_has_one(engine):
+    """``adding_from``: the counting INSERT PostgreSQL's polite claim runs as a CTE (a
+    claim's count added to a sharded counter). Elsewhere (SQLite parses ON CONFLICT after
+    a SELECT only with a WHERE, and neither it nor MariaDB runs the claim that needs it)
+    it says so by name instead of writing something else."""
+    backend = backend_for(engine)
+    keys, columns = ("name", "label", "shard"), ("name", "label", "shard", "value")
+    counted = sa.select(sa.literal("a"), sa.literal(""), sa.literal(0), sa.cast(sa.func.count(), sa.Float())).select_from(
+        sa.select(_t.c.worker_name).subquery())
+    with engine.begin() as conn:
+        conn.execute(sa.delete(_m))
+        conn.execute(sa.delete(_t))
+        conn.execute(sa.insert(_t), [{"worker_name": f"w{i}", "last_status": "ok"} for i in range(3)])
+        if engine.dialect.name != "postgresql":
+            with pytest.raises(NotImplementedError, match="no portable INSERT that adds to the rows it meets"):
+                backend.adding_from(_m, keys, "value", columns, counted)
+            return
+        conn.execute(backend.adding_from(_m, keys, "value", columns, counted))
+        conn.execute(backend.adding_from(_m, keys, "value", columns, counted))
+        assert _rows(conn, _m, "name", "label", "shard", "value") == [("a", "", 0, 6.0)]
+
+
 @pytest.mark.parametrize("which", ["own", "portable"])
 def test_an_upsert_inserts_or_replaces_the_rows_other_columns(engine, which):
     backend = _backends(engine)[which == "portable"]

@@ -127,7 +127,7 @@ class PostgreSQLClaim(PortableClaim):
         with self.driver() as pg:
             return self.rows(self.claim_sql.execute(pg, params))
 
-    def polite_claim(self, q: PoliteQueueParts) -> sa.Update:
+    def polite_claim(self, q: PoliteQueueParts) -> sa.Update | sa.Select[Any]:
         """The polite claim (pipeline/fetching/politeness.py) as one statement: the due
         sources whose group has room, their groups' rows locked (``FOR NO KEY UPDATE SKIP
         LOCKED``: a group another claim is drawing from is passed over), each group's room
@@ -232,13 +232,21 @@ class PostgreSQLClaim(PortableClaim):
             )
             .cte("bump")
         )
-        return (
+        claim = (
             sa.update(s)
             .where(s.c.id == picked.c.id)
             .values(q.lease_values())
             .returning(*q.columns)
             .add_cte(bump)
         )
+        # WITH ..., taken AS (UPDATE sources ... RETURNING sources.*),
+        #      started AS (INSERT INTO ingestion_events ... SELECT ... FROM taken), ...
+        # SELECT * FROM taken
+        taken = claim.cte("taken")
+        recorded = q.recorded(taken)
+        if not recorded:
+            return claim
+        return sa.select(*taken.c).add_cte(*(insert.cte(name) for name, insert in recorded.items()))
 
 
     # -- the fenced writes --------------------------------------------------------------

@@ -85,6 +85,12 @@ class PoliteQueueParts(ClaimQueue, Protocol):
     groups: sa.Table  # the politeness groups' rows
     default_group: str  # the group whose limits a group without its own takes
 
+    def recorded(self, taken: Any) -> dict[str, sa.Insert]:
+        """The inserts, by name, that record what a claim handed out (``taken``: the
+        rows it leased, as a CTE), run in the claim's own statement; none when the
+        queue records nothing."""
+        ...
+
     def in_flight(self, group: sa.ColumnElement[str]) -> sa.ScalarSelect[int]:
         """The fetches in flight of ``group``: its sources whose lease is running."""
         ...
@@ -212,7 +218,7 @@ class PortableClaim:
         transaction: the ids finished and the rows claimed, or None where they are two."""
         return None
 
-    def polite_claim(self, queue: PoliteQueueParts) -> sa.Update:
+    def polite_claim(self, queue: PoliteQueueParts) -> sa.Update | sa.Select[Any]:
         """The polite claim as one statement, where ``one_statement``."""
         raise NotImplementedError(f"{type(self).__name__} claims politely in steps (PoliteQueue)")
 

@@ -140,6 +140,13 @@ class Backend(Protocol):
         default."""
         ...
 
+    def adding_from(self, table: sa.Table, keys: Sequence[str], value: str, columns: Sequence[str],
+                    select: sa.Selectable) -> sa.Insert:
+        """``INSERT INTO table (columns) SELECT ...`` that adds each row's ``value`` to the
+        stored row with its ``keys`` (the table's unique key): a statement to run inside
+        another, as a CTE of the statement whose rows it counts."""
+        ...
+
     def whole_steps(self, since: sa.ColumnElement[datetime], now: sa.ColumnElement[datetime],
                     step: timedelta) -> sa.ColumnElement[Any]:
         """How many whole ``step``s passed from ``since`` to ``now`` (never before it),
@@ -349,6 +356,10 @@ class Portable:
     def whole_steps(self, since: sa.ColumnElement[datetime], now: sa.ColumnElement[datetime],
                     step: timedelta) -> sa.ColumnElement[Any]:
         raise NotImplementedError(f"{self.name}: no portable SQL for the time between two timestamps")
+
+    def adding_from(self, table: sa.Table, keys: Sequence[str], value: str, columns: Sequence[str],
+                    select: sa.Selectable) -> sa.Insert:
+        raise NotImplementedError(f"{self.name}: no portable INSERT that adds to the rows it meets")
 
     def add_to(self, conn: Connection, table: sa.Table, keys: Sequence[str], value: str, rows: Rows) -> None:
         # An UPDATE per row; the rows it found no stored row for are inserted.

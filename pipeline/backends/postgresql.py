@@ -166,6 +166,13 @@ class PostgreSQL(OnConflict):
         ])
         return sql, encoders
 
+    def adding_from(self, table: sa.Table, keys: Sequence[str], value: str, columns: Sequence[str],
+                    select: sa.Selectable) -> sa.Insert:
+        """``INSERT ... SELECT ... ON CONFLICT DO UPDATE`` adding: a data-modifying CTE
+        (SQLite's ON CONFLICT after a SELECT needs a WHERE to parse, and it runs no
+        such CTE: it has no use for one)."""
+        return self.adding(postgresql.insert(table).from_select(list(columns), select), table, keys, value)
+
     def whole_steps(self, since: sa.ColumnElement[datetime], now: sa.ColumnElement[datetime],
                     step: timedelta) -> sa.ColumnElement[Any]:
         return sa.func.floor(sa.extract("epoch", now - since) / seconds_text(step))

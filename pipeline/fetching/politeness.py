@@ -140,13 +140,13 @@ class PoliteQueue(WorkQueue[SourceRow]):
     def _build_claim(self) -> sa.Update | sa.Select[Any]:
         if not self.claiming.one_statement:
             return super()._build_claim()
-        claim = self.claiming.polite_claim(self)  # PostgreSQL's one statement (pipeline/backends/)
+        return self.claiming.polite_claim(self)  # PostgreSQL's one statement (pipeline/backends/)
+
+    def recorded(self, taken: Any) -> dict[str, sa.Insert]:
+        """With ``record_started``: the sources' started events and their count, from the
+        claim's own rows (``taken``), in the claim's statement (PostgreSQL)."""
         if not self.record_started:
-            return claim
-        # WITH ..., taken AS (UPDATE sources ... RETURNING sources.*),
-        #      started AS (INSERT INTO ingestion_events ... SELECT ... FROM taken)
-        # SELECT * FROM taken
-        taken = claim.cte("taken")
+            return {}
         e = schema.ingestion_events
         started = e.insert().from_select(
             [e.c.event, e.c.source_id, e.c.source_type, e.c.run_id, e.c.scheduled_at],
@@ -154,9 +154,9 @@ class PoliteQueue(WorkQueue[SourceRow]):
                 sa.literal(schema.EVENT_STARTED), taken.c.id, taken.c.source_type,
                 sa.bindparam("started_run_id", type_=sa.Text()), taken.c.next_fetch_at,
             ),
-        ).cte("started")
-        counted = counters.count_rows_of(sa.select(taken.c.id), counters.SOURCES_CLAIMED).cte("counted")
-        return sa.select(*taken.c).add_cte(started, counted)
+        )
+        counted = counters.count_rows_of(self.engine, sa.select(taken.c.id), counters.SOURCES_CLAIMED)
+        return {"started": started, "counted": counted}
 
     # -- claim --------------------------------------------------------------------------
 

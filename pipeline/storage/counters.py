@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 
 from pipeline.backends import backend_for
-from pipeline.backends.on_conflict import OnConflict
+from pipeline.backends.portable import Bind
 from pipeline.core.failures import FailureReason
 from pipeline.storage import schema
 
@@ -217,16 +216,17 @@ def add(conn: sa.Connection, counts: Mapping[tuple[str, str], float]) -> None:
     backend_for(conn).add_to(conn, schema.metric_counts, ("name", "label", "shard"), "value", rows)
 
 
-def count_rows_of(select: sa.Select[Any], counter: Counter) -> sa.Insert:
-    """PostgreSQL: an INSERT adding the count of ``select``'s rows to ``counter``, to run
-    as a CTE of a statement that does the work (the claim's ``taken``); a random shard."""
+def count_rows_of(bind: Bind, select: sa.Select[Any], counter: Counter) -> sa.Insert:
+    """An INSERT adding the count of ``select``'s rows to ``counter``, to run as a CTE of
+    the statement that does the work (PostgreSQL's polite claim: its ``taken``); a random
+    shard."""
     counted = sa.select(
         sa.literal(counter.name), sa.literal(""),
         sa.cast(sa.func.floor(sa.func.random() * SHARDS), sa.SmallInteger()),
         sa.cast(sa.func.count(), sa.Float()),
     ).select_from(select.subquery()).having(sa.func.count() > 0)
-    insert = postgresql.insert(schema.metric_counts).from_select(["name", "label", "shard", "value"], counted)
-    return OnConflict.adding(insert, schema.metric_counts, ("name", "label", "shard"), "value")
+    return backend_for(bind).adding_from(
+        schema.metric_counts, ("name", "label", "shard"), "value", ("name", "label", "shard", "value"), counted)
 
 
 def totals(conn: sa.Connection, names: Iterable[str] | None = None) -> dict[tuple[str, str], float]:

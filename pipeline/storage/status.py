@@ -263,7 +263,7 @@ def _span(seconds: float | None) -> str:
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
     widths = [max(len(line[i]) for line in [header, *rows]) for i in range(len(header))]
     return [
-        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths)))
+        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths, strict=True)))
         .rstrip()
         for line in [header, *rows]
     ]
