@@ -1,0 +1,176 @@
+"""The collector under real latency (issue 36, item 5): on the simulated internet
+(bench/internet.py), how busy do the collector's threads stay? Requests in flight over
+requests allowed, where allowed is what the threads and the politeness limits permit.
+
+One pass over every source (all due at once): the simulator serves ``--hosts`` hosts
+with ``--feeds-per-host`` feeds each, at its realistic latency (log-normal, median 150
+ms, p99 2 s) and faults; every host is its own politeness group with the production
+defaults (the migration's: 2 fetches at once, 1 s apart), not the loopback exemption. A
+collector (``Collector.run``, what `pipeline collect` runs) with ``--threads`` threads
+in each of ``--processes`` processes fetches every source once. From the simulator's
+log (each request's start and end), reported:
+
+* requests in flight, averaged over the pass until 90% of its requests had ended (the
+  tail, where fewer sources are left than threads, is reported apart), over the
+  requests allowed then: the threads, or fewer where the groups with sources left
+  allow fewer (each group 2 at once);
+* fetches per second, the collector's CPU per fetch;
+* how the answers split (200, 304, 429, 5xx, timeouts).
+
+    .bench-venv/bin/pip install -e . -r bench/requirements.txt
+    .bench-venv/bin/python bench/internet_collect.py --database-url postgresql://postgres@127.0.0.1:5432/test
+
+It creates (and drops) its own database, ``bench_internet_<pid>_<random>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import sqlalchemy as sa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.scratch import commit, load, scratch_database, unique_name  # noqa: E402
+from pipeline.catalogue.sources import import_sources, make_spec  # noqa: E402
+from pipeline.core.settings import Settings  # noqa: E402
+from pipeline.fetching.collector import Collector  # noqa: E402
+from pipeline.storage import db, migrate, schema  # noqa: E402
+from pipeline.storage.politeness_groups import set_limits  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+def start_internet(args: argparse.Namespace, log: Path, plan: Path) -> subprocess.Popen[bytes]:
+    """The simulator in a process of its own; returns once it serves (it says so)."""
+    internet = subprocess.Popen(
+        [sys.executable, str(HERE / "internet.py"), "--hosts", str(args.hosts), "--feeds-per-host",
+         str(args.feeds_per_host), "--port", str(args.port), "--seed", str(args.seed), "--log", str(log),
+         "--plan", str(plan)],
+        stderr=subprocess.PIPE,
+    )
+    assert internet.stderr is not None
+    line = internet.stderr.readline().decode()  # its first line: the hosts it serves
+    if "hosts on" not in line:
+        internet.kill()
+        raise SystemExit(f"the simulated internet did not start: {line}{internet.stderr.read().decode()}")
+    return internet
+
+
+def collect(url: str, threads: int, start_at: float) -> tuple[int, float, float, float]:
+    """One process's collector: fetched, its start and end, CPU seconds."""
+    settings = Settings(database_url=url, allow_networks=("127.0.0.0/8",), concurrency=threads)
+    engine = db.create_engine(url)
+    time.sleep(max(0.0, start_at - time.time()))
+    began, cpu = time.time(), time.process_time()
+    stats = Collector(engine, settings, worker=f"bench-{os.getpid()}").run()
+    finished, spent = time.time(), time.process_time() - cpu
+    engine.dispose()
+    return stats.claimed, began, finished, spent
+
+
+def in_flight(requests: list[tuple[float, float, str]], threads: int, hosts_left: dict[str, int],
+              per_group: int) -> tuple[float, float, float, float]:
+    """Average requests in flight and average allowed over the pass until 90% of the
+    requests had ended, and the same over the rest (the tail). ``requests``: (start, end,
+    host); ``hosts_left``: requests per host (its sources), counted down as they end."""
+    events: list[tuple[float, int, str]] = []
+    for start, end, host in requests:
+        events.append((start, 1, host))
+        events.append((end, -1, host))
+    events.sort()
+    ends = sorted(end for _, end, _ in requests)
+    cut = ends[int(len(ends) * 0.9) - 1]
+    left = dict(hosts_left)
+    open_now, last = 0, events[0][0]
+    busy = {"body": 0.0, "tail": 0.0}
+    allowed = {"body": 0.0, "tail": 0.0}
+    span = {"body": 0.0, "tail": 0.0}
+    for at, step, host in events:
+        part = "body" if at <= cut else "tail"
+        width = at - last
+        room = sum(min(per_group, n) for n in left.values() if n > 0)
+        busy[part] += open_now * width
+        allowed[part] += min(threads, room) * width
+        span[part] += width
+        open_now += step
+        if step < 0:
+            left[host] -= 1
+        last = at
+    return (busy["body"] / span["body"], allowed["body"] / span["body"],
+            busy["tail"] / max(span["tail"], 1e-9), allowed["tail"] / max(span["tail"], 1e-9))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", required=True, help="a PostgreSQL server where a database may be created")
+    parser.add_argument("--hosts", type=int, default=500)
+    parser.add_argument("--feeds-per-host", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=32)
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--port", type=int, default=18090)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+
+    admin = sa.create_engine(args.database_url.replace("postgresql://", "postgresql+psycopg://", 1),
+                             isolation_level="AUTOCOMMIT")
+    work = Path(tempfile.mkdtemp(prefix="bench-internet-"))
+    log, plan = work / "internet.jsonl", work / "plan.json"
+    internet = start_internet(args, log, plan)
+    try:
+        with scratch_database(admin, unique_name("bench_internet")) as name:
+            url = admin.url.set(database=name).render_as_string(hide_password=False)
+            engine = db.create_engine(url)
+            migrate.upgrade(engine)
+            sources = json.loads(plan.read_text())["sources"]
+            with engine.begin() as conn:
+                import_sources(conn, [make_spec(u, source_type="rss", interval=60) for u in sources])
+                groups = [name for (name,) in conn.execute(sa.select(schema.politeness_groups.c.name))]
+                for name in groups:
+                    if name != "*":
+                        set_limits(conn, name, reset=True)  # the production defaults, not loopback's
+                per_group = conn.execute(sa.select(schema.politeness_groups.c.max_in_flight)
+                                         .where(schema.politeness_groups.c.name == "*")).scalar_one()
+            engine.dispose()
+            start_at = time.time() + 1.0
+            with multiprocessing.get_context("spawn").Pool(args.processes) as pool:
+                results = pool.starmap(collect, [(url, args.threads, start_at)] * args.processes)
+    finally:
+        internet.terminate()
+        internet.wait(30)
+    fetched = sum(r[0] for r in results)
+    began, ended = min(r[1] for r in results), max(r[2] for r in results)
+    cpu = sum(r[3] for r in results)
+    requests, statuses = [], {}
+    for line in log.read_text().splitlines():
+        record = json.loads(line)
+        if record["kind"] != "request":
+            continue
+        end = record["at"]
+        requests.append((end - record["latency_ms"] / 1000, end, record["host"]))
+        statuses[record["status"]] = statuses.get(record["status"], 0) + 1
+    hosts_left: dict[str, int] = {}
+    for _, _, host in requests:
+        hosts_left[host] = hosts_left.get(host, 0) + 1
+    threads = args.threads * args.processes
+    busy, allowed, tail_busy, tail_allowed = in_flight(requests, threads, hosts_left, per_group)
+    print(f"{args.hosts} hosts x {args.feeds_per_host} feeds, {args.processes} process(es) x {args.threads}"
+          f" threads; each host its own group, {per_group} at once; commit {commit()}, load {load()}")
+    print(f"  fetched {fetched} sources in {ended - began:.1f} s: {fetched / (ended - began):.1f} fetches/s,"
+          f" collector CPU {1000 * cpu / max(fetched, 1):.2f} ms per fetch")
+    print(f"  answers: {dict(sorted(statuses.items()))} (a held answer is logged as 503 when it ends)")
+    print(f"  in flight / allowed, until 90% done: {busy:.1f} / {allowed:.1f} = {busy / allowed:.2f};"
+          f" the tail: {tail_busy:.1f} / {tail_allowed:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
