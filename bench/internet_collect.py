@@ -13,7 +13,8 @@ log (each request's start and end), reported:
 * requests in flight, averaged over the pass until 90% of its requests had ended (the
   tail, where fewer sources are left than threads, is reported apart), over the
   requests allowed then: the threads, or fewer where the groups with sources left
-  allow fewer (each group 2 at once);
+  allow fewer (each group at most 2 at once, and, its fetches started 1 s apart, the
+  mean latency over 1 s on average: Little's law);
 * fetches per second, the collector's CPU per fetch;
 * how the answers split (200, 304, 429, 5xx, timeouts).
 
@@ -78,10 +79,11 @@ def collect(url: str, threads: int, start_at: float) -> tuple[int, float, float,
 
 
 def in_flight(requests: list[tuple[float, float, str]], threads: int, hosts_left: dict[str, int],
-              per_group: int) -> tuple[float, float, float, float]:
+              per_group: float) -> tuple[float, float, float, float]:
     """Average requests in flight and average allowed over the pass until 90% of the
     requests had ended, and the same over the rest (the tail). ``requests``: (start, end,
-    host); ``hosts_left``: requests per host (its sources), counted down as they end."""
+    host); ``hosts_left``: requests per host (its sources), counted down as they end;
+    ``per_group``: what a group with sources left allows in flight on average."""
     events: list[tuple[float, int, str]] = []
     for start, end, host in requests:
         events.append((start, 1, host))
@@ -137,8 +139,9 @@ def main() -> int:
                 for name in groups:
                     if name != "*":
                         set_limits(conn, name, reset=True)  # the production defaults, not loopback's
-                per_group = conn.execute(sa.select(schema.politeness_groups.c.max_in_flight)
-                                         .where(schema.politeness_groups.c.name == "*")).scalar_one()
+                per_group, interval_ms = conn.execute(
+                    sa.select(schema.politeness_groups.c.max_in_flight, schema.politeness_groups.c.min_interval_ms)
+                    .where(schema.politeness_groups.c.name == "*")).one()
             engine.dispose()
             start_at = time.time() + 1.0
             with multiprocessing.get_context("spawn").Pool(args.processes) as pool:
@@ -161,9 +164,14 @@ def main() -> int:
     for _, _, host in requests:
         hosts_left[host] = hosts_left.get(host, 0) + 1
     threads = args.threads * args.processes
-    busy, allowed, tail_busy, tail_allowed = in_flight(requests, threads, hosts_left, per_group)
+    # A group starts a fetch at most every interval: on average it has (mean latency /
+    # interval) in flight (Little's law), up to its limit at once.
+    latency = sum(end - start for start, end, _ in requests) / len(requests)
+    room = min(float(per_group), latency / (interval_ms / 1000)) if interval_ms else float(per_group)
+    busy, allowed, tail_busy, tail_allowed = in_flight(requests, threads, hosts_left, room)
     print(f"{args.hosts} hosts x {args.feeds_per_host} feeds, {args.processes} process(es) x {args.threads}"
-          f" threads; each host its own group, {per_group} at once; commit {commit()}, load {load()}")
+          f" threads; each host its own group, {per_group} at once, {interval_ms} ms apart (so {room:.2f} in"
+          f" flight on average at a mean latency of {1000 * latency:.0f} ms); commit {commit()}, load {load()}")
     print(f"  fetched {fetched} sources in {ended - began:.1f} s: {fetched / (ended - began):.1f} fetches/s,"
           f" collector CPU {1000 * cpu / max(fetched, 1):.2f} ms per fetch")
     print(f"  answers: {dict(sorted(statuses.items()))} (a held answer is logged as 503 when it ends)")

@@ -543,6 +543,50 @@ def test_the_pass_goes_on_claiming_and_working_while_a_batch_is_written(engine, 
     assert len(worked) == 3
 
 
+def test_a_free_thread_claims_work_while_long_jobs_hold_the_others(engine, source_id):
+    """A claim waits for half the threads to be free, to take a batch; but behind long
+    jobs (a slow host; latency's long tail) the free threads idled until one of those
+    ended: with 4 threads, 3 jobs held and 1 done, the fifth row waited for the held
+    ones. A thread free for ``idle_claim`` claims on its own now. Waits for the fifth
+    row to be worked on while the others are held (60 s at most: it never came)."""
+    from pipeline.queue.workpool import work_claimed
+
+    with engine.begin() as conn:
+        add_raw_rows(conn, source_id, 5)
+    gate, fifth = threading.Event(), threading.Event()
+    ids: list[int] = []
+
+    def start(claim):
+        ids.extend(claim.ids)
+        return [(claim, row_id) for row_id in claim.ids]
+
+    def work(job):
+        _claim, row_id = job
+        if len(ids) <= 4 and row_id != ids[-1]:
+            gate.wait(60)  # three of the first four are long
+        if len(ids) == 5 and row_id == ids[-1]:
+            fifth.set()
+        return row_id
+
+    def watch():
+        fifth_in_time.append(fifth.wait(60))
+        gate.set()
+
+    fifth_in_time: list[bool] = []
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        claimed = work_claimed(
+            raw_queue(engine, claiming_for(engine)), "w1", threads=4, batch_size=4,
+            start=start, held=lambda job: job, work=work, write=lambda results: None,
+        )
+    finally:
+        gate.set()
+        watcher.join()
+    assert claimed == 5
+    assert fifth_in_time == [True], "the fifth row waited for the long jobs"
+
+
 def test_a_claim_that_lost_a_race_is_tried_again_soon_then_less_often():
     """The pause after short claims in a row that lost a race: short at first (not the
     0.1 s a full group waits), doubling, never past the longest, jittered within half."""
