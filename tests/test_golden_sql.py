@@ -107,7 +107,7 @@ STORE_FILE = "listings_raw.store.postgresql.sql"
 
 def test_the_item_store_statement_matches_its_golden_file() -> None:
     """The collector's item storage on PostgreSQL: one statement per batch."""
-    sql, _ = PostgreSQL.store_statement(STORE_ITEMS, sa.create_engine(DIALECTS["postgresql"]).dialect)
+    sql, *_ = PostgreSQL.store_statement(STORE_ITEMS, sa.create_engine(DIALECTS["postgresql"]).dialect)
     text = "\n".join([
         "-- The collector's item storage on postgresql (pipeline/fetching/collector.py store_items):",
         "-- the statement pipeline/backends/postgresql.py store_changed sends, rendered by",

@@ -39,8 +39,7 @@ T = TypeVar("T")
 
 def backend_for(bind: Bind) -> Backend:
     """The backend of ``bind`` (a connection, an engine or a dialect)."""
-    dialect = bind if isinstance(bind, Dialect) else bind.dialect
-    return backend_named(dialect.name)
+    return backend_named(_name(bind))
 
 
 def backend_named(name: str) -> Backend:
@@ -50,8 +49,12 @@ def backend_named(name: str) -> Backend:
 
 def claiming_for(bind: Bind) -> type[PortableClaim]:
     """How the database of ``bind`` claims a queue's rows (made once per queue)."""
-    dialect = bind if isinstance(bind, Dialect) else bind.dialect
-    return _CLAIMS.get(dialect.name, PortableClaim)
+    return _CLAIMS.get(_name(bind), PortableClaim)
+
+
+def _name(bind: Bind) -> str:
+    """SQLAlchemy's name of the database of ``bind``."""
+    return (bind if isinstance(bind, Dialect) else bind.dialect).name
 
 
 def in_transaction(engine: Engine, work: Callable[[Connection], T]) -> T:

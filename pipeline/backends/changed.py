@@ -55,6 +55,10 @@ class StoreChanged:
         key = self._key
         return list({key(row): row for row in rows}.values())
 
+    def kept(self, row: tuple[Any, ...]) -> dict[str, Any]:
+        """What ``hashes`` keeps of ``row``: its key and its hash."""
+        return {**dict(zip(self.keys, self._key(row), strict=True)), self.hash: row[self.position(self.hash)]}
+
     def bound(self, row: tuple[Any, ...]) -> dict[str, Any]:
         """``row`` as the parameters of an insert into ``rows`` (the JSON as its value)."""
         values = dict(zip(self.columns, row, strict=True))

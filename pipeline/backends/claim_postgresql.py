@@ -248,7 +248,6 @@ class PostgreSQLClaim(PortableClaim):
             return claim
         return sa.select(*taken.c).add_cte(*(insert.cte(name) for name, insert in recorded.items()))
 
-
     # -- the fenced writes --------------------------------------------------------------
 
     def ids_in(self, column: sa.Column[Any]) -> sa.ColumnElement[bool]:

@@ -166,7 +166,6 @@ class PortableClaim:
     def prepare(self, claim_stmt: sa.Update | sa.Select[Any]) -> None:
         """Ready the queue's claim (``build_claim``'s, or the queue's own)."""
         self.claim_stmt = claim_stmt
-        self.chosen = self.queue.chosen_ids()  # the candidates, read without locks
 
     def named(self) -> dict[str, sa.Executable]:
         """The claim's statements by name, in the order they run (golden files)."""
@@ -186,7 +185,7 @@ class PortableClaim:
         taken: list[int] = []
         with self.autocommit.connect() as conn:
             while not taken:
-                candidates = list(conn.execute(self.chosen, params).scalars())
+                candidates = list(conn.execute(q.chosen_ids(), params).scalars())
                 if not candidates:
                     return []
                 for row_id in candidates:

@@ -156,10 +156,9 @@ class MariaDB(Portable):
         the rows new or changed written in one upsert per thousand. Only one writer
         stores a key's rows at a time (the collector's claim hands a source to one
         worker), so nothing changes them in between."""
-        t, h = spec.hashes, spec.position(spec.hash)
-        known = self.known_hashes(conn, spec, rows)
-        fresh = [row for row in rows if known.get(spec.key_of(row)) != row[h]]
-        values = [{**dict(zip(spec.keys, spec.key_of(row), strict=True)), spec.hash: row[h]} for row in fresh]
+        t = spec.hashes
+        _, fresh = self.fresh(conn, spec, rows)
+        values = [spec.kept(row) for row in fresh]
         for start in range(0, len(values), CHUNK):
             upsert = mysql.insert(t).values(values[start:start + CHUNK])
             conn.execute(upsert.on_duplicate_key_update(

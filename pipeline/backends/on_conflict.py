@@ -27,8 +27,8 @@ class OnConflict(Portable):
         """ON CONFLICT DO UPDATE ... WHERE the hash differs, RETURNING the keys: a row
         whose hash is unchanged is neither written nor handed back. A thousand rows per
         statement, each row's values bound apart."""
-        t, h = spec.hashes, spec.position(spec.hash)
-        values = [{**dict(zip(spec.keys, spec.key_of(row), strict=True)), spec.hash: row[h]} for row in rows]
+        t = spec.hashes
+        values = [spec.kept(row) for row in rows]
         changed: set[tuple[Any, ...]] = set()
         for start in range(0, len(values), CHUNK):
             insert = self.on_conflict_insert(t).values(values[start:start + CHUNK])  # new text each chunk

@@ -301,10 +301,14 @@ class Portable:
         return [row[at] for row in stored]
 
     def unstored(self, conn: Connection, spec: StoreChanged, rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-        unique = spec.unique(list(rows))
-        known = self.known_hashes(conn, spec, unique)
-        h = spec.position(spec.hash)
-        return [row for row in unique if known.get(spec.key_of(row)) != row[h]]
+        return self.fresh(conn, spec, spec.unique(list(rows)))[1]
+
+    def fresh(self, conn: Connection, spec: StoreChanged, rows: list[tuple[Any, ...]]
+              ) -> tuple[dict[tuple[Any, ...], Any], list[tuple[Any, ...]]]:
+        """The hashes kept for the ``rows``' keys (``known_hashes``), and the rows whose
+        hash is not the one kept (new, or changed)."""
+        known, h = self.known_hashes(conn, spec, rows), spec.position(spec.hash)
+        return known, [row for row in rows if known.get(spec.key_of(row)) != row[h]]
 
     def record_hashes(self, conn: Connection, spec: StoreChanged, rows: list[tuple[Any, ...]]) -> set[tuple[Any, ...]]:
         """Keep each row's hash in ``spec.hashes``; the keys that were new or changed.
@@ -312,8 +316,7 @@ class Portable:
         insert). Only one writer stores a key's rows at a time (the collector's claim
         hands a source to one worker), so nothing changes them in between."""
         t, h = spec.hashes, spec.position(spec.hash)
-        known = self.known_hashes(conn, spec, rows)
-        fresh = [row for row in rows if known.get(spec.key_of(row)) != row[h]]
+        known, fresh = self.fresh(conn, spec, rows)
         for row in fresh:
             key = spec.key_of(row)
             if key in known:
@@ -321,7 +324,7 @@ class Portable:
                 conn.execute(sa.update(t).where(*where).values(
                     {spec.hash: row[h], spec.touched: sa.func.current_timestamp()}))
             else:
-                conn.execute(sa.insert(t).values({**dict(zip(spec.keys, key, strict=True)), spec.hash: row[h]}))
+                conn.execute(sa.insert(t).values(spec.kept(row)))
         return {spec.key_of(row) for row in fresh}
 
     @staticmethod

@@ -120,16 +120,16 @@ class PostgreSQL(OnConflict):
         unique = spec.unique(list(rows))
         if not unique:
             return []
-        sql, encoders = self._built(("store", spec), lambda: self.store_statement(spec, conn.dialect))
+        sql, encoders, row = self._built(("store", spec), lambda: self.store_statement(spec, conn.dialect))
         # Column by column (a C-level map each), then a row at a time into its brackets.
         columns = [map(encode, values) for encode, values in zip(encoders, zip(*unique, strict=True), strict=True)]
-        row = "[" + ",".join(["{}"] * len(encoders)) + "]"
         packed = "[" + ",".join(map(row.format, *columns)) + "]"
         return list(conn.exec_driver_sql(sql, {"rows": packed}).scalars())
 
     @staticmethod
-    def store_statement(spec: StoreChanged, dialect: sa.Dialect) -> tuple[str, list[Callable[[Any], str]]]:
-        """``store_changed``'s SQL and how each column's value is written into the array."""
+    def store_statement(spec: StoreChanged, dialect: sa.Dialect) -> tuple[str, list[Callable[[Any], str]], str]:
+        """``store_changed``'s SQL, how each column's value is written into the array,
+        and a packed row's template (``[{},{},...]``)."""
         fields: list[str] = []
         encoders: list[Callable[[Any], str]] = []
         for n, name in enumerate(spec.columns):
@@ -164,7 +164,7 @@ class PostgreSQL(OnConflict):
             f"FROM incoming i JOIN changed c USING ({keys})",
             f"RETURNING {spec.returning}",
         ])
-        return sql, encoders
+        return sql, encoders, "[" + ",".join(["{}"] * len(encoders)) + "]"
 
     def adding_from(self, table: sa.Table, keys: Sequence[str], value: str, columns: Sequence[str],
                     select: sa.Selectable) -> sa.Insert:

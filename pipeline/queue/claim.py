@@ -48,6 +48,8 @@ class WorkQueue(FencedWrites[R]):
     trip and one commit where the database allows (PostgreSQL).
     """
 
+    _chosen: sa.CompoundSelect[Any] | None = None  # ``chosen_ids``, once built
+
     def _build_statements(self) -> None:
         """The claim's statements, built once, when the queue is made."""
         self._claim_stmt = self._build_claim()
@@ -167,12 +169,15 @@ class WorkQueue(FencedWrites[R]):
         return [term.sql(over=over, now=now, backend=backend) for term in self.spec.order]
 
     def chosen_ids(self) -> sa.CompoundSelect[Any]:
-        """``<expired> UNION ALL <free> LIMIT n``, without locks."""
-        expired, free = self.candidates(lock=False)
-        expired_sq, free_sq = expired.subquery(), free.subquery()
-        return sa.union_all(sa.select(expired_sq.c.id), sa.select(free_sq.c.id)).limit(
-            sa.bindparam("claim_limit", type_=sa.Integer())
-        )
+        """``<expired> UNION ALL <free> LIMIT n``, without locks; built once per queue
+        (the count, SQLite's claim and the portable claim's read share it)."""
+        if self._chosen is None:
+            expired, free = self.candidates(lock=False)
+            expired_sq, free_sq = expired.subquery(), free.subquery()
+            self._chosen = sa.union_all(sa.select(expired_sq.c.id), sa.select(free_sq.c.id)).limit(
+                sa.bindparam("claim_limit", type_=sa.Integer())
+            )
+        return self._chosen
 
     def claimable(self, now: sa.ColumnElement[datetime]) -> list[sa.ColumnElement[bool]]:
         """A row a claim may take at ``now``: pending, ready, and free or expired."""
