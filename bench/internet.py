@@ -22,7 +22,7 @@ Each host serves ``--feeds-per-host`` RSS feeds at ``/f/<n>.xml``. What a host d
   users and their filters).
 
 The log (``--log``, JSON lines): one line per request (``"request"``: time, host, path,
-status, latency, bytes) and one per item when it appears (``"item"``: time, feed URL,
+status, latency, bytes; status 0: a held answer the client gave up on, logged then) and one per item when it appears (``"item"``: time, feed URL,
 guid, keywords). ``--plan`` writes the sources and users a harness should create.
 
     .bench-venv/bin/pip install -r bench/requirements.txt   # aiohttp
@@ -140,6 +140,11 @@ class World:
         return {"sources": sources, "users": users, "seed": s.seed}
 
 
+def _gone(request: web.Request) -> bool:
+    """The client closed the connection (gave up waiting)."""
+    return request.transport is None or request.transport.is_closing()
+
+
 def _cumulative(values: list[float]) -> list[float]:
     total, out = 0.0, []
     for v in values:
@@ -202,8 +207,12 @@ class Internet:
         await asyncio.sleep(self.world.latency(host, rng))
         status, body, headers = self._answer(request, host, address)
         if status == 0:  # a timeout: hold the answer past any client's deadline
-            await asyncio.sleep(s.hold_seconds)
-            status, body, headers = 503, b"", {}
+            held_until = time.monotonic() + s.hold_seconds
+            while time.monotonic() < held_until and not _gone(request):
+                await asyncio.sleep(0.1)
+            # Logged when the client gave up (status 0): the request was in flight, its
+            # thread held, until then. Otherwise a 503 after the hold.
+            status, body, headers = (0 if _gone(request) else 503), b"", {}
         self.log.request(address, request.path, status, time.monotonic() - began, len(body))
         return web.Response(status=status, body=body, headers=headers)
 

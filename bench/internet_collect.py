@@ -174,7 +174,7 @@ def main() -> int:
           f" flight on average at a mean latency of {1000 * latency:.0f} ms); commit {commit()}, load {load()}")
     print(f"  fetched {fetched} sources in {ended - began:.1f} s: {fetched / (ended - began):.1f} fetches/s,"
           f" collector CPU {1000 * cpu / max(fetched, 1):.2f} ms per fetch")
-    print(f"  answers: {dict(sorted(statuses.items()))} (a held answer is logged as 503 when it ends)")
+    print(f"  answers: {dict(sorted(statuses.items()))} (0: a held answer, logged when the client gave up)")
     print(f"  in flight / allowed, until 90% done: {busy:.1f} / {allowed:.1f} = {busy / allowed:.2f};"
           f" the tail: {tail_busy:.1f} / {tail_allowed:.1f}")
     return 0

@@ -93,16 +93,16 @@ class PoliteQueue(WorkQueue[SourceRow]):
             .scalar_subquery()
         )
 
-    def _has_room(self, *, materialized: bool) -> sa.ColumnElement[bool]:
+    def _has_room(self) -> sa.ColumnElement[bool]:
         """The source's group may start a fetch now: spacing passed, not deferred, and
         fewer fetches in flight than it allows. The open groups are found once per
         statement, not once per due source: asked per source, PostgreSQL counted every
         group's fetches in flight for each due source whenever its statistics said few
         were due (a new table; statistics taken while few were): 476 due sources and 2
         groups made 952 counts and 11,432 heap fetches per claim (bench/RESULTS.md), the
-        claim's time growing with due sources x groups. ``materialized``
-        (PostgreSQL) makes them a CTE evaluated once; elsewhere the subquery is not
-        correlated, which the database evaluates once too."""
+        claim's time growing with due sources x groups. How a source's group is looked
+        up among them is the database's (``one_of``: on PostgreSQL a key lookup, for the
+        same reason)."""
         g, d = _groups.alias("g"), _groups.alias("d")
         open_groups = (
             sa.select(g.c.name)
@@ -113,17 +113,14 @@ class PoliteQueue(WorkQueue[SourceRow]):
                 self.in_flight(g.c.name) < sa.func.coalesce(g.c.max_in_flight, d.c.max_in_flight),
             )
         )
-        if materialized:
-            once = open_groups.cte("open_groups").prefix_with("MATERIALIZED")
-            return _sources.c.politeness_group.in_(sa.select(once.c.name))
-        return _sources.c.politeness_group.in_(open_groups)
+        return self.claiming.one_of(_sources.c.politeness_group, open_groups, "open_groups")
 
     def polite_candidates(self, *, lock: bool) -> tuple[sa.Select[Any], sa.Select[Any]]:
         """The claim's two branches (expired leases, free rows), less sources whose group
         has no room, each looking at up to ``claim_scan`` rows."""
         expired, free = self.candidates(lock=False)
         scan = sa.bindparam("claim_scan", type_=sa.Integer())
-        has_room = self._has_room(materialized=lock)
+        has_room = self._has_room()
         expired = expired.where(has_room).limit(scan)
         free = free.where(has_room).limit(scan)
         if lock:

@@ -4,22 +4,23 @@
 -- claim
 -- served by ix_sources_due_free (rows never leased, in the queue's order) and ix_sources_due_leased (expired leases, oldest first); the update by pk_sources; each group's fetches in flight counted over ix_sources_politeness_leased
 WITH open_groups AS MATERIALIZED
-(SELECT g.name AS name
+(SELECT jsonb_object_agg(open_groups_each.name, true) AS names
+FROM (SELECT g.name AS name
 FROM politeness_groups AS g JOIN politeness_groups AS d ON d.name = %(name_1)s::VARCHAR
 WHERE (g.next_request_at IS NULL OR g.next_request_at <= now()) AND (SELECT count(*) AS count_1
 FROM sources AS leased
-WHERE leased.politeness_group = g.name AND leased.claimed_by IS NOT NULL AND leased.locked_until > now()) < coalesce(g.max_in_flight, d.max_in_flight)),
+WHERE leased.politeness_group = g.name AND leased.claimed_by IS NOT NULL AND leased.locked_until > now()) < coalesce(g.max_in_flight, d.max_in_flight)) AS open_groups_each),
 expired AS MATERIALIZED
 (SELECT sources.id AS id
 FROM sources
-WHERE sources.enabled AND sources.locked_until IS NOT NULL AND sources.locked_until <= now() AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) AND sources.politeness_group IN (SELECT open_groups.name
-FROM open_groups) ORDER BY sources.locked_until
+WHERE sources.enabled AND sources.locked_until IS NOT NULL AND sources.locked_until <= now() AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) AND (SELECT open_groups.names
+FROM open_groups) ? sources.politeness_group ORDER BY sources.locked_until
  LIMIT %(claim_scan)s::INTEGER FOR NO KEY UPDATE OF sources SKIP LOCKED),
 free AS MATERIALIZED
 (SELECT sources.id AS id
 FROM sources
-WHERE sources.enabled AND sources.locked_until IS NULL AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) AND sources.politeness_group IN (SELECT open_groups.name
-FROM open_groups) ORDER BY sources.priority + coalesce(floor(EXTRACT(epoch FROM now() - sources.next_fetch_at) / CAST(600.0 AS NUMERIC)), 0) DESC, sources.next_fetch_at ASC NULLS FIRST, sources.id ASC
+WHERE sources.enabled AND sources.locked_until IS NULL AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) AND (SELECT open_groups.names
+FROM open_groups) ? sources.politeness_group ORDER BY sources.priority + coalesce(floor(EXTRACT(epoch FROM now() - sources.next_fetch_at) / CAST(600.0 AS NUMERIC)), 0) DESC, sources.next_fetch_at ASC NULLS FIRST, sources.id ASC
  LIMIT %(claim_scan)s::INTEGER FOR NO KEY UPDATE OF sources SKIP LOCKED),
 cand AS MATERIALIZED
 (SELECT sources.id AS id, sources.politeness_group AS grp, sources.priority AS priority, sources.next_fetch_at AS next_fetch_at, branches.branch AS branch
