@@ -12,9 +12,10 @@ log (each request's start and end), reported:
 
 * requests in flight, averaged over the pass until 90% of its requests had ended (the
   tail, where fewer sources are left than threads, is reported apart), over the
-  requests allowed then: the threads, or fewer where the groups with sources left
-  allow fewer (each group at most 2 at once, and, its fetches started 1 s apart, the
-  mean latency over 1 s on average: Little's law);
+  requests allowed then: those in flight plus one for each group that could have
+  started a fetch at that moment as the run stood (sources not yet started, fewer than
+  2 in flight, its last start 1 s ago or more, no 429 asking it to wait), at most the
+  threads (``in_flight``);
 * fetches per second, the collector's CPU per fetch;
 * how the answers split (200, 304, 429, 5xx, timeouts).
 
@@ -48,6 +49,7 @@ from pipeline.storage import db, migrate, schema  # noqa: E402
 from pipeline.storage.politeness_groups import set_limits  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+RETRY_AFTER_SECONDS = 120.0  # what the simulator's 429s ask (bench/internet.py)
 
 
 def start_internet(args: argparse.Namespace, log: Path, plan: Path) -> subprocess.Popen[bytes]:
@@ -78,34 +80,64 @@ def collect(url: str, threads: int, start_at: float) -> tuple[int, float, float,
     return stats.claimed, began, finished, spent
 
 
-def in_flight(requests: list[tuple[float, float, str]], threads: int, hosts_left: dict[str, int],
-              per_group: float) -> tuple[float, float, float, float]:
-    """Average requests in flight and average allowed over the pass until 90% of the
-    requests had ended, and the same over the rest (the tail). ``requests``: (start, end,
-    host); ``hosts_left``: requests per host (its sources), counted down as they end;
-    ``per_group``: what a group with sources left allows in flight on average."""
-    events: list[tuple[float, int, str]] = []
-    for start, end, host in requests:
-        events.append((start, 1, host))
-        events.append((end, -1, host))
+def in_flight(requests: list[tuple[float, float, str, int]], threads: int, per_group: int,
+              interval: float, deferred_for: float) -> tuple[float, float, float, float]:
+    """Average requests in flight and average requests allowed over the pass until 90%
+    of the requests had ended, and the same over the rest (the tail).
+
+    ``requests``: (start, end, host, status), one per source. Allowed, at each moment, is
+    what was in flight plus one for each group that could have started a fetch then, as
+    the run stood (sources of its own not yet started, fewer than ``per_group`` in
+    flight, its last start ``interval`` seconds ago or more, not deferred by a 429 for
+    ``deferred_for`` seconds after it), at most ``threads``. A group starts at most one
+    fetch per interval: one more, not its whole limit. No model of latency: only the
+    run's own states."""
+    events: list[tuple[float, int, str]] = []  # (time, kind, host); kind: 1 start, -1 end, 0 a group opens
+    unstarted: dict[str, int] = {}
+    for start, end, host, status in requests:
+        events += [(start, 1, host), (end, -1, host), (start + interval, 0, host)]
+        if status == 429:
+            events.append((end + deferred_for, 0, host))
+        unstarted[host] = unstarted.get(host, 0) + 1
     events.sort()
-    ends = sorted(end for _, end, _ in requests)
+    ends = sorted(end for _, end, _, _ in requests)
     cut = ends[int(len(ends) * 0.9) - 1]
-    left = dict(hosts_left)
+    flying: dict[str, int] = {}
+    blocked_until: dict[str, float] = {}
+    startable = set(unstarted)  # groups that could start a fetch now
+    ends_of = {}
+    for start, end, host, status in requests:
+        if status == 429:
+            ends_of.setdefault(host, []).append((end, end + deferred_for))
     open_now, last = 0, events[0][0]
     busy = {"body": 0.0, "tail": 0.0}
     allowed = {"body": 0.0, "tail": 0.0}
     span = {"body": 0.0, "tail": 0.0}
-    for at, step, host in events:
+
+    def can_start(host: str, at: float) -> bool:
+        return unstarted[host] > 0 and flying.get(host, 0) < per_group and blocked_until.get(host, 0.0) <= at
+
+    for at, kind, host in events:
         part = "body" if at <= cut else "tail"
         width = at - last
-        room = sum(min(per_group, n) for n in left.values() if n > 0)
         busy[part] += open_now * width
-        allowed[part] += min(threads, room) * width
+        allowed[part] += min(threads, open_now + len(startable)) * width
         span[part] += width
-        open_now += step
-        if step < 0:
-            left[host] -= 1
+        if kind == 1:
+            open_now += 1
+            unstarted[host] -= 1
+            flying[host] = flying.get(host, 0) + 1
+            blocked_until[host] = max(blocked_until.get(host, 0.0), at + interval)
+        elif kind == -1:
+            open_now -= 1
+            flying[host] -= 1
+            for answered, until in ends_of.get(host, ()):
+                if answered == at:
+                    blocked_until[host] = max(blocked_until[host], until)
+        if can_start(host, at):
+            startable.add(host)
+        else:
+            startable.discard(host)
         last = at
     return (busy["body"] / span["body"], allowed["body"] / span["body"],
             busy["tail"] / max(span["tail"], 1e-9), allowed["tail"] / max(span["tail"], 1e-9))
@@ -158,20 +190,15 @@ def main() -> int:
         if record["kind"] != "request":
             continue
         end = record["at"]
-        requests.append((end - record["latency_ms"] / 1000, end, record["host"]))
+        requests.append((end - record["latency_ms"] / 1000, end, record["host"], record["status"]))
         statuses[record["status"]] = statuses.get(record["status"], 0) + 1
-    hosts_left: dict[str, int] = {}
-    for _, _, host in requests:
-        hosts_left[host] = hosts_left.get(host, 0) + 1
     threads = args.threads * args.processes
-    # A group starts a fetch at most every interval: on average it has (mean latency /
-    # interval) in flight (Little's law), up to its limit at once.
-    latency = sum(end - start for start, end, _ in requests) / len(requests)
-    room = min(float(per_group), latency / (interval_ms / 1000)) if interval_ms else float(per_group)
-    busy, allowed, tail_busy, tail_allowed = in_flight(requests, threads, hosts_left, room)
+    latency = sum(end - start for start, end, _, _ in requests) / len(requests)
+    busy, allowed, tail_busy, tail_allowed = in_flight(requests, threads, per_group, interval_ms / 1000,
+                                                       RETRY_AFTER_SECONDS)
     print(f"{args.hosts} hosts x {args.feeds_per_host} feeds, {args.processes} process(es) x {args.threads}"
-          f" threads; each host its own group, {per_group} at once, {interval_ms} ms apart (so {room:.2f} in"
-          f" flight on average at a mean latency of {1000 * latency:.0f} ms); commit {commit()}, load {load()}")
+          f" threads; each host its own group, {per_group} at once, {interval_ms} ms apart; mean latency"
+          f" {1000 * latency:.0f} ms; commit {commit()}, load {load()}")
     print(f"  fetched {fetched} sources in {ended - began:.1f} s: {fetched / (ended - began):.1f} fetches/s,"
           f" collector CPU {1000 * cpu / max(fetched, 1):.2f} ms per fetch")
     print(f"  answers: {dict(sorted(statuses.items()))} (0: a held answer, logged when the client gave up)")
