@@ -23,7 +23,7 @@ Each host serves ``--feeds-per-host`` RSS feeds at ``/f/<n>.xml``. What a host d
 
 The log (``--log``, JSON lines): one line per request (``"request"``: time, host, path,
 status, latency, bytes; status 0: a held answer the client gave up on, logged then) and one per item when it appears (``"item"``: time, feed URL,
-guid, keywords). ``--plan`` writes the sources and users a harness should create.
+link, guid, keywords). ``--plan`` writes the sources and users a harness should create.
 
     .bench-venv/bin/pip install -r bench/requirements.txt   # aiohttp
     .bench-venv/bin/python bench/internet.py --hosts 2000 --log /tmp/internet.jsonl --plan /tmp/plan.json
@@ -167,8 +167,9 @@ class Log:
         self._write({"kind": "request", "at": time.time(), "host": host, "path": path, "status": status,
                      "latency_ms": round(latency * 1000, 1), "bytes": size})
 
-    def item(self, at: float, url: str, guid: str, keywords: tuple[str, ...]) -> None:
-        self._write({"kind": "item", "at": at, "feed": url, "guid": guid, "keywords": list(keywords)})
+    def item(self, at: float, url: str, index: int, guid: str, keywords: tuple[str, ...]) -> None:
+        self._write({"kind": "item", "at": at, "feed": url, "link": f"{url}?item={index}", "guid": guid,
+                     "keywords": list(keywords)})
 
     def _write(self, record: dict[str, Any]) -> None:
         self.out.write(json.dumps(record) + "\n")
@@ -257,7 +258,7 @@ class Internet:
                     for i in range(max(first, 0), last):
                         if times[i] >= 0:
                             url = f"http://{address}:{s.port}/f/{f}.xml"
-                            self.log.item(self.world.start + times[i], url, _guid(url, i), words[i])
+                            self.log.item(self.world.start + times[i], url, i, _guid(url, i), words[i])
             logged = now
             await asyncio.sleep(every)
 
@@ -272,17 +273,40 @@ def _guid(url: str, index: int) -> str:
     return hashlib.sha1(f"{url}#{index}".encode()).hexdigest()[:16]
 
 
+# Syllables of the words that make each item's text its own: items that share keywords
+# are still different stories (the pipeline sends one alert per story).
+_SYLLABLES = ("ba", "ko", "ri", "tu", "me", "sa", "lo", "vi", "ne", "da", "po", "gu", "fe", "zi", "ha", "mo")
+
+
+def _words_of(guid: str, n: int = 6) -> list[str]:
+    """``n`` words drawn from the item's guid (16 hex digits: 64 bits), three syllables each."""
+    bits = int(guid, 16)
+    words = []
+    for _ in range(n):
+        word = ""
+        for _ in range(3):
+            bits, syllable = divmod(bits, len(_SYLLABLES))
+            word += _SYLLABLES[syllable]
+        words.append(word)
+        bits = bits or int(hashlib.sha1(guid.encode() + word.encode()).hexdigest()[:16], 16)
+    return words
+
+
 def _rss(url: str, items: list[tuple[int, float, tuple[str, ...]]], start: float) -> bytes:
-    """The feed's RSS 2.0 document: each item's title and description name its keywords."""
-    entries = "".join(
-        f"<item><title>{escape(' '.join(words))} #{i}</title><link>{escape(url)}?item={i}</link>"
-        f"<guid isPermaLink=\"false\">{_guid(url, i)}</guid>"
-        f"<description>About {escape(', '.join(words))}.</description>"
-        f"<pubDate>{format_datetime(datetime.fromtimestamp(start + at, UTC))}</pubDate></item>"
-        for i, at, words in items
-    )
+    """The feed's RSS 2.0 document: each item's title and description name its keywords,
+    among words of its own."""
+    parts = []
+    for i, at, words in items:
+        guid = _guid(url, i)
+        own = _words_of(guid)
+        parts.append(
+            f"<item><title>{escape(' '.join(own[:3]))} {escape(' '.join(words))} #{i}</title>"
+            f"<link>{escape(url)}?item={i}</link><guid isPermaLink=\"false\">{guid}</guid>"
+            f"<description>{escape(' '.join(own[3:]).capitalize())}: about {escape(', '.join(words))}.</description>"
+            f"<pubDate>{format_datetime(datetime.fromtimestamp(start + at, UTC))}</pubDate></item>"
+        )
     return (f'<?xml version="1.0" encoding="utf-8"?><rss version="2.0"><channel><title>{escape(url)}</title>'
-            f"<link>{escape(url)}</link><description>simulated</description>{entries}</channel></rss>").encode()
+            f"<link>{escape(url)}</link><description>simulated</description>{''.join(parts)}</channel></rss>").encode()
 
 
 async def serve(settings: Settings, log_path: Path | None, seconds: float | None) -> None:
