@@ -587,6 +587,51 @@ def test_a_free_thread_claims_work_while_long_jobs_hold_the_others(engine, sourc
     assert fifth_in_time == [True], "the fifth row waited for the long jobs"
 
 
+def test_rows_that_come_due_while_work_runs_start_before_it_ends(engine, source_id):
+    """A pass whose claim found nothing ready ended once its work in flight did: a row
+    that came due meanwhile waited for the slowest job (on the simulated internet, a
+    held answer's 20 s: every source due meanwhile started late). It looks again while
+    work runs now. Waits (60 s at most) for the second row, added while the first's job
+    is held, to be worked on before that job ends."""
+    from pipeline.queue.workpool import work_claimed
+
+    with engine.begin() as conn:
+        add_raw_rows(conn, source_id, 1)
+    queue = raw_queue(engine, claiming_for(engine))
+    found_nothing, second = threading.Event(), threading.Event()
+    claim = queue.claim
+
+    def claim_and_tell(worker, limit):
+        got = claim(worker, limit)
+        if not got:
+            found_nothing.set()
+        return got
+
+    queue.claim = claim_and_tell  # type: ignore[method-assign]
+    worked: list[int] = []
+
+    def work(job):
+        _claim, row_id = job
+        worked.append(row_id)
+        if len(worked) == 1:  # the first row's job: long; a row comes due while it runs
+            assert found_nothing.wait(60), "the pass looked for more work"
+            with engine.begin() as conn:
+                add_raw_rows(conn, source_id, 1)
+            second_in_time.append(second.wait(60))
+        else:
+            second.set()
+        return row_id
+
+    second_in_time: list[bool] = []
+    claimed = work_claimed(
+        queue, "w1", threads=4, batch_size=4, look_again=0.05,
+        start=lambda c: [(c, row_id) for row_id in c.ids], held=lambda job: job, work=work,
+        write=lambda results: None,
+    )
+    assert claimed == 2
+    assert second_in_time == [True], "the row that came due waited for the job in flight to end"
+
+
 def test_a_claim_that_lost_a_race_is_tried_again_soon_then_less_often():
     """The pause after short claims in a row that lost a race: short at first (not the
     0.1 s a full group waits), doubling, never past the longest, jittered within half."""

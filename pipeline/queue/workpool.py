@@ -34,6 +34,11 @@ _RACE_PAUSE = (0.002, 0.1)  # first, longest (seconds)
 # long-tailed latency) the free threads otherwise idled until one of those ended. On the
 # simulated internet (bench/internet_collect.py) 16 threads were busy 0.38 of the time.
 IDLE_CLAIM_SECONDS = 0.05
+# A pass whose claim came back short (nothing more ready) looks again this often while
+# its work still runs: rows that come due meanwhile start then, not when the slowest job in flight ends
+# (on the simulated internet one held answer, 20 s to its deadline, kept every source
+# that came due meanwhile waiting: schedule lateness p99 16 s, bench/RESULTS.md).
+LOOK_AGAIN_SECONDS = 1.0
 # Results are written when ``write_window`` has passed since the first of them, when no
 # work runs any more, or when this many times ``threads`` are waiting: a transaction's
 # own cost is most of a batch's for cheap work (an unchanged feed's 304), and batches
@@ -59,6 +64,7 @@ def work_claimed(
     next_start_in: Callable[[], float | None] | None = None,
     max_wait: float = 10.0,
     idle_claim: float = IDLE_CLAIM_SECONDS,
+    look_again: float = LOOK_AGAIN_SECONDS,
 ) -> int:
     """Claim until nothing is ready or ``max_rows`` were claimed; return how many were.
 
@@ -68,7 +74,10 @@ def work_claimed(
     runs, for at most ``max_work_seconds``.
 
     A claim waits for half the threads to be free (a batch per round trip), or for a
-    thread to have been free ``idle_claim`` seconds, whichever comes first.
+    thread to have been free ``idle_claim`` seconds, whichever comes first. When a claim
+    finds nothing while work still runs, the pass looks again every ``look_again``
+    seconds until that work ends (and once more then), and so after a claim that came
+    back short: rows that come due meanwhile start without waiting for a job to end.
 
     When a claim finds less than it asked for although work is waiting for room
     (``next_start_in``: seconds until it may be claimable, None when there is none), the
@@ -98,6 +107,7 @@ def work_claimed(
         claim_after = 0.0  # waiting for room: no claim before this (monotonic)
         free_since: float | None = None  # when a thread became free with no claim since
         races = 0  # claims in a row that came back short while work was claimable
+        looking = False  # nothing was ready, but work runs: looking again now and then
         while True:
             room = threads - len(running)
             remaining = None if max_rows is None else max_rows - claimed
@@ -141,6 +151,13 @@ def work_claimed(
                         future = pool.submit(work, job)
                         running[future] = (claim_of, row_id)
                         future.add_done_callback(finished.put)
+                # Less than asked for: nothing else is ready now. While work runs, more
+                # may come due: look again soon, not only when a job ends.
+                looking = len(claim) < limit and bool(running) and look_again > 0
+                if looking:
+                    now = time.monotonic()
+                    soon = now + look_again
+                    more, claim_after = True, min(claim_after, soon) if claim_after > now else soon
             waiting = more and remaining != 0 and claim_after > time.monotonic()
             if running:
                 deadlines = [write_by] if ready else []
@@ -158,6 +175,8 @@ def work_claimed(
                     claim_of, row_id = running.pop(future)
                     heartbeat.drop(claim_of, [row_id])
                     ready.append(future.result())
+                if looking and done and not running:
+                    claim_after = time.monotonic()  # the last job ended: one look at once, then the end
             elif waiting and not ready:
                 time.sleep(max(0.0, claim_after - time.monotonic()))
             if ready and (not running or len(ready) >= WRITE_BATCH_THREADS * threads or time.monotonic() >= write_by):
