@@ -92,9 +92,11 @@ def receive(port: int, log_path: str) -> None:
 
 # -- the stages ----------------------------------------------------------------------------
 
-def stage(name: str, url: str, threads: int, stop_at: float) -> None:
+def stage(name: str, url: str, threads: int, window: tuple[float, float], stop_at: float, record: str) -> None:
     """One stage's loop of passes until ``stop_at``; a pass that found nothing is followed
-    by a second's pause (a sensor's look, sooner)."""
+    by a second's pause (a sensor's look, sooner). Writes to ``record`` (JSON) the CPU
+    seconds of the passes that began in ``window``, apart for those that did something
+    and those that found nothing: a pass's fixed cost is not a fetch's."""
     from pipeline.fetching.collector import Collector
     from pipeline.listings.processor import Processor
     from pipeline.notify.notifier import Notifier
@@ -103,7 +105,9 @@ def stage(name: str, url: str, threads: int, stop_at: float) -> None:
                         alert_limit=1_000_000)
     engine = db.create_engine(url)
     worker = f"soak-{name}-{os.getpid()}"
+    passes = {"busy": [0, 0.0], "empty": [0, 0.0]}  # passes, CPU seconds
     while time.time() < stop_at:
+        began, cpu = time.time(), time.process_time()
         if name == "collect":
             did = Collector(engine, settings, worker=worker).run().claimed
         elif name == "process":
@@ -111,9 +115,14 @@ def stage(name: str, url: str, threads: int, stop_at: float) -> None:
         else:
             stats = Notifier(engine, settings, worker).run()
             did = stats.listings_matched + stats.sent + stats.retrying
+        if window[0] <= began < window[1]:
+            kind = passes["busy" if did else "empty"]
+            kind[0] += 1
+            kind[1] += time.process_time() - cpu
         if not did:
             time.sleep(1.0)
     engine.dispose()
+    Path(record).write_text(json.dumps(passes))
 
 
 def resident_mb(pid: int) -> float | None:
@@ -204,7 +213,8 @@ def main() -> int:  # noqa: PLR0915 -- one run, in order
             stages_end = window_end + args.drain * 60
             threads = {"collect": args.threads, "process": 1, "notify": 8}
             for stage_name, n in threads.items():
-                stages[stage_name] = spawn.Process(target=stage, args=(stage_name, url, n, stages_end), name=stage_name)
+                stages[stage_name] = spawn.Process(target=stage, args=(stage_name, url, n, (window_start, window_end), stages_end, str(out / f"{stage_name}.passes.json")),
+                    name=stage_name)
                 stages[stage_name].start()
                 print(f"{stage_name}: pid {stages[stage_name].pid}", flush=True)  # for a profiler (py-spy)
             cpu_at_start: dict[str, float] = {}
@@ -231,8 +241,10 @@ def main() -> int:  # noqa: PLR0915 -- one run, in order
                 cpu = {k: (process_seconds(p.pid or 0) or 0.0) - cpu_at_start.get(k, 0.0) for k, p in stages.items()}
             for process in stages.values():
                 process.join(300 + args.drain * 60)
+            passes = {k: json.loads((out / f"{k}.passes.json").read_text()) for k in stages
+                      if (out / f"{k}.passes.json").exists()}
             report = audit(engine, args, plan, internet_log, received, (window_start, window_end, stages_end),
-                           cpu, samples)
+                           cpu, samples, passes)
             engine.dispose()
     finally:
         for process in stages.values():
@@ -249,8 +261,8 @@ def main() -> int:  # noqa: PLR0915 -- one run, in order
 
 
 def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], internet_log: Path, received: Path,
-          times: tuple[float, float, float], cpu: dict[str, float], samples: list[dict[str, Any]]
-          ) -> dict[str, Any]:
+          times: tuple[float, float, float], cpu: dict[str, float], samples: list[dict[str, Any]],
+          passes: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
     """Every item that appeared in the window against the deliveries; lateness and CPU;
     printed, and returned as a dict.
 
@@ -334,6 +346,10 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
         "cpu_seconds_in_window": {k: round(v, 1) for k, v in cpu.items()},
         "collector_cpu_ms_per_fetch": round(1000 * cpu.get("collect", 0) / max(window_fetches, 1), 2),
         "notifier_cpu_ms_per_delivery": round(1000 * cpu.get("notify", 0) / max(len(appear_to_sent), 1), 2),
+        # The passes that fetched, alone (the thread CPU of the stage's whole process in them).
+        "collector_cpu_ms_per_fetch_in_passes": round(
+            1000 * passes.get("collect", {}).get("busy", [0, 0.0])[1] / max(window_fetches, 1), 2),
+        "passes": passes,
         "rss_mb": {k: [s["rss_mb"][k] for s in samples] for k in (samples[0]["rss_mb"] if samples else {})},
         "database_mb": {k: round(v / 2**20, 1) for k, v in (samples[-1]["table_bytes"].items() if samples else ())
                         if v > 2**20},
@@ -354,6 +370,11 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
     print(f"  CPU in the window: {report['cpu_seconds_in_window']} s; collector"
           f" {report['collector_cpu_ms_per_fetch']} ms per fetch, notifier {report['notifier_cpu_ms_per_delivery']}"
           " ms per delivery")
+    for k, kinds in passes.items():
+        (busy, busy_cpu), (empty, empty_cpu) = kinds["busy"], kinds["empty"]
+        print(f"  {k} passes in the window: {busy:.0f} that worked ({busy_cpu:.1f} s CPU), {empty:.0f} that found"
+              f" nothing ({1000 * empty_cpu / max(empty, 1):.0f} ms CPU each)")
+    print(f"  collector CPU per fetch in the passes that fetched: {report['collector_cpu_ms_per_fetch_in_passes']} ms")
     for k, values in report["rss_mb"].items():
         known = [v for v in values if v is not None]
         if known:
