@@ -371,7 +371,7 @@ def test_the_polite_claim_looks_a_sources_group_up_not_through_every_open_group(
     """Whether a due source's group is open is a lookup, whatever the statistics say.
     As ``IN (SELECT name FROM open_groups)``, PostgreSQL read the open groups again for
     each due source whenever its statistics said few were due: 1,612 due sources x 242
-    open groups, 58 ms of a 59 ms claim on the simulated internet (bench/RESULTS.md).
+    open groups, claims of 33 ms on the simulated internet (bench/RESULTS.md).
     Here: 60 groups of 10 sources, every one due, statistics from when none was."""
     plan = _explained_claim_after_stale_statistics(pg_engine, 60, 10)
     scans = [n for n in _nodes(plan) if n.get("Node Type") == "CTE Scan" and n.get("CTE Name") == "open_groups"]
