@@ -1,8 +1,9 @@
 """Claimed rows worked on by a thread pool: the loop the collector and delivery share.
 
 Rows are claimed as threads come free (once half of them are idle, so claims stay
-batched) and each claimed row starts at once: its lease runs from the claim, so it
-never waits for a thread. Slow work on one row delays no other. A heartbeat
+batched, or once one has been free ``IDLE_CLAIM_SECONDS``; after a claim that came back
+short, again every ``LOOK_AGAIN_SECONDS`` while work runs) and each claimed row starts
+at once: its lease runs from the claim, so it never waits for a thread. Slow work on one row delays no other. A heartbeat
 (``claim.Heartbeat``) extends the lease of every row whose work is still running. Results that finish
 within ``write_window`` seconds of each other (up to ``WRITE_BATCH_THREADS`` x threads of
 them) are written together in one call of ``write`` (one transaction), so
@@ -35,9 +36,9 @@ _RACE_PAUSE = (0.002, 0.1)  # first, longest (seconds)
 # simulated internet (bench/internet_collect.py) 16 threads were busy 0.38 of the time.
 IDLE_CLAIM_SECONDS = 0.05
 # A pass whose claim came back short (nothing more ready) looks again this often while
-# its work still runs: rows that come due meanwhile start then, not when the slowest job in flight ends
-# (on the simulated internet one held answer, 20 s to its deadline, kept every source
-# that came due meanwhile waiting: schedule lateness p99 16 s, bench/RESULTS.md).
+# its work still runs: rows that come due meanwhile start then, not when a job in flight
+# ends (on the simulated internet one held answer, 20 s to its deadline, kept every
+# source that came due meanwhile waiting: schedule lateness p99 16 s, bench/RESULTS.md).
 LOOK_AGAIN_SECONDS = 1.0
 # Results are written when ``write_window`` has passed since the first of them, when no
 # work runs any more, or when this many times ``threads`` are waiting: a transaction's
@@ -75,9 +76,9 @@ def work_claimed(
 
     A claim waits for half the threads to be free (a batch per round trip), or for a
     thread to have been free ``idle_claim`` seconds, whichever comes first. When a claim
-    finds nothing while work still runs, the pass looks again every ``look_again``
-    seconds until that work ends (and once more then), and so after a claim that came
-    back short: rows that come due meanwhile start without waiting for a job to end.
+    comes back short while work still runs, the pass looks again every ``look_again``
+    seconds until that work ends (and once more then): rows that come due meanwhile
+    start without waiting for a job to end.
 
     When a claim finds less than it asked for although work is waiting for room
     (``next_start_in``: seconds until it may be claimable, None when there is none), the
@@ -107,7 +108,7 @@ def work_claimed(
         claim_after = 0.0  # waiting for room: no claim before this (monotonic)
         free_since: float | None = None  # when a thread became free with no claim since
         races = 0  # claims in a row that came back short while work was claimable
-        looking = False  # nothing was ready, but work runs: looking again now and then
+        looking = False  # a claim came back short while work runs: looking again now and then
         while True:
             room = threads - len(running)
             remaining = None if max_rows is None else max_rows - claimed
