@@ -92,12 +92,13 @@ def in_flight(requests: list[tuple[float, float, str, int]], threads: int, per_g
     ``deferred_for`` seconds after it), at most ``threads``. A group starts at most one
     fetch per interval: one more, not its whole limit. No model of latency: only the
     run's own states."""
-    events: list[tuple[float, int, str]] = []  # (time, kind, host); kind: 1 start, -1 end, 0 a group opens
+    # (time, kind, host, status); kind: 1 start, -1 end, 0 a group may open
+    events: list[tuple[float, int, str, int]] = []
     unstarted: dict[str, int] = {}
     for start, end, host, status in requests:
-        events += [(start, 1, host), (end, -1, host), (start + interval, 0, host)]
+        events += [(start, 1, host, status), (end, -1, host, status), (start + interval, 0, host, status)]
         if status == 429:
-            events.append((end + deferred_for, 0, host))
+            events.append((end + deferred_for, 0, host, status))
         unstarted[host] = unstarted.get(host, 0) + 1
     events.sort()
     ends = sorted(end for _, end, _, _ in requests)
@@ -105,10 +106,6 @@ def in_flight(requests: list[tuple[float, float, str, int]], threads: int, per_g
     flying: dict[str, int] = {}
     blocked_until: dict[str, float] = {}
     startable = set(unstarted)  # groups that could start a fetch now
-    ends_of = {}
-    for start, end, host, status in requests:
-        if status == 429:
-            ends_of.setdefault(host, []).append((end, end + deferred_for))
     open_now, last = 0, events[0][0]
     busy = {"body": 0.0, "tail": 0.0}
     allowed = {"body": 0.0, "tail": 0.0}
@@ -117,7 +114,7 @@ def in_flight(requests: list[tuple[float, float, str, int]], threads: int, per_g
     def can_start(host: str, at: float) -> bool:
         return unstarted[host] > 0 and flying.get(host, 0) < per_group and blocked_until.get(host, 0.0) <= at
 
-    for at, kind, host in events:
+    for at, kind, host, status in events:
         part = "body" if at <= cut else "tail"
         width = at - last
         busy[part] += open_now * width
@@ -131,9 +128,8 @@ def in_flight(requests: list[tuple[float, float, str, int]], threads: int, per_g
         elif kind == -1:
             open_now -= 1
             flying[host] -= 1
-            for answered, until in ends_of.get(host, ()):
-                if answered == at:
-                    blocked_until[host] = max(blocked_until[host], until)
+            if status == 429:  # the host asked to wait: its group is deferred
+                blocked_until[host] = max(blocked_until[host], at + deferred_for)
         if can_start(host, at):
             startable.add(host)
         else:
