@@ -19,7 +19,9 @@ Each host serves ``--feeds-per-host`` RSS feeds at ``/f/<n>.xml``. What a host d
   three keywords from a vocabulary of ``--keywords`` words, drawn with Zipf-like weights,
   so that the simulator knows, apart from the pipeline, who must hear of it: the users
   whose filter names one of its keywords (``plan``, which a harness uses to make the
-  users and their filters).
+  users and their filters; ``--user-keywords uniform`` spreads their interests evenly,
+  where Zipf's would have thousands follow the commonest words). A feed has had
+  ``--history`` items before the start, on average, which its first answer lists.
 
 The log (``--log``, JSON lines): one line per request (``"request"``: time, host, path,
 status, latency, bytes; status 0: a held answer the client gave up on, logged then) and one per item when it appears (``"item"``: time, feed URL,
@@ -78,6 +80,12 @@ class Settings:
     oversized_hosts: float = 0.002
     oversized_bytes: int = 20_000_000
     horizon_hours: float = 3.0  # how far ahead items are drawn
+    # Items a feed has had before the start, on average (its first fetch lists them, up
+    # to LISTED): at 100,000 feeds, 20 each is 2 million listings before the first minute.
+    history: float = 20.0
+    # How users choose the words they follow: "zipf" as items do (the common words
+    # followed by thousands), or "uniform" (each word by about users x filters / keywords).
+    user_keywords: str = "zipf"
 
 
 def host_address(index: int) -> str:
@@ -117,7 +125,7 @@ class World:
             rng = random.Random(f"{self.settings.seed}/{host}/{feed}")
             rate = self.settings.items_per_hour / 3600
             times: list[float] = []
-            at = -rng.expovariate(rate) * LISTED  # a history before the start, as a real feed has
+            at = -rng.expovariate(rate) * self.settings.history  # a history before the start, as a real feed has
             horizon = self.settings.horizon_hours * 3600
             while at < horizon:
                 times.append(at)
@@ -135,7 +143,13 @@ class World:
         filters (one keyword each)."""
         s, rng = self.settings, random.Random(f"{self.settings.seed}/users")
         sources = [f"http://{host_address(h)}:{s.port}/f/{f}.xml" for h in range(s.hosts) for f in range(s.feeds_per_host)]
-        users = [{"name": f"user{u:05d}", "keywords": sorted({self.keyword(rng) for _ in range(s.filters_per_user)})}
+        if s.user_keywords not in ("zipf", "uniform"):
+            raise SystemExit(f"--user-keywords {s.user_keywords!r} is not one of: zipf, uniform")
+
+        def chosen() -> str:
+            return self.keyword(rng) if s.user_keywords == "zipf" else f"kw{rng.randrange(s.keywords):04d}"
+
+        users = [{"name": f"user{u:05d}", "keywords": sorted({chosen() for _ in range(s.filters_per_user)})}
                  for u in range(s.users)]
         return {"sources": sources, "users": users, "seed": s.seed}
 

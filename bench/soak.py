@@ -47,6 +47,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.scratch import commit, load, process_seconds, scratch_database, unique_name  # noqa: E402
 from pipeline.catalogue.sources import import_sources, make_spec  # noqa: E402
-from pipeline.catalogue.users import add_filter, add_user  # noqa: E402
+from pipeline.catalogue.users import add_filter, add_user, set_delivery  # noqa: E402
 from pipeline.core.settings import Settings  # noqa: E402
 from pipeline.storage import db, migrate, schema  # noqa: E402
 from pipeline.storage.politeness_groups import set_limits  # noqa: E402
@@ -146,6 +147,41 @@ def percentiles(values: list[float]) -> str:
     return f"p50 {at(0.5):.1f} s, p95 {at(0.95):.1f} s, p99 {at(0.99):.1f} s (n={len(ordered)})"
 
 
+def start_internet(args: argparse.Namespace, log: Path, plan: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """bench/internet.py with the run's hosts, feeds, users and seed, once it serves."""
+    internet = subprocess.Popen(
+        [sys.executable, str(HERE / "internet.py"), "--hosts", str(args.hosts), "--feeds-per-host",
+         str(args.feeds_per_host), "--port", str(args.port), "--seed", str(args.seed), "--users", str(args.users),
+         "--items-per-hour", str(args.items_per_hour), "--log", str(log), "--plan", str(plan), *extra],
+        stderr=subprocess.PIPE,
+    )
+    assert internet.stderr is not None
+    line = internet.stderr.readline().decode()
+    if "hosts on" not in line:
+        internet.kill()
+        raise SystemExit(f"the simulated internet did not start: {line}{internet.stderr.read().decode()}")
+    return internet
+
+
+def seed(engine: sa.Engine, plan: dict[str, Any], interval: int, receiver: str,
+         delivery: dict[str, dict[str, str]] | None = None) -> None:
+    """The plan's sources (every ``interval`` minutes, each host's group at the
+    production defaults, not loopback's) and users (a webhook to ``receiver``/u/<name>,
+    one filter per keyword; ``delivery``: a user's digest or quiet hours)."""
+    with engine.begin() as conn:
+        import_sources(conn, [make_spec(u, source_type="rss", interval=interval) for u in plan["sources"]])
+        for (group,) in conn.execute(sa.select(schema.politeness_groups.c.name)):
+            if group != "*":
+                set_limits(conn, group, reset=True)  # the production defaults, not loopback's
+        for user in plan["users"]:
+            add_user(conn, user["name"], webhook=f"{receiver}/u/{user['name']}", secret=SECRET)
+            for keyword in user["keywords"]:
+                add_filter(conn, user["name"], keyword)
+            if delivery and user["name"] in delivery:
+                wanted = delivery[user["name"]]
+                set_delivery(conn, user["name"], digest=wanted.get("digest"), quiet=wanted.get("quiet"))
+
+
 # -- the run ---------------------------------------------------------------------------------
 
 def main() -> int:  # noqa: PLR0915 -- one run, in order
@@ -173,17 +209,7 @@ def main() -> int:  # noqa: PLR0915 -- one run, in order
     out.mkdir(parents=True, exist_ok=True)
     internet_log, plan_path, received = out / "internet.jsonl", out / "plan.json", out / "received.jsonl"
     receiver_port = args.port + 1
-    internet = subprocess.Popen(
-        [sys.executable, str(HERE / "internet.py"), "--hosts", str(args.hosts), "--feeds-per-host",
-         str(args.feeds_per_host), "--port", str(args.port), "--seed", str(args.seed), "--users", str(args.users),
-         "--items-per-hour", str(args.items_per_hour), "--log", str(internet_log), "--plan", str(plan_path)],
-        stderr=subprocess.PIPE,
-    )
-    assert internet.stderr is not None
-    line = internet.stderr.readline().decode()
-    if "hosts on" not in line:
-        internet.kill()
-        raise SystemExit(f"the simulated internet did not start: {line}{internet.stderr.read().decode()}")
+    internet = start_internet(args, internet_log, plan_path)
     spawn = multiprocessing.get_context("spawn")
     receiver = spawn.Process(target=receive, args=(receiver_port, str(received)), daemon=True)
     receiver.start()
@@ -197,16 +223,7 @@ def main() -> int:  # noqa: PLR0915 -- one run, in order
             engine = db.create_engine(url)
             migrate.upgrade(engine)
             plan = json.loads(plan_path.read_text())
-            with engine.begin() as conn:
-                import_sources(conn, [make_spec(u, source_type="rss", interval=args.interval) for u in plan["sources"]])
-                for (group,) in conn.execute(sa.select(schema.politeness_groups.c.name)):
-                    if group != "*":
-                        set_limits(conn, group, reset=True)  # the production defaults, not loopback's
-                for user in plan["users"]:
-                    add_user(conn, user["name"], webhook=f"http://127.0.0.1:{receiver_port}/u/{user['name']}",
-                             secret=SECRET)
-                    for keyword in user["keywords"]:
-                        add_filter(conn, user["name"], keyword)
+            seed(engine, plan, args.interval, f"http://127.0.0.1:{receiver_port}")
             began = time.time()
             window_start = began + args.warmup * 60
             window_end = window_start + args.minutes * 60
@@ -262,9 +279,14 @@ def main() -> int:  # noqa: PLR0915 -- one run, in order
 
 def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], internet_log: Path, received: Path,
           times: tuple[float, float, float], cpu: dict[str, float], samples: list[dict[str, Any]],
-          passes: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
+          passes: dict[str, dict[str, list[float]]],
+          held: dict[str, Callable[[float], float]] | None = None) -> dict[str, Any]:
     """Every item that appeared in the window against the deliveries; lateness and CPU;
     printed, and returned as a dict.
+
+    ``held``: for a user whose messages wait (a digest, quiet hours), when an item listed
+    at a time may be delivered at the earliest; such a user's deliveries count in the
+    audit, not in the delays (they wait by design).
 
     An item a user follows and never got is *lost* when its feed answered 200 after it
     appeared (the answer listed it) at least ``FETCHED_BEFORE_END`` seconds before the
@@ -297,15 +319,17 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
     audited = [item for item in items.values() if window_start <= item["at"] < window_end]
     lost, unfetched, appear_to_sent = [], [], []
     expected = 0
+    held = held or {}
     for item in audited:
         answered = [at for at in listed_at[item["feed"]] if at > item["at"]]
-        fetched_in_time = bool(answered) and min(answered) <= stages_end - FETCHED_BEFORE_END
         for user in set().union(*(followers[k] for k in item["keywords"])):
             expected += 1
             sent = got.get((user, item["link"]))
+            waits = held.get(user)
             if sent:
-                appear_to_sent.append(min(sent) - item["at"])
-            elif fetched_in_time:
+                if waits is None:
+                    appear_to_sent.append(min(sent) - item["at"])
+            elif answered and (waits or float)(min(answered)) <= stages_end - FETCHED_BEFORE_END:
                 lost.append((user, item["link"]))
             else:
                 unfetched.append((user, item["link"]))
@@ -326,9 +350,10 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
         fetches = conn.execute(sa.select(sa.func.count()).select_from(events)
                                .where(events.c.event == schema.EVENT_STARTED)).scalar_one()
     fetch_to_sent = []
-    for (_, link), delivered in got.items():
+    for (user, link), delivered in got.items():
         fetched = first_fetch.get(link)
-        if fetched is not None and link in items and window_start <= items[link]["at"] < window_end:
+        if (fetched is not None and link in items and window_start <= items[link]["at"] < window_end
+                and user not in held):
             fetch_to_sent.append(min(delivered) - fetched.timestamp())
     start_dt, end_dt = (datetime.fromtimestamp(t, UTC) for t in (window_start, window_end))
     lateness = [(at - due).total_seconds() for at, due in started if start_dt <= at < end_dt]
@@ -353,8 +378,8 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
         "rss_mb": {k: [s["rss_mb"][k] for s in samples] for k in (samples[0]["rss_mb"] if samples else {})},
         "database_mb": {k: round(v / 2**20, 1) for k, v in (samples[-1]["table_bytes"].items() if samples else ())
                         if v > 2**20},
-        "started": series, "deliveries": sorted((min(at), min(at) - items[link]["at"]) for (_, link), at in got.items()
-                                                 if link in items),
+        "started": series, "deliveries": sorted((min(at), min(at) - items[link]["at"]) for (user, link), at in got.items()
+                                                 if link in items and user not in held),
         "times": {"window_start": window_start, "window_end": window_end, "stages_end": stages_end},
         "examples": {"lost": lost[:5], "duplicated": duplicated[:5], "unexpected": unexpected[:5],
                      "not_fetched_by_the_end": unfetched[:5]},
@@ -367,14 +392,17 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
     print(f"  appearance -> delivery: {report['appear_to_delivery']}")
     print(f"  fetch -> delivery: {report['fetch_to_delivery']}")
     print(f"  schedule lateness: {report['lateness']}")
-    print(f"  CPU in the window: {report['cpu_seconds_in_window']} s; collector"
-          f" {report['collector_cpu_ms_per_fetch']} ms per fetch, notifier {report['notifier_cpu_ms_per_delivery']}"
-          " ms per delivery")
+    if cpu:
+        print(f"  CPU in the window: {report['cpu_seconds_in_window']} s; collector"
+              f" {report['collector_cpu_ms_per_fetch']} ms per fetch, notifier"
+              f" {report['notifier_cpu_ms_per_delivery']} ms per delivery")
     for k, kinds in passes.items():
         (busy, busy_cpu), (empty, empty_cpu) = kinds["busy"], kinds["empty"]
         print(f"  {k} passes in the window: {busy:.0f} that worked ({busy_cpu:.1f} s CPU), {empty:.0f} that found"
               f" nothing ({1000 * empty_cpu / max(empty, 1):.0f} ms CPU each)")
-    print(f"  collector CPU per fetch in the passes that fetched: {report['collector_cpu_ms_per_fetch_in_passes']} ms")
+    if passes:
+        print(f"  collector CPU per fetch in the passes that fetched: {report['collector_cpu_ms_per_fetch_in_passes']}"
+              " ms")
     for k, values in report["rss_mb"].items():
         known = [v for v in values if v is not None]
         if known:
@@ -383,10 +411,11 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
     return report
 
 
-def plot(report: dict[str, Any], samples: list[dict[str, Any]], path: Path) -> None:
+def plot(report: dict[str, Any], samples: list[dict[str, Any]], path: Path,
+         events: dict[str, float] | None = None) -> None:
     """Four panels over the run's time (minutes from the window's start): fetches started
     per 10 s, schedule lateness per minute (p50, p95), each stage's resident memory, the
-    largest tables' size; the window shaded."""
+    largest tables' size; the window shaded, ``events`` (name: time) marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -432,6 +461,11 @@ def plot(report: dict[str, Any], samples: list[dict[str, Any]], path: Path) -> N
     for ax in axes:
         ax.axvspan(0, minutes(report["times"]["window_end"]), color="0.93", zorder=0)
         ax.grid(True, alpha=0.3)
+        for name, at in (events or {}).items():
+            ax.axvline(minutes(at), color="tab:red", linestyle="--", linewidth=0.8)
+            if ax is axes[0]:
+                ax.annotate(name, (minutes(at), 1), xycoords=("data", "axes fraction"), rotation=90,
+                            va="top", ha="right", fontsize="small", color="tab:red")
     fig.suptitle(f"{report['feeds']} feeds, {report['users']} users, commit {report['commit']}")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
