@@ -126,3 +126,29 @@ def test_when_a_user_hears_is_set_from_the_command_line(engine, db_url):
         stored = conn.execute(sa.select(schema.users.c.digest, schema.users.c.quiet_hours,
                                         schema.users.c.timezone)).one()
     assert tuple(stored) == (None, None, None), "the defaults are stored as NULL"
+
+
+def test_adding_a_filter_reads_the_sources_names_only_when_it_names_a_source(engine):
+    """Adding a filter read every source's name, whether or not it named one: 30,000
+    filters beside 100,000 sources took hours to add (bench/soak_stack.py's seeding).
+    Counted by the statements sent, not by time."""
+    from pipeline.catalogue.users import add_filter, add_user
+    from tests.helpers import add_source
+
+    read_sources: list[str] = []
+
+    def capture(conn, cursor, statement, *args):
+        if "FROM sources" in statement:
+            read_sources.append(statement)
+
+    with engine.begin() as conn:
+        add_source(conn, "http://127.0.0.1:9/jobs", name="Nice Jobs")
+        add_user(conn, "alice", webhook="https://hooks.example/a")
+        sa.event.listen(engine, "before_cursor_execute", capture)
+        try:
+            add_filter(conn, "alice", "python remote")
+            assert read_sources == [], "a filter naming no source reads no source"
+            add_filter(conn, "alice", 'python source:"Nice Jobs"')
+            assert read_sources, "one naming a source checks that it exists"
+        finally:
+            sa.event.remove(engine, "before_cursor_execute", capture)
