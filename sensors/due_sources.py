@@ -7,6 +7,7 @@ import dagster as dg
 from assets.jobs import ingest_job
 from assets.policies import STAGE_TAG
 from pipeline.storage import schema
+from pipeline.storage.status import next_due_in
 from resources import PipelineDatabase
 from sensors.runs import look_for_work, max_runs, sensor_interval
 
@@ -28,7 +29,8 @@ def max_collector_runs() -> int:
     "requests an ingest run (collect, process, notify) when some are due, no collector run is "
     "starting, no ingest run lingers waiting for them, and fewer than PIPELINE_COLLECTOR_MAX_RUNS "
     "collector runs are active. The run lingers PIPELINE_INGEST_LINGER_SECONDS (300), taking "
-    "sources as they come due: one run instead of one per fetch.",
+    "sources as they come due: one run instead of one per fetch; in its last look interval and 30 s, "
+    "the next run is asked for when sources come due by then, so none waits for a run to start.",
 )
 def due_sources_sensor(context: dg.SensorEvaluationContext, database: PipelineDatabase) -> dg.SensorResult:
     return look_for_work(
@@ -37,4 +39,10 @@ def due_sources_sensor(context: dg.SensorEvaluationContext, database: PipelineDa
         work="source is due and no WebSub hub is due to be asked",
         run_key_prefix="due-sources", count_tag="pipeline/due_sources",
         linger_seconds=database.settings().ingest_linger_seconds,
+        next_work_in=lambda: _next_due_in(database),
     )
+
+
+def _next_due_in(database: PipelineDatabase) -> float | None:
+    with database.engine.connect() as conn:
+        return next_due_in(conn)

@@ -5,8 +5,11 @@ observation of the stage's asset, so the UI plots them over time: when a count c
 since the last one recorded, and at least every ``OBSERVE_EVERY_SECONDS`` otherwise. (One
 per tick grew the event log by three observations every ten seconds, never deleted, and
 a tick that reported one showed as "0 runs requested", never "Skipped" with its reason.)
-Room: no run of the stage still starting (it will claim the work), and fewer active
-runs tagged with the stage than PIPELINE_<STAGE>_MAX_RUNS (default 2). A run counts only
+Room: no run of the stage still starting (it will claim the work), none lingering
+waiting for work (it takes the work as it comes due) unless its linger ends before the
+next look and a run's start and work comes due by then (the next run is asked for now,
+``HANDOVER_START_SECONDS``), and fewer active runs tagged with the stage than
+PIPELINE_<STAGE>_MAX_RUNS (default 2). A run counts only
 while it progresses: an event within PIPELINE_STALE_LEASE_MINUTES, or a live lease.
 Work: a capped count over the claim queues' own partial indexes (``WorkQueue.count_ready``),
 so a tick costs the same whatever the size of the tables. One request per tick at most:
@@ -16,7 +19,7 @@ the cursor counts the ticks that asked, and the run_key makes a retried tick a n
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -39,6 +42,12 @@ NOT_YET_STARTED = [
 ACTIVE = [*NOT_YET_STARTED, dg.DagsterRunStatus.STARTED]
 COUNT_CAP = 1000
 OBSERVE_EVERY_SECONDS = 600  # an unchanged backlog is recorded this often, so plots go on
+# A lingering run hands over to its successor: in the last look interval and this long
+# before its linger ends (a run's start: 3 s in a container on the simulated internet,
+# bench/RESULTS.md; more on a busy machine or a long queue), the sensor asks for the next
+# run when work comes due by then. Waiting for the run to end left every source due in
+# between waiting up to a look interval and a start.
+HANDOVER_START_SECONDS = 30
 
 
 @dataclass
@@ -80,6 +89,7 @@ def look_for_work(
     asset: dg.AssetKey, queues: Mapping[str, QueueSpec], work: str, run_key_prefix: str, count_tag: str,
     yield_to: str | None = None,  # a job whose active runs take this stage's work too
     linger_seconds: int = 0,  # runs requested keep taking work as it comes due this long
+    next_work_in: Callable[[], float | None] | None = None,  # seconds until work comes due (None: none waits)
 ) -> dg.SensorResult:
     """One tick of a stage's sensor: observe the stage's backlog on its asset (each
     queue's waiting rows, capped, and the oldest one's age), then request a run when
@@ -100,7 +110,7 @@ def look_for_work(
         cursor.observed, cursor.observed_at = counts, wall_clock()
     decision = _request_if_work(
         context, database, cursor, stage=stage, work=work, ready=ready, run_key_prefix=run_key_prefix,
-        count_tag=count_tag, yield_to=yield_to, linger_seconds=linger_seconds,
+        count_tag=count_tag, yield_to=yield_to, linger_seconds=linger_seconds, next_work_in=next_work_in,
     )
     context.update_cursor(cursor.text())
     if isinstance(decision, dg.SkipReason):
@@ -127,6 +137,7 @@ class _Runs:
     active: int = 0  # progressing (queued, or an event within the limit, or a live lease)
     starting: int = 0  # of those, not at their step yet: they will claim the work
     lingering: str | None = None  # a run lingering, waiting for work (no lease held)
+    lingering_until: float = 0.0  # when its linger ends (its LINGER_TAG)
     stalled: list[str] = field(default_factory=list)  # active in Dagster, not progressing
 
 
@@ -155,6 +166,7 @@ def _runs(context: dg.SensorEvaluationContext, database: PipelineDatabase, filte
         if (found.lingering is None and until is not None
                 and datetime.fromisoformat(until).timestamp() > wall_clock() and not holds_lease(run.run_id)):
             found.lingering = run.run_id
+            found.lingering_until = datetime.fromisoformat(until).timestamp()
         if (run.status == dg.DagsterRunStatus.QUEUED
                 or wall_clock() - _last_sign_of_life(context.instance, record) <= quiet_limit
                 or holds_lease(run.run_id)):
@@ -168,6 +180,7 @@ def _runs(context: dg.SensorEvaluationContext, database: PipelineDatabase, filte
 def _request_if_work(
     context: dg.SensorEvaluationContext, database: PipelineDatabase, cursor: Cursor, *, stage: str, work: str,
     ready: int, run_key_prefix: str, count_tag: str, yield_to: str | None, linger_seconds: int,
+    next_work_in: Callable[[], float | None] | None = None,
 ) -> dg.RunRequest | dg.SkipReason:
     stalled: list[str] = []
     if yield_to is not None:
@@ -181,8 +194,17 @@ def _request_if_work(
         # It will claim the work this tick would ask for: asking again now only queues an
         # empty run behind it.
         return dg.SkipReason(f"{runs.starting} {stage} run(s) queued or starting; they will take the work")
+    handing_over = False
     if runs.lingering:
-        return dg.SkipReason(f"run {runs.lingering} lingers, waiting for work: it takes the work as it comes due")
+        left = runs.lingering_until - wall_clock()
+        handover = sensor_interval() + HANDOVER_START_SECONDS
+        if left > handover:
+            return dg.SkipReason(f"run {runs.lingering} lingers, waiting for work: it takes the work as it comes due")
+        due_in = next_work_in() if next_work_in is not None else None
+        if due_in is None or due_in > left + handover:
+            return dg.SkipReason(f"run {runs.lingering} lingers {left:.0f} s more, and no work comes due before "
+                                 "a run asked at the next look could take it")
+        handing_over = True  # the next run starts before this one ends, taking what comes due then
     stalled = sorted({*stalled, *runs.stalled})
     if stalled:
         context.log.warning(
@@ -192,7 +214,7 @@ def _request_if_work(
     limit = max_runs(stage)
     if runs.active >= limit:
         return dg.SkipReason(f"{runs.active} {stage} runs active, the limit is {limit}")
-    if ready == 0:
+    if ready == 0 and not handing_over:
         return dg.SkipReason(f"no {work}")
     cursor.tick += 1
     tick = cursor.tick

@@ -8,10 +8,12 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 import pytest
+import sqlalchemy as sa
 from dagster._core.storage.dagster_run import DagsterRun
 
 from assets.policies import LINGER_TAG, run_worker
 from assets.stages import STAGES_OP, stage_assets
+from pipeline.storage import schema
 from resources import PipelineDatabase
 from sensors import runs
 from sensors.due_sources import STAGE_TAG, due_sources_sensor
@@ -222,3 +224,38 @@ def test_the_sensor_starts_lingering_ingest_runs_and_leaves_due_sources_to_one_t
     with dg.DagsterInstance.ephemeral() as instance:
         request, _ = evaluate(instance, db_url)
         assert isinstance(request, dg.RunRequest) and not request.run_config and LINGER_TAG not in request.tags
+
+
+def test_a_lingering_run_hands_over_to_the_next_before_its_linger_ends(engine, db_url, monkeypatch):
+    """In its last look interval and HANDOVER_START_SECONDS, a lingering run no longer
+    keeps the sensor from asking for the next run when a source comes due by then: the
+    next run starts before this one ends (the sensor waited for it to end, and sources due
+    in between waited up to a look and a run's start: bench/soak_stack.py saw no fetch for
+    30 s at every hand-over). When nothing comes due by then, or the linger has longer to
+    go, the sensor waits as before."""
+    monkeypatch.setenv("PIPELINE_INGEST_LINGER_SECONDS", "300")
+    monkeypatch.setenv("PIPELINE_SENSOR_INTERVAL_SECONDS", "30")
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1:9/soon", next_fetch_at=now() + timedelta(seconds=40))
+
+    def lingering_until(seconds: float) -> dg.DagsterInstance:
+        instance = dg.DagsterInstance.ephemeral()
+        until = datetime.now(UTC) + timedelta(seconds=seconds)
+        instance.add_run(DagsterRun(job_name="ingest", run_id="r1", status=dg.DagsterRunStatus.STARTED,
+                                    tags={STAGE_TAG: "collector", LINGER_TAG: until.isoformat(timespec="seconds")}))
+        return instance
+
+    with lingering_until(20) as instance:
+        request, _ = evaluate(instance, db_url)
+        assert isinstance(request, dg.RunRequest), "r1 ends in 20 s, a source comes due in 40: the next run is asked for"
+        assert datetime.fromisoformat(request.tags[LINGER_TAG]) > datetime.now(UTC) + timedelta(seconds=250)
+    with lingering_until(200) as instance:
+        result, _ = evaluate(instance, db_url)
+        assert isinstance(result, dg.SkipReason) and "r1 lingers" in result.skip_message, "r1 takes it"
+    with engine.begin() as conn:
+        conn.execute(sa.update(schema.sources).where(schema.sources.c.id == source)
+                     .values(next_fetch_at=now() + timedelta(hours=1)))
+    with lingering_until(20) as instance:
+        result, _ = evaluate(instance, db_url)
+        assert isinstance(result, dg.SkipReason) and "no work comes due" in result.skip_message, \
+            "nothing comes due before a run asked at the next look could take it"
