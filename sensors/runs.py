@@ -136,7 +136,7 @@ class _Runs:
 
     active: int = 0  # progressing (queued, or an event within the limit, or a live lease)
     starting: int = 0  # of those, not at their step yet: they will claim the work
-    lingering: str | None = None  # a run lingering, waiting for work (no lease held)
+    lingering: str | None = None  # the run lingering longest, waiting for work (no lease held)
     lingering_until: float = 0.0  # when its linger ends (its LINGER_TAG)
     stalled: list[str] = field(default_factory=list)  # active in Dagster, not progressing
 
@@ -163,10 +163,10 @@ def _runs(context: dg.SensorEvaluationContext, database: PipelineDatabase, filte
     for record in context.instance.get_run_records(filters=filters):
         run = record.dagster_run
         until = run.tags.get(LINGER_TAG)
-        if (found.lingering is None and until is not None
-                and datetime.fromisoformat(until).timestamp() > wall_clock() and not holds_lease(run.run_id)):
-            found.lingering = run.run_id
-            found.lingering_until = datetime.fromisoformat(until).timestamp()
+        ends = datetime.fromisoformat(until).timestamp() if until is not None else 0.0
+        if ends > max(wall_clock(), found.lingering_until) and not holds_lease(run.run_id):
+            # The one lingering longest: a run handing over beside its successor is not it.
+            found.lingering, found.lingering_until = run.run_id, ends
         if (run.status == dg.DagsterRunStatus.QUEUED
                 or wall_clock() - _last_sign_of_life(context.instance, record) <= quiet_limit
                 or holds_lease(run.run_id)):

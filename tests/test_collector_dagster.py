@@ -238,11 +238,15 @@ def test_a_lingering_run_hands_over_to_the_next_before_its_linger_ends(engine, d
     with engine.begin() as conn:
         source = add_source(conn, "http://127.0.0.1:9/soon", next_fetch_at=now() + timedelta(seconds=40))
 
-    def lingering_until(seconds: float) -> dg.DagsterInstance:
+    def lingering_until(seconds: float, successor: float | None = None) -> dg.DagsterInstance:
+        """r1 lingering ``seconds`` more; with a ``successor``, r2 lingering that long,
+        added before r1 (the records come newest first: r1 is read first)."""
         instance = dg.DagsterInstance.ephemeral()
-        until = datetime.now(UTC) + timedelta(seconds=seconds)
-        instance.add_run(DagsterRun(job_name="ingest", run_id="r1", status=dg.DagsterRunStatus.STARTED,
-                                    tags={STAGE_TAG: "collector", LINGER_TAG: until.isoformat(timespec="seconds")}))
+        runs = [("r1", seconds)] if successor is None else [("r2", successor), ("r1", seconds)]
+        for run_id, left in runs:
+            until = (datetime.now(UTC) + timedelta(seconds=left)).isoformat(timespec="seconds")
+            instance.add_run(DagsterRun(job_name="ingest", run_id=run_id, status=dg.DagsterRunStatus.STARTED,
+                                        tags={STAGE_TAG: "collector", LINGER_TAG: until}))
         return instance
 
     with lingering_until(20) as instance:
@@ -252,6 +256,13 @@ def test_a_lingering_run_hands_over_to_the_next_before_its_linger_ends(engine, d
     with lingering_until(200) as instance:
         result, _ = evaluate(instance, db_url)
         assert isinstance(result, dg.SkipReason) and "r1 lingers" in result.skip_message, "r1 takes it"
+    monkeypatch.setenv("PIPELINE_COLLECTOR_MAX_RUNS", "5")
+    with lingering_until(20, successor=280) as instance:
+        result, _ = evaluate(instance, db_url)
+        assert isinstance(result, dg.SkipReason) and "lingers, waiting" in result.skip_message, \
+            "its successor lingers: r1 ending is no reason to ask again"
+        assert "r1" not in result.skip_message
+    monkeypatch.delenv("PIPELINE_COLLECTOR_MAX_RUNS")
     with engine.begin() as conn:
         conn.execute(sa.update(schema.sources).where(schema.sources.c.id == source)
                      .values(next_fetch_at=now() + timedelta(hours=1)))
