@@ -49,11 +49,12 @@ def materialises(chain: Sequence[Pass]) -> list[bool]:
 
 
 def collect(
-    database: PipelineDatabase, run_id: str, *, max_sources: int | None = None, concurrency: int | None = None
+    database: PipelineDatabase, run_id: str, *, max_sources: int | None = None, concurrency: int | None = None,
+    claim_until: float | None = None,
 ) -> Pass:
     with recorded(database.engine, "collector"):
         stats = Collector(database.engine, database.settings(), worker=run_worker(run_id), run_id=run_id).run(
-            max_sources=max_sources, concurrency=concurrency
+            max_sources=max_sources, concurrency=concurrency, claim_until=claim_until
         )
     totals = stats.as_dict()
     metadata = {k: v for k, v in totals.items() if v is not None and k != "failed_by_reason"}
@@ -79,6 +80,16 @@ def notify(
     metadata.update(by_code("errors_", stats.errors, DELIVERY_CODES))
     worked = stats.listings_matched + stats.claimed > 0
     return Pass(dg.AssetKey("notifications"), metadata, worked=worked, changed=worked)
+
+
+def merged(made: Sequence[Pass]) -> Pass:
+    """Passes of one stage as one: their counts added (every stage's metadata is counts),
+    worked or changed if any did."""
+    metadata: dict[str, Any] = {}
+    for done in made:
+        for key, value in done.metadata.items():
+            metadata[key] = metadata.get(key, 0) + value
+    return Pass(made[-1].asset, metadata, worked=any(d.worked for d in made), changed=any(d.changed for d in made))
 
 
 def results(

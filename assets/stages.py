@@ -12,10 +12,12 @@ step that defines its asset. The passes themselves are assets/passes.py; the log
 """
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
+import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import TypeVar
+from typing import Self, TypeVar
 
 import dagster as dg
 
@@ -31,6 +33,10 @@ STAGES_OP = "stages"  # the step's name: a run's config for it is {"ops": {STAGE
 
 # A lingering run looks for due sources at least this often (one refreshed by hand).
 POLL_SECONDS = 5.0
+# While a lingering run's collector pass fetches, what it fetched is processed and
+# notified this often (``Following``).
+FOLLOW_SECONDS = 1.0
+_logger = logging.getLogger(__name__)
 
 
 class StageConfig(dg.Config):
@@ -82,17 +88,19 @@ def stage_assets(
 ) -> Iterator[dg.MaterializeResult[None]]:
     run_id = context.run.run_id
     selected = context.selected_asset_keys
-    follow: list[Callable[[], passes.Pass]] = []  # the stages after the collector, in order
+    after: list[Callable[[], passes.Pass]] = []  # the stages after the collector, in order
     if LISTINGS in selected:
-        follow.append(lambda: passes.process(database, run_id, max_rows=config.max_rows))
+        after.append(lambda: passes.process(database, run_id, max_rows=config.max_rows))
     if NOTIFICATIONS in selected:
-        follow.append(lambda: passes.notify(database, run_id, max_listings=config.max_listings,
-                                            max_notifications=config.max_notifications))
+        after.append(lambda: passes.notify(database, run_id, max_listings=config.max_listings,
+                                           max_notifications=config.max_notifications))
+    carried = Carried()  # follow-ups made while a lingering run's collector pass fetched
+    follow = [carried.into(stage) for stage in after]
     with ends_when_terminated():
         chain: list[passes.Pass] = []
         if LISTINGS_RAW in selected:
             try:
-                done = _collect(context, config, database, follow)
+                done = _collect(context, config, database, follow, Following(after, carried))
             except TerminatedBetweenPasses as stopped:
                 context.log.info("terminated while lingering between passes: the run ends here, its work done")
                 if stopped.in_hand is not None:
@@ -107,12 +115,13 @@ def stage_assets(
 
 def _collect(
     context: dg.AssetExecutionContext, config: StageConfig, database: PipelineDatabase,
-    follow: list[Callable[[], passes.Pass]],
+    follow: list[Callable[[], passes.Pass]], following: "Following",
 ) -> passes.Pass | None:
     """A collector pass; in a run that lingers, a pass each time sources come due until its
     linger ends, each but the last recorded and followed by ``follow`` (process, notify)
-    at once. The pass left for the step to record as its result, or None when every pass
-    was recorded already."""
+    at once. A lingering run's pass claims until the linger ends, ``following`` taking
+    what it fetched meanwhile. The pass left for the step to record as its result, or
+    None when every pass was recorded already."""
     run_id = context.run.run_id
     deadline = time.monotonic() + config.linger_seconds
     if until := context.run.tags.get(LINGER_TAG):
@@ -120,7 +129,15 @@ def _collect(
         deadline = min(deadline, time.monotonic() + datetime.fromisoformat(until).timestamp() - time.time())
 
     def collect() -> passes.Pass:
-        return passes.collect(database, run_id, max_sources=config.max_sources, concurrency=config.concurrency)
+        if config.linger_seconds <= 0:
+            return passes.collect(database, run_id, max_sources=config.max_sources, concurrency=config.concurrency)
+        # Lingering: under a steady stream of due sources a pass never runs out of work.
+        # It claims until the linger ends, and the stages after it take what it fetched
+        # meanwhile (it ran for as long as sources came due, and processing and
+        # notifying waited for it: on the simulated internet, for ever).
+        with following:
+            return passes.collect(database, run_id, max_sources=config.max_sources,
+                                  concurrency=config.concurrency, claim_until=deadline)
 
     done: passes.Pass | None = collect()
     while config.linger_seconds > 0 and (wait := _between_passes(done, lambda: _due_within(database, deadline))) is not None:
@@ -138,6 +155,71 @@ def _collect(
         if not done.worked:  # it was due, but another worker took it first
             _between_passes(done, lambda: time.sleep(POLL_SECONDS))
     return done
+
+
+class Carried:
+    """Follow-up passes made while a collector pass fetched (``Following``), carried to
+    the run's next follow-up of the same stage and recorded as part of it (their counts
+    added): the run's record has the same passes in the same order however its fetching
+    and its follow-ups interleaved in time."""
+
+    def __init__(self) -> None:
+        self._passes: dict[dg.AssetKey, list[passes.Pass]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, done: passes.Pass) -> None:
+        with self._lock:
+            self._passes.setdefault(done.asset, []).append(done)
+
+    def into(self, stage: Callable[[], passes.Pass]) -> Callable[[], passes.Pass]:
+        """``stage``, its result with the passes carried for its asset added in."""
+        def run() -> passes.Pass:
+            done = stage()
+            with self._lock:
+                earlier = self._passes.pop(done.asset, [])
+            return passes.merged([*earlier, done])
+        return run
+
+
+class Following:
+    """While a lingering run's collector pass fetches, the stages after it (``after``:
+    process, notify) run every ``every`` seconds on a thread of their own, so what the
+    pass has fetched goes out within seconds, not when the pass ends; their passes that
+    worked are ``carried`` to the run's record. A follow-up that fails (the database
+    restarting) is logged and tried again at the next round; the run's own follow-up
+    after the pass reports a failure that lasts."""
+
+    def __init__(self, after: list[Callable[[], passes.Pass]], carried: Carried,
+                 every: float = FOLLOW_SECONDS) -> None:
+        self.after, self.carried, self.every = after, carried, every
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Self:
+        """Following one pass (a run makes one per pass it lingers for)."""
+        self._stop = threading.Event()
+        if self.after:
+            self._thread = threading.Thread(target=self._loop, args=(self._stop,), name="follow-collector",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.wait(self.every):
+            for stage in self.after:
+                try:
+                    done = stage()
+                except Exception:  # tried again next round; the run's own follow-up reports one that lasts
+                    _logger.warning("a follow-up pass during the collector's failed; trying again", exc_info=True)
+                    break
+                if done.worked:
+                    self.carried.add(done)
 
 
 class TerminatedBetweenPasses(Exception):

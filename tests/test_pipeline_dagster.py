@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
@@ -21,7 +23,7 @@ from resources import PipelineDatabase
 from sensors.pipeline_work import pending_notifications_sensor, unprocessed_listings_sensor
 from sensors.upkeep import upkeep_job
 from tests.conftest import conformance
-from tests.helpers import add_source, now
+from tests.helpers import add_source, now, wait_until
 from tests.http_server import LocalServer
 from tests.test_collector import rss, serve
 from tests.test_collector_dagster import made, materialize, metadata_of, unwrap
@@ -526,6 +528,67 @@ def test_a_lingering_ingest_run_takes_sources_as_they_come_due(engine, db_url, s
     assert delivered == ["Python developer", "Python engineer"]
     fetches = [r["path"] for r in server.requests if r["method"] == "GET"]
     assert fetches == ["/a", "/b"], "each source once: their next fetch is an hour away, past the linger"
+
+
+
+def test_a_lingering_run_under_a_steady_stream_of_due_sources_delivers_as_it_fetches_and_ends_on_time(
+        engine, db_url, server, monkeypatch):
+    """Sources come due one after another faster than their fetches end, as 100,000 hourly
+    sources do: the pass went on claiming for as long as any came due, and the run's
+    processing and notifying waited for it to end (bench/soak_stack.py: nothing delivered
+    after the first minutes, raw rows piling up, runs that never ended). Now what the pass
+    fetched goes out while it still fetches, and it claims nothing once the linger is
+    over: the sources due after it are left for the next run. The sources come due
+    relative to the first fetch (a state, however slow the machine is to start the run);
+    each feed answers in 1.5 s (a slow host, so that fetches overlap); waits for states,
+    60 s at most each."""
+    monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
+    count = 30
+    for i in range(count):
+        serve(server, f"/s{i}", rss([(f"s{i}", f"Python job {i}")]))
+    with engine.begin() as conn:
+        ids = [add_source(conn, server.url(f"/s{i}"), next_fetch_at=now() + timedelta(hours=1))
+               for i in range(count)]
+        conn.execute(sa.update(schema.sources).where(schema.sources.c.id == ids[0]).values(next_fetch_at=now()))
+        users.add_user(conn, "alice", webhook=server.url("/hook"), secret=SECRET)
+        users.add_filter(conn, "alice", "python")
+    server.routes["/hook"] = lambda h: h.reply(204)
+    first = server.routes["/s0"]
+
+    def first_then_the_stream(h) -> None:
+        # One source due every second from now on: 30 s of them, past the 6 s linger.
+        with engine.begin() as conn:
+            for i, source_id in enumerate(ids[1:], start=1):
+                conn.execute(sa.update(schema.sources).where(schema.sources.c.id == source_id)
+                             .values(next_fetch_at=now() + timedelta(seconds=i)))
+        first(h)
+
+    server.routes["/s0"] = first_then_the_stream
+    for i in range(count):
+        answer = server.routes[f"/s{i}"]
+        server.routes[f"/s{i}"] = lambda h, answer=answer: (time.sleep(1.5), answer(h))
+
+    def gets() -> int:
+        return sum(1 for r in list(server.requests) if r["method"] == "GET")
+
+    def posts() -> list[str]:
+        return [json.loads(r["body"])["listing"]["title"] for r in list(server.requests) if r["method"] == "POST"]
+
+    ran: dict[str, dg.ExecuteInProcessResult] = {}
+    runner = threading.Thread(target=lambda: ran.setdefault("result", ingest_lingering(db_url, 6)))
+    runner.start()
+    try:
+        wait_until("the first delivery", posts, 60, every=0.1)
+        fetched_then = gets()
+        assert fetched_then < count, "delivered while the pass still fetched, not after it took every source"
+    finally:
+        runner.join(120)
+    assert ran["result"].success
+    fetched = gets()
+    assert fetched < count, f"the pass stopped claiming when the linger ended ({fetched} of {count} fetched)"
+    delivered = posts()
+    assert sorted(delivered) == sorted(f"Python job {i}" for i in range(fetched)) == sorted(set(delivered)), \
+        "every item fetched delivered once"
 
 
 def test_a_lingering_run_whose_next_source_another_worker_took_ends_with_no_skipped_step(

@@ -144,8 +144,10 @@ class Collector:
     # Whether any source has a WebSub subscription (read once per run).
     _pushed: bool = field(default=False, init=False, repr=False, compare=False)
 
-    def run(self, *, max_sources: int | None = None, concurrency: int | None = None) -> CollectStats:
-        """Claim due sources until none is due or ``max_sources`` were claimed."""
+    def run(self, *, max_sources: int | None = None, concurrency: int | None = None,
+            claim_until: float | None = None) -> CollectStats:
+        """Claim due sources until none is due, ``max_sources`` were claimed or
+        ``claim_until`` (``time.monotonic()``) has passed, and fetch them."""
         stats = CollectStats()
         with self.engine.connect() as conn:
             self._watching = conn.execute(sa.select(schema.watches.c.user_id).limit(1)).first() is not None
@@ -174,6 +176,7 @@ class Collector:
                 # A fetch is bounded by its deadline; an adapter may make a few requests.
                 max_work_seconds=4 * self.settings.http_timeout_seconds + 60,
                 next_start_in=queue.next_start_in,
+                claim_until=claim_until,
             )
             if self.settings.websub_callback_url:  # subscriptions, renewals, endings due
                 stats.hub_requests = websub.ask_due(self.engine, self.settings, fetcher, self.worker)

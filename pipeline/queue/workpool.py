@@ -66,8 +66,12 @@ def work_claimed(
     max_wait: float = 10.0,
     idle_claim: float = IDLE_CLAIM_SECONDS,
     look_again: float = LOOK_AGAIN_SECONDS,
+    claim_until: float | None = None,
 ) -> int:
-    """Claim until nothing is ready or ``max_rows`` were claimed; return how many were.
+    """Claim until nothing is ready, ``max_rows`` were claimed or ``claim_until``
+    (``time.monotonic()``) has passed (the first claim is made all the same); return how
+    many were. The work claimed is finished and written before it returns. Under a
+    steady stream of work coming due, only ``max_rows`` or ``claim_until`` ends a pass.
 
     ``start`` turns a claim into jobs (and may record that they started); ``held`` names
     the claimed row a job works on; ``work`` runs one job on the pool (no transaction
@@ -109,10 +113,13 @@ def work_claimed(
         free_since: float | None = None  # when a thread became free with no claim since
         races = 0  # claims in a row that came back short while work was claimable
         looking = False  # a claim came back short while work runs: looking again now and then
+        claims = 0  # made by this pass (the first is made whatever ``claim_until`` says)
         while True:
             room = threads - len(running)
             remaining = None if max_rows is None else max_rows - claimed
             now = time.monotonic()
+            if claim_until is not None and now >= claim_until and claims:
+                more = False  # time is up: finish what runs, claim nothing more
             if room < 1:
                 free_since = None
             elif free_since is None:
@@ -124,6 +131,7 @@ def work_claimed(
                 # min(batch, free threads, what the cap still allows): never over the cap.
                 limit = min(batch_size, room, remaining if remaining is not None else room)
                 claim = queue.claim(worker, limit)
+                claims += 1
                 if len(claim) < limit and next_start_in is not None:
                     # Less than asked for: the rest may be waiting for room. When can
                     # it start? (None: nothing else is waiting.)
@@ -154,7 +162,8 @@ def work_claimed(
                         future.add_done_callback(finished.put)
                 # Less than asked for: nothing else is ready now. While work runs, more
                 # may come due: look again soon, not only when a job ends.
-                looking = len(claim) < limit and bool(running) and look_again > 0
+                looking = (len(claim) < limit and bool(running) and look_again > 0
+                           and (claim_until is None or time.monotonic() < claim_until))
                 if looking:
                     now = time.monotonic()
                     soon = now + look_again
@@ -166,6 +175,8 @@ def work_claimed(
                     deadlines.append(claim_after)
                 elif more and remaining != 0 and free_since is not None:
                     deadlines.append(free_since + idle_claim)  # a free thread claims then
+                if more and claim_until is not None:
+                    deadlines.append(claim_until)  # then it stops claiming
                 timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
                 # (A future already taken by _drain_then_run_alone is not running any more.)
                 done = [f for f in _finished(finished, timeout) if f in running]
@@ -179,7 +190,8 @@ def work_claimed(
                 if looking and done and not running:
                     claim_after = time.monotonic()  # the last job ended: one look at once, then the end
             elif waiting and not ready:
-                time.sleep(max(0.0, claim_after - time.monotonic()))
+                wake = claim_after if claim_until is None else min(claim_after, claim_until)
+                time.sleep(max(0.0, wake - time.monotonic()))
             if ready and (not running or len(ready) >= WRITE_BATCH_THREADS * threads or time.monotonic() >= write_by):
                 writer.submit(ready)
                 ready = []
