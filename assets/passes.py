@@ -17,7 +17,7 @@ from assets.policies import by_code, run_worker
 from pipeline.core.failures import DELIVERY_CODES, FailureReason
 from pipeline.fetching.collector import Collector
 from pipeline.listings.processor import Processor
-from pipeline.notify.notifier import Notifier
+from pipeline.notify.notifier import FilterCatalogue, Notifier
 from pipeline.storage.status import recorded
 from resources import PipelineDatabase
 
@@ -71,11 +71,12 @@ def process(database: PipelineDatabase, run_id: str, *, max_rows: int | None = N
 def notify(
     database: PipelineDatabase, run_id: str, *,
     max_listings: int | None = None, max_notifications: int | None = None,
+    catalogue: FilterCatalogue | None = None,
 ) -> Pass:
+    """A notifier pass; ``catalogue``: the run's filters, kept between its passes."""
     with recorded(database.engine, "notifier"):
-        stats = Notifier(database.engine, database.settings(), worker=run_worker(run_id), run_id=run_id).run(
-            max_listings=max_listings, max_notifications=max_notifications
-        )
+        stats = Notifier(database.engine, database.settings(), worker=run_worker(run_id), run_id=run_id,
+                         catalogue=catalogue).run(max_listings=max_listings, max_notifications=max_notifications)
     metadata = {k: v for k, v in stats.as_dict().items() if k != "errors"}
     metadata.update(by_code("errors_", stats.errors, DELIVERY_CODES))
     worked = stats.listings_matched + stats.claimed > 0

@@ -23,6 +23,7 @@ import dagster as dg
 
 from assets import passes
 from assets.policies import LINGER_TAG, STEP_RETRY, ends_when_terminated, stage_kinds
+from pipeline.notify.notifier import FilterCatalogue
 from pipeline.storage.status import next_due_in
 from resources import PipelineDatabase
 
@@ -92,8 +93,9 @@ def stage_assets(
     if LISTINGS in selected:
         after.append(lambda: passes.process(database, run_id, max_rows=config.max_rows))
     if NOTIFICATIONS in selected:
+        filters = FilterCatalogue(database.engine)  # read once per run, kept between its passes
         after.append(lambda: passes.notify(database, run_id, max_listings=config.max_listings,
-                                           max_notifications=config.max_notifications))
+                                           max_notifications=config.max_notifications, catalogue=filters))
     carried = Carried()  # follow-ups made while a lingering run's collector pass fetched
     follow = [carried.into(stage) for stage in after]
     with ends_when_terminated():

@@ -520,10 +520,25 @@ def test_a_lingering_ingest_run_takes_sources_as_they_come_due(engine, db_url, s
     # Due within the linger, but not before the first pass is delivered: its delivery
     # makes /b due (a state, not a moment, however slow the machine).
     a_delivered_then_b_moved(engine, server, to=timedelta(0))
+    import pipeline.notify.notifier as notifier
+
+    full_loads: list[int] = []  # the filters read and compiled whole, not the new ones only
+    load = notifier.load_filters
+
+    def counted(*args, **kwargs):
+        if kwargs.get("created_since") is None:
+            full_loads.append(1)
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(notifier, "load_filters", counted)
     result = ingest_lingering(db_url, 600)
     assert result.success
     materialized = [e.asset_key.to_user_string() for e in result.get_asset_materialization_events()]
     assert materialized == ["listings_raw", "listings", "notifications"] * 2, "a pass each, then the chain"
+    assert len(full_loads) == 1, (
+        "the run's notifier passes keep its filters between them: each made a notifier that read and compiled"
+        " every filter again (at 30,000 filters, most of a core when a lingering run's follow-ups ran every"
+        " second: bench/soak_stack.py)")
     delivered = [json.loads(r["body"])["listing"]["title"] for r in server.requests if r["method"] == "POST"]
     assert delivered == ["Python developer", "Python engineer"]
     fetches = [r["path"] for r in server.requests if r["method"] == "GET"]
@@ -556,7 +571,7 @@ def test_a_lingering_run_under_a_steady_stream_of_due_sources_delivers_as_it_fet
     first = server.routes["/s0"]
 
     def first_then_the_stream(h) -> None:
-        # One source due every second from now on: 30 s of them, past the 6 s linger.
+        # One source due every second from now on: 30 s of them, past the 8 s linger.
         with engine.begin() as conn:
             for i, source_id in enumerate(ids[1:], start=1):
                 conn.execute(sa.update(schema.sources).where(schema.sources.c.id == source_id)
@@ -575,7 +590,7 @@ def test_a_lingering_run_under_a_steady_stream_of_due_sources_delivers_as_it_fet
         return [json.loads(r["body"])["listing"]["title"] for r in list(server.requests) if r["method"] == "POST"]
 
     ran: dict[str, dg.ExecuteInProcessResult] = {}
-    runner = threading.Thread(target=lambda: ran.setdefault("result", ingest_lingering(db_url, 6)))
+    runner = threading.Thread(target=lambda: ran.setdefault("result", ingest_lingering(db_url, 8)))
     runner.start()
     try:
         wait_until("the first delivery", posts, 60, every=0.1)

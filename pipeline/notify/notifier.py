@@ -161,10 +161,14 @@ class Notifier:
     random_unit: Callable[[], float] = random.random
     _recording: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     channels: dict[str, Channel] | None = None  # default: webhook and apprise
+    # The filters, kept between passes when given: a run making a pass every second (a
+    # lingering ingest run's follow-ups) would otherwise read and compile every filter
+    # for each. One pass at a time uses it.
+    catalogue: FilterCatalogue | None = None
     _catalogue: FilterCatalogue = field(init=False)
 
     def __post_init__(self) -> None:
-        self._catalogue = FilterCatalogue(self.engine)
+        self._catalogue = self.catalogue if self.catalogue is not None else FilterCatalogue(self.engine)
         self.limits = AlertLimits(self.settings.alert_limit, timedelta(minutes=self.settings.alert_window_minutes))
 
     def run(self, *, max_listings: int | None = None, max_notifications: int | None = None) -> NotifyStats:
