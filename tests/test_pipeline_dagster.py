@@ -520,7 +520,7 @@ def test_a_lingering_ingest_run_takes_sources_as_they_come_due(engine, db_url, s
     # Due within the linger, but not before the first pass is delivered: its delivery
     # makes /b due (a state, not a moment, however slow the machine).
     a_delivered_then_b_moved(engine, server, to=timedelta(0))
-    import pipeline.notify.notifier as notifier
+    from pipeline.notify import notifier
 
     full_loads: list[int] = []  # the filters read and compiled whole, not the new ones only
     load = notifier.load_filters
