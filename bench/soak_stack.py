@@ -395,7 +395,7 @@ def main() -> int:  # noqa: PLR0915 -- one run, in order
                 marks = {f"service:{k}": cgroup_cpu_seconds(v) or 0.0 for k, v in services.items()}
                 marks["docker"] = cgroup_cpu_seconds() or 0.0
                 marks["postgres"] = pg_cpu["before_restarts"] + (server_cpu[0].seconds() or 0.0)
-                marks["internet"] = (process_cpu(internet.pid) if internet else 0.0)
+                marks["internet"] = (process_seconds(internet.pid) or 0.0) if internet else 0.0
                 return marks
 
             while time.time() < stages_end:
@@ -484,10 +484,6 @@ def main() -> int:  # noqa: PLR0915 -- one run, in order
 
 def nan(value: float | None) -> float:
     return float("nan") if value is None else value
-
-
-def process_cpu(pid: int) -> float:
-    return process_seconds(pid) or 0.0
 
 
 if __name__ == "__main__":
