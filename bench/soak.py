@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.scratch import commit, load, process_seconds, scratch_database, unique_name  # noqa: E402
 from pipeline.catalogue.sources import import_sources, make_spec  # noqa: E402
 from pipeline.catalogue.users import add_filter, add_user, set_delivery  # noqa: E402
-from pipeline.core.settings import Settings  # noqa: E402
+from pipeline.core.settings import DEFAULT_MAX_RESPONSE_BYTES, Settings  # noqa: E402
 from pipeline.storage import db, migrate, schema  # noqa: E402
 from pipeline.storage.politeness_groups import set_limits  # noqa: E402
 
@@ -292,7 +292,10 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
     appeared (the answer listed it) at least ``FETCHED_BEFORE_END`` seconds before the
     stages stopped; otherwise it is *not fetched by the end*: its source was not due
     again, or backing off after a failure (a held answer, a 5xx, a 429's wait), which is
-    the pipeline keeping its promises to the hosts, not losing the item."""
+    the pipeline keeping its promises to the hosts, not losing the item. An answer longer
+    than the pipeline reads (PIPELINE_MAX_RESPONSE_BYTES: the simulator's oversized
+    hosts) lists nothing: the fetch fails as ``too_large`` and its source's owner hears of
+    it; the items of such a feed are counted apart, *refused as too large*."""
     window_start, window_end, stages_end = times
     followers: dict[str, set[str]] = defaultdict(set)
     for user in plan["users"]:
@@ -300,6 +303,7 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
             followers[keyword].add(user["name"])
     items: dict[str, dict[str, Any]] = {}  # by link
     listed_at: dict[str, list[float]] = defaultdict(list)  # a feed's 200 answers, when each ended
+    too_large: set[str] = set()  # feeds whose 200 answers the pipeline refuses to read
     requests = 0
     for line in internet_log.read_text().splitlines():
         record = json.loads(line)
@@ -308,7 +312,11 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
         else:
             requests += 1
             if record["status"] == 200:
-                listed_at[f"http://{record['host']}:{args.port}{record['path']}"].append(record["at"])
+                feed = f"http://{record['host']}:{args.port}{record['path']}"
+                if record["bytes"] > DEFAULT_MAX_RESPONSE_BYTES:
+                    too_large.add(feed)
+                else:
+                    listed_at[feed].append(record["at"])
     got: dict[tuple[str, str], list[float]] = defaultdict(list)
     ids: Counter[str] = Counter()
     for line in received.read_text().splitlines() if received.exists() else []:
@@ -317,7 +325,7 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
         for link in record["links"]:
             got[(record["user"], link)].append(record["at"])
     audited = [item for item in items.values() if window_start <= item["at"] < window_end]
-    lost, unfetched, appear_to_sent = [], [], []
+    lost, unfetched, refused, appear_to_sent = [], [], [], []
     expected = 0
     held = held or {}
     for item in audited:
@@ -331,6 +339,8 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
                     appear_to_sent.append(min(sent) - item["at"])
             elif answered and (waits or float)(min(answered)) <= stages_end - FETCHED_BEFORE_END:
                 lost.append((user, item["link"]))
+            elif item["feed"] in too_large:
+                refused.append((user, item["link"]))
             else:
                 unfetched.append((user, item["link"]))
     duplicated = sorted(key for key, at in got.items() if len(at) > 1)
@@ -363,7 +373,7 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
         "commit": commit(), "load": load(), "hosts": args.hosts, "feeds": args.hosts * args.feeds_per_host,
         "users": len(plan["users"]), "interval_minutes": args.interval, "window_minutes": args.minutes,
         "items_audited": len(audited), "deliveries_expected": expected, "lost": len(lost),
-        "not_fetched_by_the_end": len(unfetched),
+        "not_fetched_by_the_end": len(unfetched), "refused_as_too_large": len(refused),
         "duplicated": len(duplicated), "repeated_webhook_ids": len(repeated_ids), "unexpected": len(unexpected),
         "appear_to_delivery": percentiles(appear_to_sent), "fetch_to_delivery": percentiles(fetch_to_sent),
         "lateness": percentiles(lateness), "fetches_in_window": window_fetches, "fetches_total": fetches,
@@ -384,11 +394,17 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
         "examples": {"lost": lost[:5], "duplicated": duplicated[:5], "unexpected": unexpected[:5],
                      "not_fetched_by_the_end": unfetched[:5]},
     }
+    traced = trace(engine, lost)
+    report["lost_by_stage"] = dict(Counter(stage for stage, _ in traced.values()).most_common())
+    report["lost_traced"] = [[user, link, *traced[(user, link)]] for user, link in lost]
     print(f"{report['feeds']} feeds on {args.hosts} hosts, {report['users']} users, every {args.interval} min;"
           f" {args.minutes:g} min measured after {args.warmup:g} min; commit {report['commit']}, load {report['load']}")
     print(f"  audited {len(audited)} items, {expected} deliveries expected: lost {len(lost)}, duplicated"
           f" {len(duplicated)} (webhook-ids repeated {len(repeated_ids)}), unexpected {len(unexpected)};"
-          f" {len(unfetched)} not fetched by the end (their sources not due again, or backing off)")
+          f" {len(unfetched)} not fetched by the end (their sources not due again, or backing off);"
+          f" {len(refused)} on feeds whose answers are longer than the pipeline reads (refused as too large)")
+    for stage_name, n in report["lost_by_stage"].items():
+        print(f"    lost, {stage_name}: {n}")
     print(f"  appearance -> delivery: {report['appear_to_delivery']}")
     print(f"  fetch -> delivery: {report['fetch_to_delivery']}")
     print(f"  schedule lateness: {report['lateness']}")
@@ -409,6 +425,53 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
             print(f"  {k} resident: {known[0]:.0f} MB at the first sample, {statistics.median(known):.0f} median,"
                   f" {known[-1]:.0f} at the last")
     return report
+
+
+def trace(engine: sa.Engine, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[str, dict[str, Any]]]:
+    """Where each (user, item link) of ``pairs`` stopped on its way, read from the
+    database: the stage it did not pass, with the rows that say so."""
+    raw, t, n, u = schema.listings_raw, schema.listings, schema.notifications, schema.users
+    out: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
+    if not pairs:
+        return out
+    links = sorted({link for _, link in pairs})
+    with engine.connect() as conn:
+        raws: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for row in conn.execute(sa.select(raw.c.url, raw.c.id, raw.c.fetched_at, raw.c.processed_at, raw.c.last_error)
+                                .where(raw.c.url.in_(links))).mappings():
+            raws[row["url"]].append(dict(row))
+        listed = {row["url"]: dict(row) for row in conn.execute(
+            sa.select(t.c.url, t.c.id, t.c.source_id, t.c.cluster_id, t.c.ingested_at, t.c.matched_at, t.c.item_key)
+            .where(t.c.url.in_(links))).mappings()}
+        user_ids = dict(conn.execute(sa.select(u.c.name, u.c.id).where(u.c.name.in_(sorted({p[0] for p in pairs})))).all())
+        for user, link in pairs:
+            listing = listed.get(link)
+            facts: dict[str, Any] = {"raw": raws.get(link, []), "listing": listing}
+            if not raws.get(link):
+                out[(user, link)] = "no raw row (the fetch that listed it stored nothing)", facts
+                continue
+            if listing is None:
+                out[(user, link)] = "raw row, no listing", facts
+                continue
+            if listing["matched_at"] is None:
+                out[(user, link)] = "listing not matched", facts
+                continue
+            cluster = listing["cluster_id"] or listing["id"]
+            told = [dict(row) for row in conn.execute(
+                sa.select(n.c.id, n.c.listing_id, n.c.cluster_id, n.c.status, n.c.created_at, n.c.sent_at,
+                          n.c.digest_id, n.c.event)
+                .where(n.c.user_id == user_ids.get(user),
+                       sa.or_(n.c.listing_id == listing["id"], n.c.cluster_id == cluster,
+                              n.c.item_key == listing["item_key"]))).mappings()]
+            facts["notifications"] = told
+            own = [row for row in told if row["listing_id"] == listing["id"]]
+            if own:
+                out[(user, link)] = f"notification {own[0]['status']}", facts
+            elif told:
+                out[(user, link)] = "told under another listing of its story or item", facts
+            else:
+                out[(user, link)] = "matched, no notification", facts
+    return out
 
 
 def plot(report: dict[str, Any], samples: list[dict[str, Any]], path: Path,
