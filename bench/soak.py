@@ -147,6 +147,19 @@ def percentiles(values: list[float]) -> str:
     return f"p50 {at(0.5):.1f} s, p95 {at(0.95):.1f} s, p99 {at(0.99):.1f} s (n={len(ordered)})"
 
 
+def stop_internet(internet: subprocess.Popen[bytes]) -> None:
+    """Stop the simulator: SIGINT (it writes its log out and ends), then, when an answer
+    it holds past clients' deadlines (``--hold-seconds``, 120) keeps it past 30 s, kill
+    it. It never raises: the run's report is written after it (an hour's report was
+    lost to a TimeoutExpired here)."""
+    internet.send_signal(signal.SIGINT)
+    try:
+        internet.wait(30)
+    except subprocess.TimeoutExpired:
+        internet.kill()
+        internet.wait()
+
+
 def start_internet(args: argparse.Namespace, log: Path, plan: Path, *extra: str) -> subprocess.Popen[bytes]:
     """bench/internet.py with the run's hosts, feeds, users and seed, once it serves."""
     internet = subprocess.Popen(
@@ -268,8 +281,7 @@ def main() -> int:  # noqa: PLR0915 -- one run, in order
             if process.is_alive():
                 process.kill()
         receiver.kill()
-        internet.send_signal(signal.SIGINT)
-        internet.wait(30)
+        stop_internet(internet)
     (out / "report.json").write_text(json.dumps(report, indent=1))
     (out / "samples.json").write_text(json.dumps(samples))
     plot(report, samples, out / "soak.png")

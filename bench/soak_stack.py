@@ -47,7 +47,6 @@ import multiprocessing
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -64,7 +63,16 @@ import sqlalchemy as sa
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.scratch import ServerCpu, process_seconds
-from bench.soak import audit, percentiles, plot, receive, resident_mb, seed, start_internet
+from bench.soak import (
+    audit,
+    percentiles,
+    plot,
+    receive,
+    resident_mb,
+    seed,
+    start_internet,
+    stop_internet,
+)
 from pipeline.core.settings import DEFAULT_LEASE_SECONDS as LEASE_SECONDS
 from pipeline.storage import db, migrate
 from tests import docker_stack
@@ -253,7 +261,7 @@ def dagster_runs(dagster_url: str, window: tuple[float, float], home: Path) -> d
 
 # -- the run ---------------------------------------------------------------------------------
 
-def main() -> int:  # noqa: PLR0915 -- one run, in order
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, default=2000)
     parser.add_argument("--feeds-per-host", type=int, default=50)
@@ -471,8 +479,7 @@ def main() -> int:  # noqa: PLR0915 -- one run, in order
         if receiver is not None:
             receiver.kill()
         if internet is not None:
-            internet.send_signal(signal.SIGINT)
-            internet.wait(30)
+            stop_internet(internet)
         shutil.rmtree(pg_root, ignore_errors=True)
     (out / "report.json").write_text(json.dumps(report, indent=1))
     (out / "samples.json").write_text(json.dumps(samples))
