@@ -408,7 +408,9 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
     }
     traced = trace(engine, lost)
     report["lost_by_stage"] = dict(Counter(stage for stage, _ in traced.values()).most_common())
-    report["lost_traced"] = [[user, link, *traced[(user, link)]] for user, link in lost]
+    # The rows' times as text: the report is written as JSON.
+    report["lost_traced"] = json.loads(json.dumps([[user, link, *traced[(user, link)]] for user, link in lost],
+                                                  default=str))
     print(f"{report['feeds']} feeds on {args.hosts} hosts, {report['users']} users, every {args.interval} min;"
           f" {args.minutes:g} min measured after {args.warmup:g} min; commit {report['commit']}, load {report['load']}")
     print(f"  audited {len(audited)} items, {expected} deliveries expected: lost {len(lost)}, duplicated"

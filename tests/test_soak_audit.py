@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import sqlalchemy as sa
 
 from bench.soak import audit
 from pipeline.core.settings import DEFAULT_MAX_RESPONSE_BYTES
+from pipeline.storage import schema
 
 PORT = 18400
 FEED = f"http://127.1.0.1:{PORT}/f/0.xml"
@@ -40,6 +42,21 @@ def test_an_item_listed_by_an_answer_the_pipeline_reads_and_never_delivered_is_l
     report = run_audit(engine, tmp_path, answer_bytes=2_000)
     assert report["lost"] == 1 and report["refused_as_too_large"] == 0
     assert report["lost_by_stage"] == {"no raw row (the fetch that listed it stored nothing)": 1}
+    json.dumps(report)  # the run writes it as JSON
+
+
+def test_a_lost_item_stored_raw_and_never_processed_is_traced_to_that_stage_and_the_report_is_json(
+    engine: sa.Engine, tmp_path: Path,
+) -> None:
+    with engine.begin() as conn:
+        source = conn.execute(sa.insert(schema.sources).values(
+            name="feed", url=FEED, source_type="rss", config={}).returning(schema.sources.c.id)).scalar_one()
+        conn.execute(sa.insert(schema.listings_raw).values(
+            source_id=source, source_item_id="g0", url=LINK, raw_json={"title": "kw0001", "url": LINK},
+            content_hash="h0", fetched_at=datetime(2026, 11, 28, tzinfo=UTC)))
+    report = run_audit(engine, tmp_path, answer_bytes=2_000)
+    assert report["lost_by_stage"] == {"raw row, no listing": 1}
+    assert json.loads(json.dumps(report))["lost_traced"][0][3]["raw"][0]["fetched_at"].startswith("2026-11-28")
 
 
 @pytest.mark.parametrize("answer_bytes", [DEFAULT_MAX_RESPONSE_BYTES + 1, 20_000_823])
