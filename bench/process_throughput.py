@@ -82,12 +82,14 @@ WORDS = [f"{a}{b}{c}" for a in "bcdfghklmnprst" for b in "aeiou" for c in "lmnrs
 
 # The ceiling's work after the claim, in one statement: mark the claimed rows processed
 # (fenced by token and worker) and upsert the listings of the rows it marked.
-CEILING_WRITE = """
-WITH marked AS (
-    UPDATE listings_raw SET processed_at = now(), last_error = NULL,
-           locked_until = NULL, claimed_by = NULL, claim_token = NULL
-    WHERE id = ANY(%(ids)s) AND claim_token = %(token)s AND claimed_by = %(worker)s
-    RETURNING id, source_id, source_item_id, raw_json, content_hash)
+# Both ceilings' fenced mark of the claimed rows as processed.
+MARK = """
+UPDATE listings_raw SET processed_at = now(), last_error = NULL,
+       locked_until = NULL, claimed_by = NULL, claim_token = NULL
+WHERE id = ANY(%(ids)s) AND claim_token = %(token)s AND claimed_by = %(worker)s
+"""
+CEILING_WRITE = f"""
+WITH marked AS ({MARK}    RETURNING id, source_id, source_item_id, raw_json, content_hash)
 INSERT INTO listings (source_id, source_item_id, url, title, summary, author, published_at,
                       categories, content_hash, raw_id, item_key)
 SELECT r.source_id, r.source_item_id, r.raw_json->>'url', r.raw_json->>'title',
@@ -105,13 +107,7 @@ WHERE listings.raw_id IS NULL OR excluded.raw_id >= listings.raw_id
 """
 
 
-# The same-work ceiling's own statements: the fenced mark (as CEILING_WRITE's), and the
-# clusters' update.
-SAME_MARK = """
-UPDATE listings_raw SET processed_at = now(), last_error = NULL,
-       locked_until = NULL, claimed_by = NULL, claim_token = NULL
-WHERE id = ANY(%(ids)s) AND claim_token = %(token)s AND claimed_by = %(worker)s
-"""
+# The same-work ceiling's own statement besides MARK: the clusters' update.
 SAME_CLUSTERS = """
 UPDATE listings SET cluster_id = v.cluster
 FROM unnest(string_to_array(%(ids)s, ',')::bigint[], string_to_array(%(clusters)s, ',')::bigint[]) AS v(id, cluster)
@@ -188,7 +184,7 @@ def same_work_worker(url: str, batch: int, start_at: float, captured: str) -> Re
             mine = sorted((prepared[i] for i in ids), key=lambda p: p.order)
             with conn.pipeline():
                 conn.execute("BEGIN")
-                marked = conn.execute(SAME_MARK, {"ids": ids, "token": token, "worker": worker})
+                marked = conn.execute(MARK, {"ids": ids, "token": token, "worker": worker})
                 written = conn.execute(texts["upsert"][0], {"rows": "[" + ",".join(p.json for p in mine) + "]"})
                 conn.execute(*texts["lock"])
             assert marked.rowcount == len(ids), (marked.rowcount, len(ids))
@@ -231,7 +227,8 @@ def _asking(mine: list[Prepared], listing_ids: dict[tuple[int, str], int]) -> di
 def _join(mine: list[Prepared], listing_ids: dict[tuple[int, str], int], found: list[dict[str, Any]],
           titles: dict[str, frozenset[str]]) -> dict[int, int]:
     """Each new listing that is a story a candidate (or an earlier one of the batch)
-    told, with its cluster: the rule of ``stories.same_story`` on precomputed values."""
+    told, with its cluster: the rule of ``stories.same_story`` on precomputed values,
+    less its offsite exception (every link of this benchmark is on its source's site)."""
     recent: dict[tuple[int, int], deque[tuple[int, int, int | None, int | None, frozenset[str], int]]] = \
         defaultdict(lambda: deque(maxlen=stories.RECENT_PER_KEY))
     for row in sorted(found, key=lambda r: (r["key_number"], r["key_value"], r["id"])):
@@ -251,9 +248,9 @@ def _join(mine: list[Prepared], listing_ids: dict[tuple[int, str], int], found: 
                 if source_id == p.source_id:
                     continue
                 if (p.url_key is not None and p.url_key == url_key) or (
-                        p.print_ is not None and print_ is not None and ((p.print_ ^ print_).bit_count()
-                                                                        <= stories.MAX_DISTANCE)
-                        and (not words or not p.words or words <= p.words or p.words <= words)):
+                        p.print_ is not None and print_ is not None
+                        and stories.distance(p.print_, print_) <= stories.MAX_DISTANCE
+                        and stories.titles_agree(words, p.words)):
                     clusters.append(cluster)
         if clusters:
             joined[listing] = min(clusters)

@@ -476,7 +476,9 @@ def trace(engine: sa.Engine, pairs: list[tuple[str, str]]) -> dict[tuple[str, st
                           n.c.digest_id, n.c.event)
                 .where(n.c.user_id == user_ids.get(user),
                        sa.or_(n.c.listing_id == listing["id"], n.c.cluster_id == cluster,
-                              n.c.item_key == listing["item_key"]))).mappings()]
+                              # (an item key of NULL would find every notification without one)
+                              n.c.item_key == listing["item_key"] if listing["item_key"] else sa.false()))
+            ).mappings()]
             facts["notifications"] = told
             own = [row for row in told if row["listing_id"] == listing["id"]]
             if own:
