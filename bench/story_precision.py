@@ -45,17 +45,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.core.errors import PipelineError
 from pipeline.fetching.rss import parse_feed
-from pipeline.listings import stories
+from pipeline.listings import boilerplate, stories
 from pipeline.listings.normalize import Listing, normalise
 from pipeline.listings.stories import NewListing
 
 
 class Entry:
-    """A listing of the sample: what the detector sees, and where it came from."""
+    """A listing of the sample: what the detector sees, and where it came from;
+    ``plate``: its source's boilerplate (pipeline/listings/boilerplate.py)."""
 
-    def __init__(self, number: int, source: int, feed: str, item: str, listing: Listing) -> None:
+    def __init__(self, number: int, source: int, feed: str, item: str, listing: Listing,
+                 plate: boilerplate.Phrases = boilerplate.NONE) -> None:
         self.number, self.source, self.feed, self.item, self.listing = number, source, feed, item, listing
-        self.story = NewListing(number, source, stories.Marks.of(listing))
+        self.story = NewListing(number, source, stories.Marks.of(listing, boilerplate=plate))
         self.marks = self.story.marks
 
     @property
@@ -63,9 +65,13 @@ class Entry:
         return f"{self.feed}#{self.item}"
 
 
-def read_corpus(corpus: Path) -> list[Entry]:
+def read_corpus(corpus: Path, *, apply: bool = True) -> tuple[list[Entry], dict[int, boilerplate.Phrases]]:
+    """The sample's listings, and each feed's boilerplate as the processor learns it when
+    the feed's items arrive together (its first fetch), left out of their fingerprints
+    where ``apply``."""
     manifest = json.loads((corpus / "manifest.json").read_text())
     entries: list[Entry] = []
+    plates: dict[int, boilerplate.Phrases] = {}
     for source, feed in enumerate(manifest["feeds"]):
         body = (corpus / "feeds" / feed["path"]).read_bytes()
         url = f"http://corpus.invalid/{quote(feed['path'])}"
@@ -74,6 +80,7 @@ def read_corpus(corpus: Path) -> list[Entry]:
         except (PipelineError, ValueError):
             continue
         seen = set()
+        listings = []
         for item in items:
             try:
                 listing = normalise(item.raw, fallback_url=item.url)
@@ -82,8 +89,12 @@ def read_corpus(corpus: Path) -> list[Entry]:
             if item.source_item_id in seen:
                 continue
             seen.add(item.source_item_id)
-            entries.append(Entry(len(entries), source, feed["path"], item.source_item_id, listing))
-    return entries
+            listings.append((item.source_item_id, listing))
+        words = [stories.Marks.words_of(listing) for _, listing in listings]
+        plate = plates[source] = boilerplate.common(words) if len(words) >= boilerplate.SAMPLE else boilerplate.NONE
+        for item_id, listing in listings:
+            entries.append(Entry(len(entries), source, feed["path"], item_id, listing, plate if apply else boilerplate.NONE))
+    return entries, plates
 
 
 def flagged_pairs(entries: list[Entry]) -> Iterator[tuple[Entry, Entry, str]]:
@@ -164,10 +175,15 @@ def main() -> None:
     parser.add_argument("--made", type=int, default=500, help="listings sampled for made copies")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--show", type=int, default=40, help="unlabelled pairs to print")
+    parser.add_argument("--whole", action="store_true",
+                        help="fingerprint every text whole, as before sources' boilerplate was left out")
     args = parser.parse_args()
     labels: dict[str, str] = json.loads(args.labels.read_text()) if args.labels else {}
 
-    entries = read_corpus(args.corpus)
+    entries, plates = read_corpus(args.corpus, apply=not args.whole)
+    outlets = [plate for plate in plates.values() if plate]  # the boilerplate of the feeds that have one
+    print(f"feeds with boilerplate: {len(outlets):,} of {len(plates):,}"
+          f" (learned from {boilerplate.SAMPLE}+ items at once: the runs of {boilerplate.PHRASE} words all of them have)")
     sources = len({e.source for e in entries})
     printed = sum(1 for e in entries if e.marks.fingerprint is not None)
     print(f"sample: {len(entries):,} listings from {sources:,} feeds; {printed:,} with a fingerprint"
@@ -193,14 +209,20 @@ def main() -> None:
               f"\n  B: {b.listing.title!r}\n     {b.listing.summary[:160]!r}")
 
     rng = random.Random(args.seed)
-    eligible = [e for e in entries if e.marks.fingerprint is not None]
+    eligible = [e for e in entries if e.marks.fingerprint is not None and e.listing.url]  # copies keep a link
     sample = rng.sample(eligible, min(args.made, len(eligible)))
     found: collections.Counter[str] = collections.Counter()
     for name, copy in COPIES.items():
         for e in sample:
             title, summary, url = copy(e.listing.title, e.listing.summary, e.listing.url, rng)
+            # The outlet is a source with items of its own: half the time one of the
+            # sample's feeds that has a boilerplate, which wraps the copy in its template
+            # (its phrases, after the story) and leaves it out of the copy's fingerprint.
+            outlet = rng.choice(outlets) if outlets and rng.random() < 0.5 else boilerplate.NONE
+            template = " ".join(" ".join(phrase) for phrase in sorted(outlet))
             made = Entry(-1, -1, "made", "copy", normalise(
-                {"title": title, "summary": summary, "url": url}))
+                {"title": title, "summary": f"{summary} {template}".strip(), "url": url}),
+                boilerplate.NONE if args.whole else outlet)
             if stories.same_story(made.story, e.story):
                 found[name] += 1
 

@@ -101,10 +101,12 @@ def test_an_upsert_inserts_or_replaces_the_rows_other_columns(engine, which):
     backend = _backends(engine)[which == "portable"]
     with engine.begin() as conn:
         conn.execute(sa.delete(_t))
-        backend.upsert(conn, _t, {"worker_name": "collect", "last_status": "ok", "last_error": None}, ["worker_name"])
-        backend.upsert(conn, _t, {"worker_name": "collect", "last_status": "failed", "last_error": "boom"},
-                       ["worker_name"])
-        backend.upsert(conn, _t, {"worker_name": "process", "last_status": "ok", "last_error": None}, ["worker_name"])
+        backend.upsert(conn, _t, [{"worker_name": "collect", "last_status": "ok", "last_error": None}], ["worker_name"])
+        backend.upsert(conn, _t, [  # several in one call: one replaced, one new
+            {"worker_name": "collect", "last_status": "failed", "last_error": "boom"},
+            {"worker_name": "process", "last_status": "ok", "last_error": None},
+        ], ["worker_name"])
+        backend.upsert(conn, _t, [], ["worker_name"])
         assert _rows(conn, _t, "worker_name", "last_status", "last_error") == [
             ("collect", "failed", "boom"), ("process", "ok", None)]
 

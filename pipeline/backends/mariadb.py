@@ -8,7 +8,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -125,9 +125,11 @@ class MariaDB(Portable):
         conn.execute(duplicate.on_duplicate_key_update({value: table.c[value] + duplicate.inserted[value]}),
                      sorted(rows, key=lambda r: tuple(r[k] for k in keys)))
 
-    def upsert(self, conn: Connection, table: sa.Table, row: Mapping[str, Any], keys: Sequence[str]) -> None:
-        insert = mysql.insert(table).values(dict(row))
-        conn.execute(insert.on_duplicate_key_update({k: v for k, v in row.items() if k not in keys}))
+    def upsert(self, conn: Connection, table: sa.Table, rows: Rows, keys: Sequence[str]) -> None:
+        if not rows:
+            return
+        insert = mysql.insert(table)
+        conn.execute(insert.on_duplicate_key_update({k: insert.inserted[k] for k in rows[0] if k not in keys}), list(rows))
 
     def upsert_forward(self, conn: Connection, spec: ForwardUpsert, rows: Rows) -> Sequence[sa.Row[Any]] | None:
         """``ON DUPLICATE KEY UPDATE`` has no WHERE, so each assignment carries the

@@ -4,7 +4,7 @@ statement per batch (postgresql.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -47,10 +47,13 @@ class OnConflict(Portable):
         stmt = self.on_conflict_insert(table).on_conflict_do_nothing(index_elements=keys or None)
         return int(conn.execute(stmt.execution_options(preserve_rowcount=True), list(rows)).rowcount)
 
-    def upsert(self, conn: Connection, table: sa.Table, row: Mapping[str, Any], keys: Sequence[str]) -> None:
-        insert = self.on_conflict_insert(table).values(dict(row))
+    def upsert(self, conn: Connection, table: sa.Table, rows: Rows, keys: Sequence[str]) -> None:
+        if not rows:
+            return
+        insert = self.on_conflict_insert(table)
         conn.execute(insert.on_conflict_do_update(
-            index_elements=[table.c[k] for k in keys], set_={k: v for k, v in row.items() if k not in keys}))
+            index_elements=[table.c[k] for k in keys],
+            set_={k: insert.excluded[k] for k in rows[0] if k not in keys}), list(rows))
 
     def add_to(self, conn: Connection, table: sa.Table, keys: Sequence[str], value: str, rows: Rows) -> None:
         if not rows:

@@ -74,9 +74,10 @@ class Backend(Protocol):
         clash on any unique key); how many went in."""
         ...
 
-    def upsert(self, conn: Connection, table: sa.Table, row: Mapping[str, Any], keys: Sequence[str]) -> None:
-        """Store ``row``: insert it, or replace the other columns of the row with its
-        ``keys`` (the table's unique key)."""
+    def upsert(self, conn: Connection, table: sa.Table, rows: Rows, keys: Sequence[str]) -> None:
+        """Store ``rows`` (all with the same columns, in the order their rows are to be
+        locked): insert each, or replace the other columns of the row with its ``keys``
+        (the table's unique key)."""
         ...
 
     def upsert_forward(self, conn: Connection, spec: ForwardUpsert, rows: Rows) -> Sequence[sa.Row[Any]] | None:
@@ -212,10 +213,11 @@ class Portable:
             conn.execute(sa.insert(table), fresh)
         return len(fresh)
 
-    def upsert(self, conn: Connection, table: sa.Table, row: Mapping[str, Any], keys: Sequence[str]) -> None:
-        where = sa.and_(*(table.c[k] == row[k] for k in keys))
-        conn.execute(sa.delete(table).where(where))
-        conn.execute(sa.insert(table).values(dict(row)))
+    def upsert(self, conn: Connection, table: sa.Table, rows: Rows, keys: Sequence[str]) -> None:
+        for row in rows:
+            where = sa.and_(*(table.c[k] == row[k] for k in keys))
+            conn.execute(sa.delete(table).where(where))
+            conn.execute(sa.insert(table).values(dict(row)))
 
     def upsert_forward(self, conn: Connection, spec: ForwardUpsert, rows: Rows) -> Sequence[sa.Row[Any]] | None:
         # Per row: read the stored one, then insert, or update when not older.

@@ -31,6 +31,7 @@ from pipeline.core.settings import Settings
 from pipeline.core.urls import item_key
 from pipeline.core.words import word_string
 from pipeline.listings import stories
+from pipeline.listings.boilerplate import Boilerplate
 from pipeline.listings.normalize import Listing, normalise
 from pipeline.queue.claim import WorkQueue
 from pipeline.queue.heartbeat import Heartbeat
@@ -199,17 +200,26 @@ class Processor:
         fresh = {r["source_id"] for r in rows if (r["source_id"], r["source_item_id"]) not in stored}
         s = schema.sources
         source_urls = dict(conn.execute(sa.select(s.c.id, s.c.url).where(s.c.id.in_(sorted(fresh)))).all()) if fresh else {}
+        # The new listings' words, from which their sources' boilerplate is learned.
+        words = {key: stories.Marks.words_of(listing) for key, (_, listing) in zip(keys, pairs, strict=True)
+                 if key not in stored}
+        by_source: dict[int, list[list[str]]] = {}
+        for (source_id, _), these in words.items():
+            by_source.setdefault(source_id, []).append(these)
+        plate = Boilerplate.learn(conn, by_source)
         for r, (_, listing) in zip(rows, pairs, strict=True):
             key = (r["source_id"], r["source_item_id"])
             old = stored.get(key)
             if old is None:
                 stats.inserted += 1
-                marks = new[key] = stories.Marks.of(listing, source_urls.get(r["source_id"]))
+                marks = new[key] = stories.Marks.of(listing, source_urls.get(r["source_id"]), words=words[key],
+                                                    boilerplate=plate.of(r["source_id"]))
                 r.update(marks.columns())
             elif old.content_hash != r["content_hash"] and (old.raw_id is None or old.raw_id <= r["raw_id"]):
                 stats.updated += 1
             else:
                 stats.unchanged += 1
+        plate.save(conn)
         written = backend.upsert_forward(conn, _UPSERT, rows)
         if written is None and new:  # the backend did not hand back the new ones' ids
             written = conn.execute(existing, backend.pairs_params(list(new))).all()

@@ -8,8 +8,9 @@ Two listings **from different sources** are the same story when
   that an item on its link's own site never joins a story an off-site item began (a
   source linking another site's article first, under its own title, would title it), or
 * their texts are near-identical: the 64-bit SimHash (Charikar 2002; the thresholds of
-  Manku, Jain and Das Sarma 2007) of the distinct words of title and summary differ in
-  at most ``MAX_DISTANCE`` bits. A text of fewer than ``MIN_WORDS`` distinct words has
+  Manku, Jain and Das Sarma 2007) of the distinct words of title and summary, less the
+  phrases their source repeats in every item (pipeline/listings/boilerplate.py), differ
+  in at most ``MAX_DISTANCE`` bits. A text of fewer than ``MIN_WORDS`` distinct words has
   no fingerprint (too short to tell a copy from a namesake): only its link can join it.
 
 Listings of one source are never joined by these rules: a source's own item identity
@@ -51,6 +52,7 @@ from pipeline.backends import backend_for
 from pipeline.backends.recent import Asking, RecentPerKey
 from pipeline.core.urls import same_site, story_url
 from pipeline.core.words import normalised
+from pipeline.listings.boilerplate import NONE, Phrases, without
 from pipeline.listings.normalize import Listing
 from pipeline.storage import schema
 
@@ -72,11 +74,17 @@ assert len(schema.STORY_KEYS) == 1 + BANDS  # the link's key, then the bands
 _SEPARATORS = str.maketrans(dict.fromkeys(string.punctuation + "\u2018\u2019\u201c\u201d\u00ab\u00bb\u2013\u2014\u2026\u00b7\u2022", " "))
 
 
-def fingerprint(title: str, summary: str) -> int | None:
-    """The SimHash of the distinct words (case-folded, in order, the first ``MAX_WORDS``)
-    of ``title`` and ``summary``: bit i is set when more than half of the words' hashes
-    have bit i set. None for fewer than ``MIN_WORDS`` distinct words."""
-    distinct = list(dict.fromkeys(text_words(f"{title} {summary}")))[:MAX_WORDS]
+def fingerprint(title: str, summary: str, *, boilerplate: Phrases = NONE) -> int | None:
+    """The ``simhash`` of the words of ``title`` and ``summary``, less its source's
+    ``boilerplate`` (pipeline/listings/boilerplate.py)."""
+    return simhash(without(text_words(f"{title} {summary}"), boilerplate))
+
+
+def simhash(words: Sequence[str]) -> int | None:
+    """The SimHash of the distinct ``words`` (case-folded, in order, the first
+    ``MAX_WORDS``): bit i is set when more than half of the words' hashes have bit i
+    set. None for fewer than ``MIN_WORDS`` distinct words."""
+    distinct = list(dict.fromkeys(words))[:MAX_WORDS]
     if len(distinct) < MIN_WORDS:
         return None
     # Each word's hash spread one bit to a byte; summing them counts, per bit, how many
@@ -140,11 +148,20 @@ class Marks:
     offsite: bool = False
 
     @classmethod
-    def of(cls, listing: Listing, source_url: str | None = None) -> Marks:
-        """A listing's marks, taken from its content; ``source_url``: its source's."""
+    def of(cls, listing: Listing, source_url: str | None = None, *,
+           words: Sequence[str] | None = None, boilerplate: Phrases = NONE) -> Marks:
+        """A listing's marks, taken from its content; ``source_url``: its source's;
+        ``words``: its ``words_of`` where the caller has them; ``boilerplate``: its
+        source's (pipeline/listings/boilerplate.py), left out of its fingerprint."""
         title = own_title(listing.title, listing.url)
-        return cls(url_key(listing.canonical_url), fingerprint(title, listing.summary), frozenset(text_words(title)),
+        text = cls.words_of(listing) if words is None else words
+        return cls(url_key(listing.canonical_url), simhash(without(text, boilerplate)), frozenset(text_words(title)),
                    _offsite(listing.canonical_url, source_url))
+
+    @staticmethod
+    def words_of(listing: Listing) -> list[str]:
+        """The words of ``listing``'s title and summary, in order, as ``of`` takes them."""
+        return text_words(f"{own_title(listing.title, listing.url)} {listing.summary}")
 
     @classmethod
     def stored(cls, story_key: int | None, simhash: int | None, title: str, url: str,

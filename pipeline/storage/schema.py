@@ -287,6 +287,17 @@ listings = sa.Table(
       for key in STORY_KEYS),
 )
 
+# A source's boilerplate (pipeline/listings/boilerplate.py): the phrases (runs of words,
+# a JSON list of lists) all of its new listings had when it last brought several at once,
+# taken out of its listings' texts for their fingerprints. Revision 0029.
+source_words = sa.Table(
+    "source_words",
+    metadata,
+    sa.Column("source_id", IdType, sa.ForeignKey("sources.id", ondelete="CASCADE"), primary_key=True,
+              autoincrement=False),
+    sa.Column("words", JSONType, nullable=False),
+)
+
 # One row, locked by the part of a processor's transaction that puts new listings in
 # clusters: two copies of one story stored at once do not both found one.
 story_lock = sa.Table(

@@ -353,6 +353,6 @@ def _record(engine: Engine, stage: str, status: str, error: str | None) -> None:
     values = {"worker_name": stage, "last_run_at": datetime.now(UTC), "last_status": status, "last_error": error}
     try:
         with engine.begin() as conn:
-            backend_for(conn).upsert(conn, t, values, ["worker_name"])
+            backend_for(conn).upsert(conn, t, [values], ["worker_name"])
     except sa.exc.SQLAlchemyError:
         pass  # the run's own outcome matters more than this record of it
