@@ -55,7 +55,7 @@ class Entry:
     ``plate``: its source's boilerplate (pipeline/listings/boilerplate.py)."""
 
     def __init__(self, number: int, source: int, feed: str, item: str, listing: Listing,
-                 plate: boilerplate.Phrases = boilerplate.NONE) -> None:
+                 plate: boilerplate.Runs = boilerplate.NONE) -> None:
         self.number, self.source, self.feed, self.item, self.listing = number, source, feed, item, listing
         self.story = NewListing(number, source, stories.Marks.of(listing, boilerplate=plate))
         self.marks = self.story.marks
@@ -65,13 +65,13 @@ class Entry:
         return f"{self.feed}#{self.item}"
 
 
-def read_corpus(corpus: Path, *, apply: bool = True) -> tuple[list[Entry], dict[int, boilerplate.Phrases]]:
+def read_corpus(corpus: Path, *, apply: bool = True) -> tuple[list[Entry], dict[int, boilerplate.Runs]]:
     """The sample's listings, and each feed's boilerplate as the processor learns it when
     the feed's items arrive together (its first fetch), left out of their fingerprints
     where ``apply``."""
     manifest = json.loads((corpus / "manifest.json").read_text())
     entries: list[Entry] = []
-    plates: dict[int, boilerplate.Phrases] = {}
+    plates: dict[int, boilerplate.Runs] = {}
     for source, feed in enumerate(manifest["feeds"]):
         body = (corpus / "feeds" / feed["path"]).read_bytes()
         url = f"http://corpus.invalid/{quote(feed['path'])}"
@@ -183,7 +183,7 @@ def main() -> None:
     entries, plates = read_corpus(args.corpus, apply=not args.whole)
     outlets = [plate for plate in plates.values() if plate]  # the boilerplate of the feeds that have one
     print(f"feeds with boilerplate: {len(outlets):,} of {len(plates):,}"
-          f" (learned from {boilerplate.SAMPLE}+ items at once: the runs of {boilerplate.PHRASE} words all of them have)")
+          f" (learned from {boilerplate.SAMPLE}+ items at once: the runs of phrases of {boilerplate.PHRASE} words all of them have)")
     sources = len({e.source for e in entries})
     printed = sum(1 for e in entries if e.marks.fingerprint is not None)
     print(f"sample: {len(entries):,} listings from {sources:,} feeds; {printed:,} with a fingerprint"
@@ -217,9 +217,9 @@ def main() -> None:
             title, summary, url = copy(e.listing.title, e.listing.summary, e.listing.url, rng)
             # The outlet is a source with items of its own: half the time one of the
             # sample's feeds that has a boilerplate, which wraps the copy in its template
-            # (its phrases, after the story) and leaves it out of the copy's fingerprint.
+            # (its runs, after the story) and leaves it out of the copy's fingerprint.
             outlet = rng.choice(outlets) if outlets and rng.random() < 0.5 else boilerplate.NONE
-            template = " ".join(" ".join(phrase) for phrase in sorted(outlet))
+            template = " ".join(run.strip() for run in outlet)
             made = Entry(-1, -1, "made", "copy", normalise(
                 {"title": title, "summary": f"{summary} {template}".strip(), "url": url}),
                 boilerplate.NONE if args.whole else outlet)

@@ -1,5 +1,5 @@
-"""A source's boilerplate: the phrases every one of its items has, left out of their
-fingerprints (pipeline/listings/stories.py).
+"""A source's boilerplate: the runs of words every one of its items has, left out of
+their fingerprints (pipeline/listings/stories.py).
 
 Why: the items of one template (a job board's standard ad, "submitted by ... [link]
 [comments]", a blog's "Continue reading") share most of their words, so their
@@ -9,28 +9,30 @@ siblings, which are never its story (two items of one source are two stories). W
 its source's template, a listing's fingerprint is made of its own text: a template's
 items scatter over the bands.
 
-What is left out is the template's **phrases where they occur**, never a word wherever
-it is: every run of ``PHRASE`` words in a row that all of a sample of the source's items
-have. A language's common words ("the", "and") are in every item too, but each in a
-phrase of its own, so they stay; and a word of a template that the story's own text
-also has ("by" in "submitted by") stays where the story has it. So a story's own words
-count the same in every source that carries it, whatever template each wraps it in:
-leaving words out wherever they were set copies apart (bench/RESULTS.md).
+What is left out is the template's **runs of words where they occur**, never a word
+wherever it is: the runs made of phrases (``PHRASE`` words in a row) that all of a
+sample of the source's items have. A language's common words ("the", "and") are in
+every item too, but each in a phrase of its own, so they stay; and a word of a template
+that the story's own text also has ("by" in "submitted by") stays where the story has
+it. So a story's own words count the same in every source that carries it, whatever
+template each wraps it in (leaving words out wherever they were set copies apart:
+bench/RESULTS.md).
 
 How it is learned, at no cost per listing in the steady state: when one processor batch
 brings at least ``SAMPLE`` new listings of a source (its first fetch brings its feed's
-whole window; a busy source brings several at a time), its boilerplate is the phrases
-all of them have, and those listings' fingerprints already leave them out. The phrases
-are kept (table ``source_words``) and written only when they changed; a source's
-listings arriving one or two at a time use the phrases last learned. A source that
-never brought ``SAMPLE`` at once has none. Two processors learning one source's
-phrases at once each learn them from a sample of its listings: whichever write lands
+whole window; a busy source brings several at a time), and the source has none learned
+yet, or one of those listings lacks a run learned before (the template changed), or
+they are ``2 * SAMPLE`` or more (a template that grew), its boilerplate is learned from
+them, and their fingerprints already leave it out. It is kept (table ``source_words``,
+an empty list for "none") and written only when it changed; a source's listings
+arriving one or two at a time use what was learned last. Two processors learning one
+source's at once each learn it from a sample of its listings: whichever write lands
 last is as good. One source's boilerplate changes no other source's fingerprints.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -41,38 +43,41 @@ from pipeline.storage import schema
 SAMPLE = 4  # new listings of a source in one batch from which its boilerplate is learned
 PHRASE = 3  # words in a row that make a phrase
 
-Phrases = frozenset[tuple[str, ...]]
-NONE: Phrases = frozenset()
+# A source's boilerplate: runs of words (each a phrase or longer), each with a space on
+# either side, so that a run matches whole words only.
+Runs = tuple[str, ...]
+NONE: Runs = ()
 
 
 @dataclass
 class Boilerplate:
     """Some sources' boilerplate, as stored and as one batch learns it."""
 
-    phrases: dict[int, Phrases]  # source id -> its boilerplate
-    learned: dict[int, Phrases]  # what this batch learned, where it differs from what was stored
+    runs: dict[int, Runs]  # source id -> its boilerplate
+    learned: dict[int, Runs]  # what this batch learned, where it differs from what was stored
 
     @classmethod
     def learn(cls, conn: sa.Connection, new: Mapping[int, Sequence[Sequence[str]]]) -> Boilerplate:
         """The boilerplate of the sources of ``new`` (source id -> the words of each of its
-        new listings, in order: ``stories.Marks.words_of``): learned from them where there
-        are ``SAMPLE`` or more, else as stored."""
+        new listings, in order: ``stories.Marks.words_of``): learned from them where the
+        module docstring says, else as stored."""
         t = schema.source_words
         ids = sorted(new)
-        stored = {source_id: frozenset(map(tuple, phrases)) for source_id, phrases in conn.execute(
+        stored: dict[int, Runs] = {source_id: tuple(runs) for source_id, runs in conn.execute(
             sa.select(t.c.source_id, t.c.words).where(t.c.source_id.in_(ids)))} if ids else {}
-        learned = {source_id: common(texts) for source_id, texts in new.items() if len(texts) >= SAMPLE}
-        changed = {source_id: phrases for source_id, phrases in learned.items() if phrases != stored.get(source_id, NONE)}
+        learned = {source_id: common(texts) for source_id, texts in new.items()
+                   if len(texts) >= SAMPLE and (source_id not in stored or len(texts) >= 2 * SAMPLE
+                                                or not all(has(words, stored[source_id]) for words in texts))}
+        changed = {source_id: runs for source_id, runs in learned.items() if runs != stored.get(source_id)}
         return cls({**stored, **learned}, changed)
 
-    def of(self, source_id: int) -> Phrases:
-        """The phrases ``source_id``'s listings leave out of their fingerprints."""
-        return self.phrases.get(source_id, NONE)
+    def of(self, source_id: int) -> Runs:
+        """The runs ``source_id``'s listings leave out of their fingerprints."""
+        return self.runs.get(source_id, NONE)
 
     def save(self, conn: sa.Connection) -> None:
         """Keep what was learned where it changed (in source order)."""
-        rows = [{"source_id": source_id, "words": sorted(map(list, self.learned[source_id]))}
-                for source_id in sorted(self.learned)]
+        rows = [{"source_id": source_id, "words": list(self.learned[source_id])} for source_id in sorted(self.learned)]
         backend_for(conn).upsert(conn, schema.source_words, rows, ["source_id"])
 
 
@@ -81,22 +86,42 @@ def phrases_of(words: Sequence[str]) -> set[tuple[str, ...]]:
     return set(zip(*(words[i:] for i in range(PHRASE)), strict=False))
 
 
-def common(texts: Iterable[Sequence[str]]) -> Phrases:
-    """The phrases every one of ``texts`` (each its words in order) has."""
-    shared: set[tuple[str, ...]] | None = None
-    for words in texts:
-        shared = phrases_of(words) if shared is None else shared & phrases_of(words)
-        if not shared:
-            return NONE
-    return frozenset(shared or ())
+def common(texts: Sequence[Sequence[str]]) -> Runs:
+    """The runs of words of the first of ``texts`` (each its words in order) made of
+    phrases every one of them has, that every one of them has, longest first."""
+    shared = set.intersection(*map(phrases_of, texts)) if texts else set()
+    if not shared:
+        return NONE
+    first = texts[0]
+    covered = bytearray(len(first) + 1)  # a zero after the last word ends the last run
+    for at, phrase in enumerate(zip(*(first[i:] for i in range(PHRASE)), strict=False)):
+        if phrase in shared:
+            covered[at:at + PHRASE] = b"\x01" * PHRASE
+    runs: list[str] = []
+    begun: int | None = None
+    for i, inside in enumerate(covered):
+        if inside and begun is None:
+            begun = i
+        elif not inside and begun is not None:
+            runs.append(f" {' '.join(first[begun:i])} ")
+            begun = None
+    others = [f" {' '.join(words)} " for words in texts[1:]]
+    # Longest first: ``without`` takes a run out before a shorter one inside it can break it.
+    return tuple(sorted((run for run in dict.fromkeys(runs) if all(run in text for text in others)), key=len, reverse=True))
 
 
-def without(words: Sequence[str], phrases: Phrases) -> Sequence[str]:
-    """``words`` less every occurrence of ``phrases`` (overlapping ones too)."""
-    if not phrases or len(words) < PHRASE:
+def has(words: Sequence[str], runs: Runs) -> bool:
+    """Whether ``words`` has every one of ``runs``."""
+    text = f" {' '.join(words)} "
+    return all(run in text for run in runs)
+
+
+def without(words: Sequence[str], runs: Runs) -> Sequence[str]:
+    """``words`` less every occurrence of ``runs`` (in their order: ``common``'s, longest first)."""
+    if not runs:
         return words
-    covered = bytearray(len(words))
-    for start, phrase in enumerate(zip(*(words[i:] for i in range(PHRASE)), strict=False)):
-        if phrase in phrases:
-            covered[start:start + PHRASE] = b"\x01" * PHRASE
-    return [word for word, out in zip(words, covered, strict=True) if not out]
+    text = f" {' '.join(words)} "
+    for run in runs:
+        while run in text:  # an occurrence right after another lost its leading space to it
+            text = text.replace(run, " ")
+    return text.split()

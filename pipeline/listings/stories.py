@@ -52,7 +52,7 @@ from pipeline.backends import backend_for
 from pipeline.backends.recent import Asking, RecentPerKey
 from pipeline.core.urls import same_site, story_url
 from pipeline.core.words import normalised
-from pipeline.listings.boilerplate import NONE, Phrases, without
+from pipeline.listings.boilerplate import NONE, Runs, without
 from pipeline.listings.normalize import Listing
 from pipeline.storage import schema
 
@@ -74,7 +74,7 @@ assert len(schema.STORY_KEYS) == 1 + BANDS  # the link's key, then the bands
 _SEPARATORS = str.maketrans(dict.fromkeys(string.punctuation + "\u2018\u2019\u201c\u201d\u00ab\u00bb\u2013\u2014\u2026\u00b7\u2022", " "))
 
 
-def fingerprint(title: str, summary: str, *, boilerplate: Phrases = NONE) -> int | None:
+def fingerprint(title: str, summary: str, *, boilerplate: Runs = NONE) -> int | None:
     """The ``simhash`` of the words of ``title`` and ``summary``, less its source's
     ``boilerplate`` (pipeline/listings/boilerplate.py)."""
     return simhash(without(text_words(f"{title} {summary}"), boilerplate))
@@ -149,7 +149,7 @@ class Marks:
 
     @classmethod
     def of(cls, listing: Listing, source_url: str | None = None, *,
-           words: Sequence[str] | None = None, boilerplate: Phrases = NONE) -> Marks:
+           words: Sequence[str] | None = None, boilerplate: Runs = NONE) -> Marks:
         """A listing's marks, taken from its content; ``source_url``: its source's;
         ``words``: its ``words_of`` where the caller has them; ``boilerplate``: its
         source's (pipeline/listings/boilerplate.py), left out of its fingerprint."""
