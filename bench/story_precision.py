@@ -117,7 +117,7 @@ def flagged_pairs(entries: list[Entry]) -> Iterator[tuple[Entry, Entry, str]]:
 
 def own_words(e: Entry) -> tuple[str, ...]:
     """The words a fingerprint is made of (stories.Marks.of)."""
-    return tuple(dict.fromkeys(stories.text_words(f"{stories.own_title(e.listing.title, e.listing.url)} {e.listing.summary}")))
+    return tuple(dict.fromkeys(stories.Marks.words_of(e.listing)))
 
 
 def exact_copy(a: Entry, b: Entry) -> bool:

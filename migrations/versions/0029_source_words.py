@@ -1,5 +1,5 @@
-"""A source's boilerplate (pipeline/listings/boilerplate.py): the phrases all of its items
-had when it last brought several at once, taken out of its listings' texts for their
+"""A source's boilerplate (pipeline/listings/boilerplate.py): the runs of words all of its
+items had when it last brought several at once, taken out of its listings' texts for their
 fingerprints, so that items of one template stop sharing the story detector's band keys.
 Existing sources start with none: each learns its own when it next brings several items.
 

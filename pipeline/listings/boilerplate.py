@@ -32,7 +32,7 @@ last is as good. One source's boilerplate changes no other source's fingerprints
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -81,9 +81,20 @@ class Boilerplate:
         backend_for(conn).upsert(conn, schema.source_words, rows, ["source_id"])
 
 
+def _phrases(words: Sequence[str]) -> Iterator[tuple[str, ...]]:
+    """Each run of ``PHRASE`` words in a row of ``words``, in order (one starts at each
+    word but the last ``PHRASE - 1``)."""
+    return zip(*(words[i:] for i in range(PHRASE)), strict=False)
+
+
+def _spaced(words: Sequence[str]) -> str:
+    """``words`` as one text with a space on either side, as ``Runs`` are written."""
+    return f" {' '.join(words)} "
+
+
 def phrases_of(words: Sequence[str]) -> set[tuple[str, ...]]:
     """Each run of ``PHRASE`` words in a row of ``words``."""
-    return set(zip(*(words[i:] for i in range(PHRASE)), strict=False))
+    return set(_phrases(words))
 
 
 def common(texts: Sequence[Sequence[str]]) -> Runs:
@@ -94,7 +105,7 @@ def common(texts: Sequence[Sequence[str]]) -> Runs:
         return NONE
     first = texts[0]
     covered = bytearray(len(first) + 1)  # a zero after the last word ends the last run
-    for at, phrase in enumerate(zip(*(first[i:] for i in range(PHRASE)), strict=False)):
+    for at, phrase in enumerate(_phrases(first)):
         if phrase in shared:
             covered[at:at + PHRASE] = b"\x01" * PHRASE
     runs: list[str] = []
@@ -103,16 +114,16 @@ def common(texts: Sequence[Sequence[str]]) -> Runs:
         if inside and begun is None:
             begun = i
         elif not inside and begun is not None:
-            runs.append(f" {' '.join(first[begun:i])} ")
+            runs.append(_spaced(first[begun:i]))
             begun = None
-    others = [f" {' '.join(words)} " for words in texts[1:]]
+    others = [_spaced(words) for words in texts[1:]]
     # Longest first: ``without`` takes a run out before a shorter one inside it can break it.
     return tuple(sorted((run for run in dict.fromkeys(runs) if all(run in text for text in others)), key=len, reverse=True))
 
 
 def has(words: Sequence[str], runs: Runs) -> bool:
     """Whether ``words`` has every one of ``runs``."""
-    text = f" {' '.join(words)} "
+    text = _spaced(words)
     return all(run in text for run in runs)
 
 
@@ -120,7 +131,7 @@ def without(words: Sequence[str], runs: Runs) -> Sequence[str]:
     """``words`` less every occurrence of ``runs`` (in their order: ``common``'s, longest first)."""
     if not runs:
         return words
-    text = f" {' '.join(words)} "
+    text = _spaced(words)
     for run in runs:
         while run in text:  # an occurrence right after another lost its leading space to it
             text = text.replace(run, " ")

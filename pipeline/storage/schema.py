@@ -287,8 +287,8 @@ listings = sa.Table(
       for key in STORY_KEYS),
 )
 
-# A source's boilerplate (pipeline/listings/boilerplate.py): the phrases (runs of words,
-# a JSON list of lists) all of its new listings had when it last brought several at once,
+# A source's boilerplate (pipeline/listings/boilerplate.py ``Runs``): the runs of words all
+# of its new listings had when it last learned them (a JSON list of texts; empty: none),
 # taken out of its listings' texts for their fingerprints. Revision 0029.
 source_words = sa.Table(
     "source_words",
