@@ -37,6 +37,7 @@ logs and report in ``--out`` (default: a new directory under /tmp).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing
 import os
@@ -372,11 +373,13 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
         fetches = conn.execute(sa.select(sa.func.count()).select_from(events)
                                .where(events.c.event == schema.EVENT_STARTED)).scalar_one()
     fetch_to_sent = []
+    timed: dict[tuple[str, str], float] = {}  # the deliveries fetch -> delivery counts: when each first arrived
     for (user, link), delivered in got.items():
         fetched = first_fetch.get(link)
         if (fetched is not None and link in items and window_start <= items[link]["at"] < window_end
                 and user not in held):
             fetch_to_sent.append(min(delivered) - fetched.timestamp())
+            timed[(user, link)] = min(delivered)
     start_dt, end_dt = (datetime.fromtimestamp(t, UTC) for t in (window_start, window_end))
     lateness = [(at - due).total_seconds() for at, due in started if start_dt <= at < end_dt]
     series = sorted((at.timestamp(), (at - due).total_seconds()) for at, due in started)
@@ -388,6 +391,7 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
         "not_fetched_by_the_end": len(unfetched), "refused_as_too_large": len(refused),
         "duplicated": len(duplicated), "repeated_webhook_ids": len(repeated_ids), "unexpected": len(unexpected),
         "appear_to_delivery": percentiles(appear_to_sent), "fetch_to_delivery": percentiles(fetch_to_sent),
+        "fetch_to_delivery_by_stage": {name: percentiles(v) for name, v in by_stage(engine, timed).items()},
         "lateness": percentiles(lateness), "fetches_in_window": window_fetches, "fetches_total": fetches,
         "notifications_sent_total": sent_total, "requests_total": requests,
         "cpu_seconds_in_window": {k: round(v, 1) for k, v in cpu.items()},
@@ -421,6 +425,8 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
         print(f"    lost, {stage_name}: {n}")
     print(f"  appearance -> delivery: {report['appear_to_delivery']}")
     print(f"  fetch -> delivery: {report['fetch_to_delivery']}")
+    for name, figures in report["fetch_to_delivery_by_stage"].items():
+        print(f"    {name}: {figures}")
     print(f"  schedule lateness: {report['lateness']}")
     if cpu:
         print(f"  CPU in the window: {report['cpu_seconds_in_window']} s; collector"
@@ -439,6 +445,47 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
             print(f"  {k} resident: {known[0]:.0f} MB at the first sample, {statistics.median(known):.0f} median,"
                   f" {known[-1]:.0f} at the last")
     return report
+
+
+STAGES = ("stored -> processed", "processed -> matched", "matched -> sent", "sent -> received")
+
+
+def by_stage(engine: sa.Engine, received: dict[tuple[str, str], float]) -> dict[str, list[float]]:
+    """Where fetch -> delivery goes, per delivery ((user, item link) -> when it first
+    arrived): from the item's first raw row stored (``listings_raw.fetched_at``, the
+    collector's write) to its processing (``processed_at``), to its listing's matching
+    (``listings.matched_at``), to the user's notification recorded sent (``sent_at``,
+    written after the receiver answered), to the receiver's arrival (negative: the
+    receiver had it before the sending was recorded). Each time is its database's clock
+    at the writing transaction's start, the receiver's its own (the same machine)."""
+    raw, t, n, u = schema.listings_raw, schema.listings, schema.notifications, schema.users
+    out: dict[str, list[float]] = {name: [] for name in STAGES}
+    if not received:
+        return out
+    links = {link for _, link in received}
+    stored: dict[str, Any] = {}  # rows
+    sent: dict[tuple[str, str], Any] = {}
+    with engine.connect() as conn:  # whole tables, read once (an IN list of every link is too many parameters)
+        for raw_row in conn.execute(sa.select(raw.c.url, raw.c.fetched_at, raw.c.processed_at)
+                                    .order_by(raw.c.fetched_at.desc())):
+            if raw_row.url in links:
+                stored[raw_row.url] = raw_row  # the item's first raw row wins: its fetch is where the time starts
+        for told in conn.execute(
+            sa.select(u.c.name, t.c.url, t.c.matched_at, sa.func.min(n.c.sent_at).label("sent_at"))
+            .select_from(n.join(t, n.c.listing_id == t.c.id).join(u, n.c.user_id == u.c.id))
+            .group_by(u.c.name, t.c.url, t.c.matched_at)
+        ):
+            if (told.name, told.url) in received:
+                sent[(told.name, told.url)] = told
+    for (user, link), arrived in received.items():
+        first, last = stored.get(link), sent.get((user, link))
+        if first is None or last is None or None in (first.processed_at, last.matched_at, last.sent_at):
+            continue
+        times = (first.fetched_at, first.processed_at, last.matched_at, last.sent_at)
+        for name, (start, end) in zip(STAGES, itertools.pairwise(times), strict=False):
+            out[name].append((end - start).total_seconds())
+        out[STAGES[-1]].append(arrived - last.sent_at.timestamp())
+    return out
 
 
 def trace(engine: sa.Engine, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[str, dict[str, Any]]]:
