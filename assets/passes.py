@@ -71,12 +71,14 @@ def process(database: PipelineDatabase, run_id: str, *, max_rows: int | None = N
 def notify(
     database: PipelineDatabase, run_id: str, *,
     max_listings: int | None = None, max_notifications: int | None = None,
-    catalogue: FilterCatalogue | None = None,
+    catalogue: FilterCatalogue | None = None, matching: bool = True, delivering: bool = True,
 ) -> Pass:
-    """A notifier pass; ``catalogue``: the run's filters, kept between its passes."""
+    """A notifier pass (its matching or its delivering only, when the other is turned
+    off); ``catalogue``: the run's filters, kept between its passes."""
     with recorded(database.engine, "notifier"):
         stats = Notifier(database.engine, database.settings(), worker=run_worker(run_id), run_id=run_id,
-                         catalogue=catalogue).run(max_listings=max_listings, max_notifications=max_notifications)
+                         catalogue=catalogue).run(max_listings=max_listings, max_notifications=max_notifications,
+                                                  matching=matching, delivering=delivering)
     metadata = {k: v for k, v in stats.as_dict().items() if k != "errors"}
     metadata.update(by_code("errors_", stats.errors, DELIVERY_CODES))
     worked = stats.listings_matched + stats.claimed > 0

@@ -495,6 +495,39 @@ def test_the_filters_kept_between_batches_stay_current(engine, receiver, source_
     assert {(n["user_id"], n["listing_id"]) for n in notifications(engine)} == {(1, 1), (2, 2)}
 
 
+def test_a_burst_of_filters_is_read_once_not_at_every_batch(engine, receiver, source_id, monkeypatch):
+    """The hour at 100,000 sources (bench/RESULTS.md): 30,000 filters seeded within ten
+    minutes were all read again before every batch, for good (the incremental read went
+    back from the newest filter, not from the last look): a third of a run container's
+    CPU. A look reads the ids created since the last one and the rows of the new ones
+    only; more new ones than a look reads by id (a bulk import) is a full reload."""
+    from pipeline.notify import notifier as module
+
+    reads: list[tuple[bool, int]] = []  # (by id, filters read) per read of filter rows
+    real = module.load_filters
+    monkeypatch.setattr(module, "load_filters",
+                        lambda *a, **k: reads.append((k.get("ids") is not None, len(got := real(*a, **k)))) or got)
+    with engine.begin() as conn:
+        add_user(conn, "alice", receiver.url("/hook"))
+        for n in range(30):
+            users.add_filter(conn, "alice", f"word{n}")
+    catalogue = notifier(engine)._catalogue
+    catalogue.current()
+    catalogue.current()
+    catalogue.current()
+    assert reads == [(False, 30)], "the burst is read once"
+    with engine.begin() as conn:
+        users.add_filter(conn, "alice", "another")
+    index, _ = catalogue.current()
+    assert reads[1:] == [(True, 1)] and index.size == 31
+    monkeypatch.setattr(module, "_NEW_AT_ONCE", 2)
+    with engine.begin() as conn:
+        for n in range(3):
+            users.add_filter(conn, "alice", f"bulk{n}")
+    index, _ = catalogue.current()
+    assert reads[2:] == [(False, 34)] and index.size == 34
+
+
 def test_a_full_reload_compiles_only_the_filters_it_has_not_seen(engine, receiver, source_id, monkeypatch):
     """At 1,000,000 filters compiling every query again each minute would take most of a
     core (bench/RESULTS.md, the filter language): compiled queries are kept by their text;

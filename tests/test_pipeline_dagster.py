@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
@@ -12,10 +14,10 @@ import pytest
 import sqlalchemy as sa
 from dagster._core.storage.dagster_run import DagsterRun
 
-from assets import ASSET_CHECKS
+from assets import ASSET_CHECKS, passes
 from assets.backfills import refetch_sources_job, rematch_window_job, reprocess_window_job
 from assets.policies import LINGER_TAG, STAGE_TAG, stage_kinds
-from assets.stages import STAGES_OP, stage_assets
+from assets.stages import LISTINGS, NOTIFICATIONS, STAGES_OP, Carried, Following, stage_assets
 from pipeline.catalogue import sources, users
 from pipeline.storage import schema
 from pipeline.storage.status import collect_status
@@ -526,7 +528,7 @@ def test_a_lingering_ingest_run_takes_sources_as_they_come_due(engine, db_url, s
     load = notifier.load_filters
 
     def counted(*args, **kwargs):
-        if kwargs.get("created_since") is None:
+        if kwargs.get("ids") is None:
             full_loads.append(1)
         return load(*args, **kwargs)
 
@@ -604,6 +606,58 @@ def test_a_lingering_run_under_a_steady_stream_of_due_sources_delivers_as_it_fet
     delivered = posts()
     assert sorted(delivered) == sorted(f"Python job {i}" for i in range(fetched)) == sorted(set(delivered)), \
         "every item fetched delivered once"
+
+
+def _pass(asset: dg.AssetKey) -> passes.Pass:
+    return passes.Pass(asset, {"claimed": 1}, worked=True, changed=True)
+
+
+def test_while_a_lingering_run_fetches_a_long_delivery_holds_up_no_processing_or_matching():
+    """The hour at 100,000 sources: the stages after the collector took turns on one
+    thread, so each item waited for a whole round of delivering what came before it
+    (fetch to delivery p95 14 s). Each now has a thread of its own: a delivery pass that
+    has not ended (here: until the others have run three times; 30 s at most) holds up
+    neither processing nor matching."""
+    released = threading.Event()
+    calls: Counter[str] = Counter()
+
+    def delivering() -> passes.Pass:
+        calls["deliver"] += 1
+        released.wait(30)
+        return _pass(NOTIFICATIONS)
+
+    def other(name: str, asset: dg.AssetKey) -> Callable[[], passes.Pass]:
+        def run() -> passes.Pass:
+            calls[name] += 1
+            if min(calls["process"], calls["match"]) >= 3:
+                released.set()
+            return _pass(asset)
+        return run
+
+    carried = Carried()
+    with Following([delivering, other("process", LISTINGS), other("match", NOTIFICATIONS)], carried, every=0.01):
+        assert released.wait(30), f"processing and matching waited for the delivery pass: {dict(calls)}"
+    done = carried.into(lambda: _pass(NOTIFICATIONS))()
+    assert done.metadata["claimed"] == calls["deliver"] + calls["match"] + 1, "every pass that worked is carried"
+
+
+def test_while_a_lingering_run_fetches_a_stage_whose_pass_took_longer_than_its_round_goes_again_at_once():
+    """A pass starts at most every ``every`` seconds, and at once after one that took
+    longer: the second between rounds was waited after every round, however long it had
+    been. The stage's pass here takes an hour by the clock Following reads, and its
+    round is 600 s: three passes follow one another at once (30 s at most)."""
+    clock = [0.0]
+    passed = threading.Semaphore(0)
+
+    def an_hour() -> passes.Pass:
+        clock[0] += 3600
+        passed.release()
+        return _pass(LISTINGS)
+
+    following = Following([an_hour], Carried(), every=600)
+    following.clock = lambda: clock[0]
+    with following:
+        assert all(passed.acquire(timeout=30) for _ in range(3)), "a pass longer than its round waited for the next"
 
 
 def test_a_lingering_run_whose_next_source_another_worker_took_ends_with_no_skipped_step(

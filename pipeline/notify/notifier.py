@@ -171,10 +171,15 @@ class Notifier:
         self._catalogue = self.catalogue if self.catalogue is not None else FilterCatalogue(self.engine)
         self.limits = AlertLimits(self.settings.alert_limit, timedelta(minutes=self.settings.alert_window_minutes))
 
-    def run(self, *, max_listings: int | None = None, max_notifications: int | None = None) -> NotifyStats:
+    def run(self, *, max_listings: int | None = None, max_notifications: int | None = None,
+            matching: bool = True, delivering: bool = True) -> NotifyStats:
+        """Match the listings not matched yet, then deliver what is due (one of the two
+        only when the other is turned off: a lingering run does each on its own thread)."""
         stats = NotifyStats()
-        self.match(stats, max_listings=max_listings)
-        self.deliver(stats, max_notifications=max_notifications)
+        if matching:
+            self.match(stats, max_listings=max_listings)
+        if delivering:
+            self.deliver(stats, max_notifications=max_notifications)
         return stats
 
     # -- matching -----------------------------------------------------------------------
@@ -499,6 +504,9 @@ def _delivery_counts(
 # A filter whose transaction commits this long after it began (its created_at) is still
 # picked up by the next incremental read; no CLI or API transaction comes near it.
 _RECENT_MARGIN = timedelta(minutes=10)
+# More new filters than this at one look (a bulk import): everything is read again, one
+# statement instead of an IN list of every new id.
+_NEW_AT_ONCE = 500
 
 
 @dataclass
@@ -507,11 +515,13 @@ class FilterCatalogue:
 
     Reading every filter again for every batch of listings cost a fifth of the matching
     pass at 10,000 filters (bench/RESULTS.md, matching). So before each batch only the
-    filters created recently are read (from the newest ``created_at`` seen, less
+    ids of the filters created since the previous look (by the database's clock, less
     ``_RECENT_MARGIN``, so a filter whose transaction committed out of order is found
-    too): a new filter applies from the next batch on, as before. Everything is read
-    again every ``full_reload_seconds``: that is how long a disabled filter or user can
-    still match (delivery checks the user again when it sends).
+    too) are read, and the rows of those not seen yet: a new filter applies from the
+    next batch on, and a burst of filters (a bulk import) is read once, not at every
+    batch for as long as it is the newest. Everything is read again every
+    ``full_reload_seconds``: that is how long a disabled filter or user can still match
+    (delivery checks the user again when it sends).
     """
 
     engine: Engine
@@ -520,7 +530,11 @@ class FilterCatalogue:
     # Compiled queries by their text, kept across reloads: at 1,000,000 filters compiling
     # every one again (30-60 us each) would take most of a core.
     _compiled: dict[str, Query] = field(default_factory=dict)
-    _newest: datetime | None = None
+    # The database's clock at the previous look, and the filters read since the last
+    # full reload (those left out too: a query that does not compile is not tried and
+    # logged at every batch, but at the next full reload).
+    _looked_at: datetime | None = None
+    _seen: set[int] = field(default_factory=set)
     _loaded_at: float | None = None
     # Kept between batches: a new filter is filed into it, not every filter again. The
     # word rarity it learned outlives each full reload, which files every filter anew.
@@ -533,17 +547,24 @@ class FilterCatalogue:
     def current(self) -> tuple[FilterIndex, Recipients]:
         """The filters as an index, and how each one's matches are told."""
         now = time.monotonic()
-        if self._loaded_at is None or now - self._loaded_at >= self.full_reload_seconds:
-            self._recipients, self._newest, self.watching = Recipients(), None, set()
-            self._index = FilterIndex(rarity=self._index.rarity)
-            kept, self._compiled = self._compiled, {}  # those of deleted filters go
-            self._add(load_filters(self.engine, compiled=kept, keep=self._compiled, failed=self.failed))
-            self._loaded_at = now
-        elif self._newest is not None:
-            self._add(load_filters(self.engine, created_since=self._newest - _RECENT_MARGIN,
-                                   compiled=self._compiled, keep=self._compiled, failed=self.failed))
-        else:  # there were no filters at all: any is new
-            self._add(load_filters(self.engine, compiled=self._compiled, keep=self._compiled, failed=self.failed))
+        if (self._loaded_at is not None and self._looked_at is not None
+                and now - self._loaded_at < self.full_reload_seconds):
+            looked_at, ids = _look(self.engine, self._looked_at - _RECENT_MARGIN)
+            new = [i for i in ids if i not in self._seen]
+            if len(new) <= _NEW_AT_ONCE:
+                if new:
+                    self._add(load_filters(self.engine, ids=new, compiled=self._compiled, keep=self._compiled,
+                                           failed=self.failed))
+                    self._seen.update(new)  # those disabled meanwhile too: the full reload decides
+                self._looked_at = looked_at
+                return self._index, self._recipients
+        self._recipients, self._seen, self.watching = Recipients(), set(), set()
+        self._index = FilterIndex(rarity=self._index.rarity)
+        kept, self._compiled = self._compiled, {}  # those of deleted filters go
+        self._looked_at, _ = _look(self.engine, None)  # before the read: a filter it misses is new next time
+        self._add(load_filters(self.engine, compiled=kept, keep=self._compiled, failed=self.failed))
+        self._seen.update(self.failed)
+        self._loaded_at = now
         return self._index, self._recipients
 
     def take_failures(self) -> dict[str, dict[int, str]]:
@@ -555,36 +576,49 @@ class FilterCatalogue:
     def _add(self, loaded: list[tuple[Filter, Recipient]]) -> None:
         for f, recipient in loaded:
             self._recipients.add(f, recipient)
+            self._seen.add(f.id)
             if f.changes:
                 self.watching.add(f.id)
-            if f.created_at is not None and (self._newest is None or f.created_at > self._newest):
-                self._newest = f.created_at
         self._index.add(f for f, _ in loaded)
 
 
+def _enabled_filters(*columns: sa.ColumnElement[Any], enabled_only: bool = True) -> sa.Select[Any]:
+    """``columns`` of the filters joined to their users; of enabled filters of enabled
+    users only, unless not ``enabled_only``."""
+    f, u = schema.filters, schema.users
+    query = sa.select(*columns).select_from(f.join(u, u.c.id == f.c.user_id))
+    return query.where(f.c.enabled, u.c.enabled) if enabled_only else query
+
+
+def _look(engine: Engine, created_since: datetime | None) -> tuple[datetime, list[int]]:
+    """The database's clock now, and the ids of the enabled filters of enabled users
+    created at or after ``created_since`` (none asked for when it is None)."""
+    with engine.connect() as conn:
+        looked_at = conn.execute(sa.select(schema.now_sql(conn))).scalar_one()
+        if created_since is None:
+            return looked_at, []
+        query = _enabled_filters(schema.filters.c.id)
+        query = query.where(schema.filters.c.created_at >= created_since)
+        return looked_at, list(conn.execute(query).scalars())
+
+
 def load_filters(
-    engine: Engine, *, created_since: datetime | None = None, compiled: Mapping[str, Query] | None = None,
+    engine: Engine, *, compiled: Mapping[str, Query] | None = None,
     keep: dict[str, Query] | None = None, failed: dict[int, str] | None = None,
     ids: Collection[int] | None = None, enabled_only: bool = True,
 ) -> list[tuple[Filter, Recipient]]:
     """The enabled filters of enabled users (disabled ones too unless ``enabled_only``;
-    created at or after ``created_since``; those of ``ids`` only, when given), each
-    with how its user is notified. A query found in ``compiled`` is not compiled again;
-    each compiled query without ``source:`` (which depends on the sources' names) goes
-    into ``keep``. A stored query that does not compile (written by a newer version, or
+    those of ``ids`` only, when given), each with how its user is notified. A query
+    found in ``compiled`` is not compiled again; each compiled query without
+    ``source:`` (which depends on the sources' names) goes into ``keep``. A stored query that does not compile (written by a newer version, or
     before today's bounds) is left out, logged and put in ``failed`` with why: one
     filter never stops the others, whatever its compiling raises."""
     f, u = schema.filters, schema.users
-    query = (
-        sa.select(f.c.id, f.c.user_id, f.c.keywords, f.c.query, f.c.source_id, f.c.category, f.c.created_at,
-                  f.c.changes, f.c.channel_url.is_not(None).label("routed"), f.c.channel.label("own_channel"),
-                  f.c.mode, u.c.channel, u.c.digest, u.c.quiet_hours, u.c.timezone)
-        .join(u, u.c.id == f.c.user_id)
+    query = _enabled_filters(
+        f.c.id, f.c.user_id, f.c.keywords, f.c.query, f.c.source_id, f.c.category, f.c.created_at,
+        f.c.changes, f.c.channel_url.is_not(None).label("routed"), f.c.channel.label("own_channel"),
+        f.c.mode, u.c.channel, u.c.digest, u.c.quiet_hours, u.c.timezone, enabled_only=enabled_only,
     )
-    if enabled_only:
-        query = query.where(f.c.enabled, u.c.enabled)
-    if created_since is not None:
-        query = query.where(f.c.created_at >= created_since)
     if ids is not None:
         query = query.where(f.c.id.in_(list(ids)))
     with engine.connect() as conn:
