@@ -6,11 +6,12 @@ since the last one recorded, and at least every ``OBSERVE_EVERY_SECONDS`` otherw
 per tick grew the event log by three observations every ten seconds, never deleted, and
 a tick that reported one showed as "0 runs requested", never "Skipped" with its reason.)
 Room: no run of the stage still starting (it will claim the work), none lingering
-waiting for work (it takes the work as it comes due) unless its linger ends before the
-next look and a run's start and work comes due by then (the next run is asked for now,
-``HANDOVER_START_SECONDS``), and fewer active runs tagged with the stage than
+waiting for work (it takes the work as it comes due), and fewer active runs tagged with the stage than
 PIPELINE_<STAGE>_MAX_RUNS (default 2). A run counts only
 while it progresses: an event within PIPELINE_STALE_LEASE_MINUTES, or a live lease.
+Hand-over: when the stage's last linger (of a run waiting for work or busy fetching)
+ends before the next look and a run's start, and work is due or comes due by then, the
+next run is asked for now (``HANDOVER_START_SECONDS``), to start before that one ends.
 Work: a capped count over the claim queues' own partial indexes (``WorkQueue.count_ready``),
 so a tick costs the same whatever the size of the tables. One request per tick at most:
 the cursor counts the ticks that asked, and the run_key makes a retried tick a no-op.
@@ -138,6 +139,9 @@ class _Runs:
     starting: int = 0  # of those, not at their step yet: they will claim the work
     lingering: str | None = None  # the run lingering longest, waiting for work (no lease held)
     lingering_until: float = 0.0  # when its linger ends (its LINGER_TAG)
+    # When the last linger of them all ends, busy or waiting: the stage has a lingering
+    # run to take what comes due until then.
+    lingers_until: float = 0.0
     stalled: list[str] = field(default_factory=list)  # active in Dagster, not progressing
 
 
@@ -164,6 +168,7 @@ def _runs(context: dg.SensorEvaluationContext, database: PipelineDatabase, filte
         run = record.dagster_run
         until = run.tags.get(LINGER_TAG)
         ends = datetime.fromisoformat(until).timestamp() if until is not None else 0.0
+        found.lingers_until = max(found.lingers_until, ends)
         if ends > max(wall_clock(), found.lingering_until) and not holds_lease(run.run_id):
             # The one lingering longest: a run handing over beside its successor is not it.
             found.lingering, found.lingering_until = run.run_id, ends
@@ -195,16 +200,21 @@ def _request_if_work(
         # empty run behind it.
         return dg.SkipReason(f"{runs.starting} {stage} run(s) queued or starting; they will take the work")
     handing_over = False
-    if runs.lingering:
-        left = runs.lingering_until - wall_clock()
-        handover = sensor_interval() + HANDOVER_START_SECONDS
-        if left > handover:
-            return dg.SkipReason(f"run {runs.lingering} lingers, waiting for work: it takes the work as it comes due")
+    handover = sensor_interval() + HANDOVER_START_SECONDS
+    if runs.lingering and runs.lingering_until - wall_clock() > handover:
+        return dg.SkipReason(f"run {runs.lingering} lingers, waiting for work: it takes the work as it comes due")
+    # The stage's last linger ends within the hand-over, whether its run waits for work
+    # or is busy fetching (under a steady stream of due sources a lingering run is never
+    # idle: each run ended before the next was asked for, and nothing was fetched for
+    # up to a look and a start, bench/soak_stack.py).
+    left = runs.lingers_until - wall_clock()
+    if 0 < left <= handover:
         due_in = next_work_in() if next_work_in is not None else None
-        if due_in is None or due_in > left + handover:
+        if ready or (due_in is not None and due_in <= left + handover):
+            handing_over = True  # the next run starts before this one ends, taking what comes due then
+        elif runs.lingering:
             return dg.SkipReason(f"run {runs.lingering} lingers {left:.0f} s more, and no work comes due before "
                                  "a run asked at the next look could take it")
-        handing_over = True  # the next run starts before this one ends, taking what comes due then
     stalled = sorted({*stalled, *runs.stalled})
     if stalled:
         context.log.warning(

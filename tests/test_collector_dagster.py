@@ -232,7 +232,7 @@ def test_a_lingering_run_hands_over_to_the_next_before_its_linger_ends(engine, d
     next run starts before this one ends (the sensor waited for it to end, and sources due
     in between waited up to a look and a run's start: bench/soak_stack.py saw no fetch for
     30 s at every hand-over). When nothing comes due by then, or the linger has longer to
-    go, the sensor waits as before."""
+    go, the sensor waits as before. Busy or waiting for work, alike."""
     monkeypatch.setenv("PIPELINE_INGEST_LINGER_SECONDS", "300")
     monkeypatch.setenv("PIPELINE_SENSOR_INTERVAL_SECONDS", "30")
     with engine.begin() as conn:
@@ -256,6 +256,22 @@ def test_a_lingering_run_hands_over_to_the_next_before_its_linger_ends(engine, d
     with lingering_until(200) as instance:
         result, _ = evaluate(instance, db_url)
         assert isinstance(result, dg.SkipReason) and "r1 lingers" in result.skip_message, "r1 takes it"
+    # Busy: r1 holds a lease (fetching), as a lingering run under a steady stream of due
+    # sources always does. Its end was no hand-over: the next run was asked for only
+    # once r1 had ended and a source was due (a look and a start with no fetch).
+    with engine.begin() as conn:
+        busy = add_source(conn, "http://127.0.0.1:9/busy", claimed_by=run_worker("r1"), claim_token="t",
+                          locked_until=now() + timedelta(minutes=5))
+    with lingering_until(20) as instance:
+        request, _ = evaluate(instance, db_url)
+        assert isinstance(request, dg.RunRequest), "r1 is busy and ends in 20 s, a source comes due in 40"
+    monkeypatch.setenv("PIPELINE_COLLECTOR_MAX_RUNS", "5")
+    with lingering_until(20, successor=280) as instance:
+        result, _ = evaluate(instance, db_url)
+        assert isinstance(result, dg.SkipReason), "its successor lingers on: r1 ending busy is no reason to ask"
+    monkeypatch.delenv("PIPELINE_COLLECTOR_MAX_RUNS")
+    with engine.begin() as conn:
+        conn.execute(sa.delete(schema.sources).where(schema.sources.c.id == busy))
     monkeypatch.setenv("PIPELINE_COLLECTOR_MAX_RUNS", "5")
     with lingering_until(20, successor=280) as instance:
         result, _ = evaluate(instance, db_url)
