@@ -72,12 +72,18 @@ SECRET = "whsec_" + "c29hay1iZW5jaC1zZWNyZXQta2V5LTAxMjM0NTY3"  # the receiver d
 
 # -- the receiver ------------------------------------------------------------------------
 
-def receive(port: int, log_path: str) -> None:
+def receive(port: int, log_path: str, listening: Any = None) -> None:
     """A webhook receiver on 127.0.0.1:``port``: logs each delivery (time, user, the
-    message's webhook-id, the listings' links) as a JSON line and answers 200."""
+    message's webhook-id, the listings' links) as a JSON line and answers 200. Sets
+    ``listening`` (an Event) once it listens; ends when the process that started it
+    is gone (a run killed before its teardown left its receiver holding the port, and
+    the next run's deliveries went to the old run's log)."""
+    import asyncio
+
     from aiohttp import web
 
     out = open(log_path, "a", buffering=1)  # noqa: SIM115 -- open for the process's life
+    parent = os.getppid()
 
     async def deliver(request: web.Request) -> web.Response:
         body = await request.json()
@@ -87,9 +93,32 @@ def receive(port: int, log_path: str) -> None:
                               "links": [(item.get("listing") or {}).get("url") for item in items]}) + "\n")
         return web.Response(text="ok")
 
-    app = web.Application()
-    app.router.add_post("/u/{user}", deliver)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, handle_signals=True)
+    async def serve() -> None:
+        app = web.Application()
+        app.router.add_post("/u/{user}", deliver)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        if listening is not None:
+            listening.set()
+        while os.getppid() == parent:
+            await asyncio.sleep(1)
+
+    asyncio.run(serve())
+
+
+def start_receiver(port: int, log_path: Path) -> multiprocessing.process.BaseProcess:
+    """``receive`` in a process of its own, once it listens; SystemExit naming the port
+    when it cannot."""
+    spawn = multiprocessing.get_context("spawn")
+    listening = spawn.Event()
+    receiver = spawn.Process(target=receive, args=(port, str(log_path), listening), daemon=True)
+    receiver.start()
+    while not listening.wait(0.1):
+        if not receiver.is_alive():
+            raise SystemExit(f"the webhook receiver could not listen on 127.0.0.1:{port}: is a receiver of an"
+                             " earlier run still running?")
+    return receiver
 
 
 # -- the stages ----------------------------------------------------------------------------
@@ -225,8 +254,7 @@ def main() -> int:  # noqa: PLR0915 -- one run, in order
     receiver_port = args.port + 1
     internet = start_internet(args, internet_log, plan_path)
     spawn = multiprocessing.get_context("spawn")
-    receiver = spawn.Process(target=receive, args=(receiver_port, str(received)), daemon=True)
-    receiver.start()
+    receiver = start_receiver(receiver_port, received)
     admin = sa.create_engine(args.database_url.replace("postgresql://", "postgresql+psycopg://", 1),
                              isolation_level="AUTOCOMMIT")
     stages: dict[str, multiprocessing.process.BaseProcess] = {}

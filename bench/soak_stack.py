@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import random
 import shutil
@@ -67,10 +66,10 @@ from bench.soak import (
     audit,
     percentiles,
     plot,
-    receive,
     resident_mb,
     seed,
     start_internet,
+    start_receiver,
     stop_internet,
 )
 from pipeline.core.settings import DEFAULT_LEASE_SECONDS as LEASE_SECONDS
@@ -326,9 +325,7 @@ def main() -> int:
             internet = start_internet(args, internet_log, plan_path, "--user-keywords", "uniform", "--keywords",
                                       str(args.keywords), "--history", str(args.history))
             receiver_port = args.port + 1
-            receiver = multiprocessing.get_context("spawn").Process(
-                target=receive, args=(receiver_port, str(received)), daemon=True)
-            receiver.start()
+            receiver = start_receiver(receiver_port, received)
             plan = json.loads(plan_path.read_text())
             began = time.time()
             window_start = began + args.warmup * 60

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
-from bench.soak import audit, by_stage
+from bench.soak import audit, by_stage, start_receiver
 from pipeline.core.settings import DEFAULT_MAX_RESPONSE_BYTES
 from pipeline.storage import schema
 
@@ -92,3 +93,19 @@ def test_fetch_to_delivery_is_split_into_the_stages_it_waited_in(engine: sa.Engi
     stages = by_stage(engine, {("user00000", LINK): arrived, ("user00001", LINK): arrived})
     assert stages == {"stored -> processed": [2.0], "processed -> matched": [3.0], "matched -> sent": [4.0],
                       "sent -> received": [-0.5]}
+
+
+def test_a_webhook_receiver_that_cannot_listen_stops_the_run_at_once(tmp_path: Path) -> None:
+    """A stack run stopped before its teardown left its receiver on the port; the next
+    run's receiver died unseen and its deliveries went to the old run's log (an audit
+    of nothing delivered). Two receiver processes on one port: the second names it.
+    Starts processes: the receiver is one."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    first = start_receiver(port, tmp_path / "first.jsonl")
+    try:
+        with pytest.raises(SystemExit, match=f"127.0.0.1:{port}"):
+            start_receiver(port, tmp_path / "second.jsonl")
+    finally:
+        first.kill()
