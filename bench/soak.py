@@ -72,18 +72,24 @@ SECRET = "whsec_" + "c29hay1iZW5jaC1zZWNyZXQta2V5LTAxMjM0NTY3"  # the receiver d
 
 # -- the receiver ------------------------------------------------------------------------
 
-def receive(port: int, log_path: str, listening: Any = None) -> None:
+def receive(port: int, log_path: str, told: Any = None) -> None:
     """A webhook receiver on 127.0.0.1:``port``: logs each delivery (time, user, the
-    message's webhook-id, the listings' links) as a JSON line and answers 200. Sets
-    ``listening`` (an Event) once it listens; ends when the process that started it
-    is gone (a run killed before its teardown left its receiver holding the port, and
-    the next run's deliveries went to the old run's log)."""
+    message's webhook-id, the listings' links) as a JSON line and answers 200. Sends
+    ``told`` (a Connection) "listening" once it listens, or why it cannot; ends when
+    the process that started it is gone (a run stopped before its teardown left its
+    receiver holding the port, and the next run's deliveries went to the old log)."""
     import asyncio
+    import socket
 
-    from aiohttp import web
-
-    out = open(log_path, "a", buffering=1)  # noqa: SIM115 -- open for the process's life
     parent = os.getppid()
+    try:
+        listener = socket.create_server(("127.0.0.1", port))  # first: a port taken is told whatever else is missing
+        from aiohttp import web
+    except Exception as exc:  # told, and the run stops naming it
+        if told is not None:
+            told.send(f"{type(exc).__name__}: {exc}")
+        return
+    out = open(log_path, "a", buffering=1)  # noqa: SIM115 -- open for the process's life
 
     async def deliver(request: web.Request) -> web.Response:
         body = await request.json()
@@ -98,9 +104,9 @@ def receive(port: int, log_path: str, listening: Any = None) -> None:
         app.router.add_post("/u/{user}", deliver)
         runner = web.AppRunner(app)
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        if listening is not None:
-            listening.set()
+        await web.SockSite(runner, listener).start()
+        if told is not None:
+            told.send("listening")
         while os.getppid() == parent:
             await asyncio.sleep(1)
 
@@ -109,15 +115,18 @@ def receive(port: int, log_path: str, listening: Any = None) -> None:
 
 def start_receiver(port: int, log_path: Path) -> multiprocessing.process.BaseProcess:
     """``receive`` in a process of its own, once it listens; SystemExit naming the port
-    when it cannot."""
+    and why when it cannot (a receiver of an earlier run on it, aiohttp missing)."""
     spawn = multiprocessing.get_context("spawn")
-    listening = spawn.Event()
-    receiver = spawn.Process(target=receive, args=(port, str(log_path), listening), daemon=True)
+    heard, told = spawn.Pipe(duplex=False)
+    receiver = spawn.Process(target=receive, args=(port, str(log_path), told), daemon=True)
     receiver.start()
-    while not listening.wait(0.1):
+    while not heard.poll(0.1):
         if not receiver.is_alive():
-            raise SystemExit(f"the webhook receiver could not listen on 127.0.0.1:{port}: is a receiver of an"
-                             " earlier run still running?")
+            raise SystemExit(f"the webhook receiver on 127.0.0.1:{port} ended before it listened")
+    said = heard.recv()
+    if said != "listening":
+        receiver.join()
+        raise SystemExit(f"the webhook receiver could not listen on 127.0.0.1:{port}: {said}")
     return receiver
 
 
