@@ -139,8 +139,8 @@ class _Runs:
     starting: int = 0  # of those, not at their step yet: they will claim the work
     lingering: str | None = None  # the run lingering longest, waiting for work (no lease held)
     lingering_until: float = 0.0  # when its linger ends (its LINGER_TAG)
-    # When the last linger of them all ends, busy or waiting: the stage has a lingering
-    # run to take what comes due until then.
+    # When the last linger of the progressing ones ends, busy or waiting: the stage has
+    # a lingering run to take what comes due until then.
     lingers_until: float = 0.0
     stalled: list[str] = field(default_factory=list)  # active in Dagster, not progressing
 
@@ -168,17 +168,17 @@ def _runs(context: dg.SensorEvaluationContext, database: PipelineDatabase, filte
         run = record.dagster_run
         until = run.tags.get(LINGER_TAG)
         ends = datetime.fromisoformat(until).timestamp() if until is not None else 0.0
+        if not (run.status == dg.DagsterRunStatus.QUEUED
+                or wall_clock() - _last_sign_of_life(context.instance, record) <= quiet_limit
+                or holds_lease(run.run_id)):
+            found.stalled.append(run.run_id)  # lingering or not, it takes nothing
+            continue
+        found.active += 1
+        found.starting += run.status in NOT_YET_STARTED
         found.lingers_until = max(found.lingers_until, ends)
         if ends > max(wall_clock(), found.lingering_until) and not holds_lease(run.run_id):
             # The one lingering longest: a run handing over beside its successor is not it.
             found.lingering, found.lingering_until = run.run_id, ends
-        if (run.status == dg.DagsterRunStatus.QUEUED
-                or wall_clock() - _last_sign_of_life(context.instance, record) <= quiet_limit
-                or holds_lease(run.run_id)):
-            found.active += 1
-            found.starting += run.status in NOT_YET_STARTED
-        else:
-            found.stalled.append(run.run_id)
     return found
 
 

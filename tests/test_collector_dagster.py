@@ -269,7 +269,21 @@ def test_a_lingering_run_hands_over_to_the_next_before_its_linger_ends(engine, d
     with lingering_until(20, successor=280) as instance:
         result, _ = evaluate(instance, db_url)
         assert isinstance(result, dg.SkipReason), "its successor lingers on: r1 ending busy is no reason to ask"
-    monkeypatch.delenv("PIPELINE_COLLECTOR_MAX_RUNS")
+    # A stalled run (no event for 11 minutes, no lease: its container killed) takes
+    # nothing, however long its tag says it lingers: r1's end is still the hand-over.
+    later = time.time() + 11 * 60
+    monkeypatch.setattr(runs, "wall_clock", lambda: later)
+    with dg.DagsterInstance.ephemeral() as instance:
+        for run_id, left in (("dead", 250), ("r1", 20)):
+            until = datetime.fromtimestamp(later + left, UTC).isoformat(timespec="seconds")
+            instance.add_run(DagsterRun(job_name="ingest", run_id=run_id, status=dg.DagsterRunStatus.STARTED,
+                                        tags={STAGE_TAG: "collector", LINGER_TAG: until}))
+        request, _ = evaluate(instance, db_url)
+        assert isinstance(request, dg.RunRequest), "r1 ends in 20 s; the stalled run's linger takes nothing"
+    monkeypatch.undo()
+    monkeypatch.setenv("PIPELINE_INGEST_LINGER_SECONDS", "300")
+    monkeypatch.setenv("PIPELINE_SENSOR_INTERVAL_SECONDS", "30")
+    monkeypatch.delenv("PIPELINE_COLLECTOR_MAX_RUNS", raising=False)
     with engine.begin() as conn:
         conn.execute(sa.delete(schema.sources).where(schema.sources.c.id == busy))
     monkeypatch.setenv("PIPELINE_COLLECTOR_MAX_RUNS", "5")
