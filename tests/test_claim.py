@@ -429,6 +429,40 @@ def test_every_queue_claims_and_completes(engine, strategy):
         assert not queue.claim("w", 10), f"{spec.table.name}: completion left the queue"
 
 
+def test_queues_of_one_kind_share_their_statements_and_other_kinds_do_not(engine, strategy, source_id):
+    """A queue is made per pass, and a lingering run makes a pass of each stage a
+    second: the second queue of a kind builds and compiles nothing (it did: 2-4 ms of
+    CPU a queue on PostgreSQL, bench/RESULTS.md), and a queue whose statements differ
+    (its columns, its spec, its database's claim, whether it records started events)
+    gets its own."""
+    first, second = raw_queue(engine, strategy), raw_queue(engine, strategy, lease_seconds=60)
+    assert second._claim_stmt is first._claim_stmt and second._count_stmt is first._count_stmt
+    assert second.fenced_statement(("processed_at",)) is first.fenced_statement(("processed_at",))
+    if isinstance(first.claiming, PostgreSQLClaim) and isinstance(second.claiming, PostgreSQLClaim):
+        assert second.claiming.claim_sql is first.claiming.claim_sql
+        assert second.claiming.completion({"processed_at": now()}) is first.claiming.completion({"processed_at": now()})
+    others = [
+        WorkQueue(engine, schema.RAW_UNPROCESSED, claiming=strategy, columns=("source_id",)),
+        WorkQueue(engine, schema.LISTINGS_UNMATCHED, claiming=strategy),
+        WorkQueue(engine, schema.RAW_UNPROCESSED, claiming=PortableClaim if strategy is not PortableClaim
+                  else claiming_for(engine)),
+    ]
+    assert len({id(q._claim_stmt) for q in [first, *others]}) == 1 + len(others)
+    recording = PoliteQueue(engine, claiming=strategy, record_started=True, run_id="r1")
+    assert PoliteQueue(engine, claiming=strategy, record_started=True, run_id="r2")._claim_stmt is recording._claim_stmt
+    if recording.claiming.one_statement:  # the started events are written by the claim itself
+        assert PoliteQueue(engine, claiming=strategy)._claim_stmt is not recording._claim_stmt
+    # Sharing them, each queue claims and fences its own rows, with its own lease.
+    with engine.begin() as conn:
+        add_raw_rows(conn, source_id, 4)
+    a, b = first.claim("a", 2), second.claim("b", 10)
+    assert len(a) == 2 and len(b) == 2 and not set(a.ids) & set(b.ids)
+    assert all(row["locked_until"] < now() + timedelta(seconds=61) for row in b.rows)
+    assert second.complete(b, {"processed_at": now()}).done == b.ids
+    assert first.complete(a, {"processed_at": now()}).done == a.ids
+    assert not first.claim("a", 10)
+
+
 def test_claimed_timestamps_are_utc_whatever_the_server_zone(pg_engine):
     engine = pg_engine
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:

@@ -44,11 +44,15 @@ class MariaDBClaim(PortableClaim):
         super().prepare(claim_stmt)
         # The locking reads: each branch's rows (the columns a claim returns) and the
         # database's clock, which their own conditions read too.
+        # Built once per kind of queue (``Built``).
         q = self.queue
-        clock = sa.func.utc_timestamp(sa.literal_column("6"), type_=self.time_type)
-        expired, free = q.candidates(lock=True, now=clock)
-        self.locking = (expired.with_only_columns(*q.columns, clock.label("claim_clock")),
-                        free.with_only_columns(*q.columns, clock.label("claim_clock")))
+        locking = q.built.driver.get("locking")
+        if locking is None:
+            clock = sa.func.utc_timestamp(sa.literal_column("6"), type_=self.time_type)
+            expired, free = q.candidates(lock=True, now=clock)
+            locking = q.built.driver["locking"] = (expired.with_only_columns(*q.columns, clock.label("claim_clock")),
+                                                   free.with_only_columns(*q.columns, clock.label("claim_clock")))
+        self.locking: tuple[sa.Select[Any], sa.Select[Any]] = locking
 
     def named(self) -> dict[str, sa.Executable]:
         expired, free = self.locking

@@ -90,8 +90,10 @@ class PostgreSQLClaim(PortableClaim):
     def __init__(self, queue: ClaimQueue) -> None:
         super().__init__(queue)
         self.claim_sql: DriverStatement | None = None
-        self._complete_sql: dict[tuple[str, ...], DriverStatement] = {}
-        self._each: dict[tuple[str, ...], sa.Update] = {}
+        # Compiled once per kind of queue (``Built``): the completions, by what they set;
+        # complete_rows' statements, by their columns.
+        self._complete_sql: dict[tuple[str, ...], DriverStatement] = queue.built.driver.setdefault("complete", {})
+        self._each: dict[tuple[str, ...], sa.Update] = queue.built.driver.setdefault("each", {})
         self._names = [c.name for c in queue.columns]  # what a claim returns, in order
 
     # -- time ---------------------------------------------------------------------------
@@ -120,7 +122,10 @@ class PostgreSQLClaim(PortableClaim):
 
     def prepare(self, claim_stmt: sa.Update | sa.Select[Any]) -> None:
         super().prepare(claim_stmt)
-        self.claim_sql = self.driver_sql(claim_stmt)
+        compiled = self.queue.built.driver.get("claim")
+        if compiled is None or compiled[0] is not claim_stmt:
+            compiled = self.queue.built.driver["claim"] = (claim_stmt, self.driver_sql(claim_stmt))
+        self.claim_sql = compiled[1]
 
     def claim(self, params: dict[str, Any], limit: int) -> Sequence[Row]:
         assert self.claim_sql is not None

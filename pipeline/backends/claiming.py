@@ -35,12 +35,31 @@ from pipeline.backends.clock import sql_now
 Row = Mapping[Any, Any]
 
 
+class Built:
+    """The statements of one kind of queue on one kind of database, each built when
+    first needed and then shared by every queue of that kind in the process (the queue
+    keeps them: pipeline/queue/base.py ``built_for``). Queues are made per pass, and a
+    lingering run makes a pass of each stage a second: building and compiling a claim
+    queue's statements again cost 2-4 ms of CPU a queue (bench/RESULTS.md, "Statements
+    built once a process"). Nothing here names an engine. Two threads that miss at
+    once each build the statement and one is kept: the same SQL either way."""
+
+    def __init__(self) -> None:
+        self.claim: sa.Update | sa.Select[Any] | None = None  # the claim (``WorkQueue._build_statements``)
+        self.count: sa.Select[Any] | None = None  # the sensor's capped count of the claim's candidates
+        self.chosen: sa.CompoundSelect[Any] | None = None  # ``chosen_ids``
+        self.fenced: dict[tuple[str, ...], sa.Update] = {}  # the fenced writes, by what they set
+        self.driver: dict[Any, Any] = {}  # what the database's claim makes of them (compiled)
+        self.own: dict[str, Any] = {}  # a kind of queue's own (PoliteQueue: when a source may start)
+
+
 class ClaimQueue(Protocol):
     """What a database's claim reads of the queue it claims for."""
 
     engine: Engine
     lease: timedelta
     columns: tuple[sa.Column[Any], ...]  # what a claim returns, in order
+    built: Built  # its kind's statements, where the database's claim keeps its own
 
     @property
     def table(self) -> sa.Table: ...

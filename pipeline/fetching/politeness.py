@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -79,7 +79,13 @@ class PoliteQueue(WorkQueue[SourceRow]):
         self.record_started, self.run_id = record_started, run_id
         self.groups, self.default_group = _groups, DEFAULT
         super().__init__(engine, schema.SOURCES_DUE, lease_seconds=lease_seconds, claiming=claiming, row=SourceRow)
-        self._next_start = self._build_next_start()
+        if "next_start" not in self.built.own:
+            self.built.own["next_start"] = self._build_next_start()
+        self._next_start = self.built.own["next_start"]
+
+    def _statement_key(self) -> Hashable:
+        """Its claim writes the started events or not (``recorded``)."""
+        return self.record_started
 
     # -- shared SQL ---------------------------------------------------------------------
 

@@ -7,7 +7,8 @@ fenced writes pipeline/queue/fenced.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Hashable, Iterable
 from datetime import datetime, timedelta
 from typing import Any, Generic, cast
 
@@ -15,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from pipeline.backends import claiming_for
-from pipeline.backends.claiming import ClaimQueue, PortableClaim
+from pipeline.backends.claiming import Built, ClaimQueue, PortableClaim
 from pipeline.queue.spec import QueueSpec, R
 
 
@@ -44,15 +45,29 @@ class QueueBase(Generic[R]):
         self.spec = spec
         self.lease = timedelta(seconds=lease_seconds)
         self.columns = self._returned(columns)
+        names = tuple(c.name for c in self.columns)
         if row is not None:
-            _check_row_type(row, spec, [c.name for c in self.columns])
+            _check_row_type(row, spec, list(names))
+        kind = claiming or claiming_for(engine)
+        dialect = engine.dialect
+        # The statements of this kind of queue, shared with every queue of its kind.
+        self.built = built_for((type(self), kind, type(dialect), dialect.server_version_info, spec, names,
+                                self._statement_key()))
         # The queue a claim reads: a WorkQueue (claim.py), the kind of queue there is.
-        self.claiming = (claiming or claiming_for(engine))(cast("ClaimQueue", self))
+        self.claiming = kind(cast("ClaimQueue", self))
         self._autocommit = self.claiming.autocommit
         self._one_statement = self.claiming.one_statement_engine
-        # The fenced writes' statements, built once per set of columns (fenced.py).
-        self._fenced: dict[tuple[str, ...], sa.Update] = {}
+        # The fenced writes' statements, built once per set of columns (fenced.py), shared.
+        self._fenced = self.built.fenced
         self._build_statements()
+
+    def _statement_key(self) -> Hashable:
+        """What else of this queue its statements depend on, beyond its class, its
+        database's claim and dialect, its spec and its columns: a kind of queue whose
+        statements read its own attributes says which (``PoliteQueue``: whether its
+        claim records started events). Two queues with the same key share their
+        statements (``built_for``)."""
+        return ()
 
     def _build_statements(self) -> None:
         """What a kind of queue builds once, when it is made (``WorkQueue``: its claim)."""
@@ -97,6 +112,13 @@ class QueueBase(Generic[R]):
         """The time parameters of statements sent in ``conn``'s transaction: this host's
         clock, or on MariaDB the database's, read in that transaction."""
         return self.claiming.time_params_in(conn, self.lease)
+
+
+@functools.lru_cache(maxsize=256)
+def built_for(key: Hashable) -> Built:
+    """The statements of the kind of queue ``key`` names (``QueueBase.__init__``): one
+    ``Built`` a process, filled as each statement is first needed."""
+    return Built()
 
 
 def _check_row_type(row: type[Any], spec: QueueSpec, columns: list[str]) -> None:

@@ -42,20 +42,24 @@ class WorkQueue(FencedWrites[R]):
 
     The queue says what a claim takes (its two branches, the lease's values, what it
     returns); its database's ``claiming`` (pipeline/backends/) takes them. Each statement
-    is built once per queue, with bound parameters, and reused: a claim costs one
-    execution, not a rebuild of the SQL (see bench/claim_throughput.py).
+    is built once per kind of queue in a process (``built_for``: stages make a queue
+    per pass), with bound parameters, and reused: a claim costs one execution, not a
+    rebuild of the SQL (see bench/claim_throughput.py, bench/queue_build.py).
     ``complete_and_claim`` sends a batch's completion and the next claim in one round
     trip and one commit where the database allows (PostgreSQL).
     """
 
-    _chosen: sa.CompoundSelect[Any] | None = None  # ``chosen_ids``, once built
-
     def _build_statements(self) -> None:
-        """The claim's statements, built once, when the queue is made."""
-        self._claim_stmt = self._build_claim()
+        """The claim's statements: built when the first queue of its kind is made, then
+        its kind's (``built``)."""
+        built = self.built
+        if built.claim is None:
+            built.claim = self._build_claim()
+        self._claim_stmt = built.claim
         self.claiming.prepare(self._claim_stmt)
-        # The sensor's capped count: the claim's candidates, unlocked.
-        self._count_stmt = sa.select(sa.func.count()).select_from(self.chosen_ids().subquery())
+        if built.count is None:  # the sensor's capped count: the claim's candidates, unlocked
+            built.count = sa.select(sa.func.count()).select_from(self.chosen_ids().subquery())
+        self._count_stmt = built.count
 
     def _build_claim(self) -> sa.Update | sa.Select[Any]:
         """The claim's statement: the database's (a kind of queue may have its own)."""
@@ -169,15 +173,15 @@ class WorkQueue(FencedWrites[R]):
         return [term.sql(over=over, now=now, backend=backend) for term in self.spec.order]
 
     def chosen_ids(self) -> sa.CompoundSelect[Any]:
-        """``<expired> UNION ALL <free> LIMIT n``, without locks; built once per queue
-        (the count, SQLite's claim and the portable claim's read share it)."""
-        if self._chosen is None:
+        """``<expired> UNION ALL <free> LIMIT n``, without locks; built once per kind of
+        queue (the count, SQLite's claim and the portable claim's read share it)."""
+        if self.built.chosen is None:
             expired, free = self.candidates(lock=False)
             expired_sq, free_sq = expired.subquery(), free.subquery()
-            self._chosen = sa.union_all(sa.select(expired_sq.c.id), sa.select(free_sq.c.id)).limit(
+            self.built.chosen = sa.union_all(sa.select(expired_sq.c.id), sa.select(free_sq.c.id)).limit(
                 sa.bindparam("claim_limit", type_=sa.Integer())
             )
-        return self._chosen
+        return self.built.chosen
 
     def claimable(self, now: sa.ColumnElement[datetime]) -> list[sa.ColumnElement[bool]]:
         """A row a claim may take at ``now``: pending, ready, and free or expired."""
