@@ -243,6 +243,38 @@ def test_a_sources_template_is_left_out_of_its_fingerprints(engine):
     assert stories.from_signed(later["simhash"]) != stories.fingerprint(title, summary)
 
 
+@conformance
+def test_a_source_whose_items_come_one_at_a_time_learns_its_template(engine):
+    """A small feed's items come one or two a batch from its first fetch on: no batch
+    brought ``SAMPLE`` of its new listings, so its template was never learned and stayed
+    in every fingerprint. Its ``SAMPLE``-th listing learns it, from itself and the
+    listings stored before, and leaves it out, as do the later ones."""
+    rng = random.Random(5)
+    with engine.begin() as conn:
+        a = add_source(conn, "http://127.0.0.1/a.rss")
+    texts, learned = [], []
+    for i in range(boilerplate.SAMPLE + 1):
+        title, summary, _ = _templated(rng, TEMPLATE_A)
+        texts.append((title, summary))
+        with engine.begin() as conn:
+            add_raw(conn, a, f"a-{i}", title=title, url=f"https://a.example/{i}", summary=summary)
+        assert processor(engine).run().inserted == 1
+        with engine.connect() as conn:
+            learned.append(conn.execute(sa.select(schema.source_words.c.words)
+                                        .where(schema.source_words.c.source_id == a)).scalar_one_or_none())
+    template = [f" {' '.join(stories.text_words(TEMPLATE_A))} "]
+    # Nothing learned, nor "none" stored, before it has SAMPLE listings; then its template.
+    assert learned == [None] * (boilerplate.SAMPLE - 1) + [template, template]
+    rows = _listings(engine)
+    for i, (title, summary) in enumerate(texts):
+        kept = stories.from_signed(rows[(a, f"a-{i}")]["simhash"])
+        if i < boilerplate.SAMPLE - 1:
+            assert kept == stories.fingerprint(title, summary)
+        else:
+            assert kept == stories.fingerprint(title, summary, boilerplate=tuple(template))
+            assert kept != stories.fingerprint(title, summary)
+
+
 def test_one_story_in_two_sources_templates_is_one_story(engine, site):
     """Two sources wrap one story in templates of their own (which share words with it:
     "the", "and", "for"): with each source's template out of its texts they are the

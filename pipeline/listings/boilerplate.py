@@ -23,16 +23,20 @@ brings at least ``SAMPLE`` new listings of a source (its first fetch brings its 
 whole window; a busy source brings several at a time), and the source has none learned
 yet, or one of those listings lacks a run learned before (the template changed), or
 they are ``2 * SAMPLE`` or more (a template that grew), its boilerplate is learned from
-them, and their fingerprints already leave it out. It is kept (table ``source_words``,
-an empty list for "none") and written only when it changed; a source's listings
-arriving one or two at a time use what was learned last. Two processors learning one
-source's at once each learn it from a sample of its listings: whichever write lands
-last is as good. One source's boilerplate changes no other source's fingerprints.
+them, and their fingerprints already leave it out. A source with none learned yet whose
+batch brings fewer (a small feed, whose items come one or two at a time from its first
+fetch on) is learned from them and its most recent listings stored before, once it has
+``SAMPLE`` in all: before, such a source never learned its template. It is kept (table
+``source_words``, an empty list for "none") and written only when it changed; a
+source's listings arriving one or two at a time use what was learned last. Two
+processors learning one source's at once each learn it from a sample of its listings:
+whichever write lands last is as good. One source's boilerplate changes no other
+source's fingerprints.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -57,17 +61,24 @@ class Boilerplate:
     learned: dict[int, Runs]  # what this batch learned, where it differs from what was stored
 
     @classmethod
-    def learn(cls, conn: sa.Connection, new: Mapping[int, Sequence[Sequence[str]]]) -> Boilerplate:
+    def learn(cls, conn: sa.Connection, new: Mapping[int, Sequence[Sequence[str]]],
+              words_of: Callable[[str, str, str], Sequence[str]]) -> Boilerplate:
         """The boilerplate of the sources of ``new`` (source id -> the words of each of its
-        new listings, in order: ``stories.Marks.words_of``): learned from them where the
-        module docstring says, else as stored."""
+        new listings, in order: ``stories.Marks.words_of``): learned from them (and, for a
+        source with none learned yet, its listings stored before) where the module
+        docstring says, else as stored. ``words_of(title, summary, url)``: a stored
+        listing's words, as its new ones' were taken (``stories.stored_words``)."""
         t = schema.source_words
         ids = sorted(new)
         stored: dict[int, Runs] = {source_id: tuple(runs) for source_id, runs in conn.execute(
             sa.select(t.c.source_id, t.c.words).where(t.c.source_id.in_(ids)))} if ids else {}
-        learned = {source_id: common(texts) for source_id, texts in new.items()
-                   if len(texts) >= SAMPLE and (source_id not in stored or len(texts) >= 2 * SAMPLE
-                                                or not all(has(words, stored[source_id]) for words in texts))}
+        samples = {source_id: list(texts) for source_id, texts in new.items()
+                   if source_id not in stored or len(texts) >= 2 * SAMPLE
+                   or (len(texts) >= SAMPLE and not all(has(words, stored[source_id]) for words in texts))}
+        for source_id, earlier in _recent(conn, [source_id for source_id, texts in samples.items()
+                                                 if len(texts) < SAMPLE], words_of).items():
+            samples[source_id] += earlier[:SAMPLE - len(samples[source_id])]
+        learned = {source_id: common(texts) for source_id, texts in samples.items() if len(texts) >= SAMPLE}
         changed = {source_id: runs for source_id, runs in learned.items() if runs != stored.get(source_id)}
         return cls({**stored, **learned}, changed)
 
@@ -79,6 +90,28 @@ class Boilerplate:
         """Keep what was learned where it changed (in source order)."""
         rows = [{"source_id": source_id, "words": list(self.learned[source_id])} for source_id in sorted(self.learned)]
         backend_for(conn).upsert(conn, schema.source_words, rows, ["source_id"])
+
+
+def _recent(conn: sa.Connection, source_ids: Sequence[int],
+            words_of: Callable[[str, str, str], Sequence[str]]) -> dict[int, list[Sequence[str]]]:
+    """The words of each of ``source_ids``' ``SAMPLE`` most recent listings stored, newest
+    first, for those that have ``SAMPLE``; only sources with no boilerplate learned yet
+    ask (once each, when it is learned; a source with fewer listings asks again with its
+    next batch, and reads those few)."""
+    if not source_ids:
+        return {}
+    t = schema.listings
+    ranked = sa.select(
+        t.c.source_id, t.c.title, t.c.summary, t.c.url,
+        sa.func.row_number().over(partition_by=t.c.source_id, order_by=t.c.id.desc()).label("n"),
+    ).where(t.c.source_id.in_(sorted(source_ids))).subquery()
+    found: dict[int, list[Sequence[str]]] = {}
+    for source_id, title, summary, url in conn.execute(
+        sa.select(ranked.c.source_id, ranked.c.title, ranked.c.summary, ranked.c.url)
+        .where(ranked.c.n <= SAMPLE).order_by(ranked.c.source_id, ranked.c.n)
+    ):
+        found.setdefault(source_id, []).append(words_of(title, summary or "", url))
+    return found
 
 
 def _phrases(words: Sequence[str]) -> Iterator[tuple[str, ...]]:

@@ -206,7 +206,7 @@ class Processor:
         by_source: dict[int, list[list[str]]] = {}
         for (source_id, _), these in words.items():
             by_source.setdefault(source_id, []).append(these)
-        plate = Boilerplate.learn(conn, by_source)
+        plate = Boilerplate.learn(conn, by_source, stories.stored_words)
         for r, (_, listing) in zip(rows, pairs, strict=True):
             key = (r["source_id"], r["source_item_id"])
             old = stored.get(key)

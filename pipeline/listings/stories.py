@@ -161,7 +161,7 @@ class Marks:
     @staticmethod
     def words_of(listing: Listing) -> list[str]:
         """The words of ``listing``'s title and summary, in order, as ``of`` takes them."""
-        return text_words(f"{own_title(listing.title, listing.url)} {listing.summary}")
+        return stored_words(listing.title, listing.summary, listing.url)
 
     @classmethod
     def stored(cls, story_key: int | None, simhash: int | None, title: str, url: str,
@@ -212,6 +212,12 @@ def same_story(a: NewListing, b: NewListing) -> bool:
         return True
     return (x.fingerprint is not None and y.fingerprint is not None
             and distance(x.fingerprint, y.fingerprint) <= MAX_DISTANCE and titles_agree(x.title_words, y.title_words))
+
+
+def stored_words(title: str, summary: str, url: str) -> list[str]:
+    """The words of a listing's title and summary, in order (``Marks.words_of``), from its
+    stored columns."""
+    return text_words(f"{own_title(title, url)} {summary}")
 
 
 def own_title(title: str, url: str) -> str:
