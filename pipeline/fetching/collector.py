@@ -32,6 +32,7 @@ from sqlalchemy.engine import Engine
 
 from pipeline.backends import backend_for
 from pipeline.backends.changed import JSONValue, StoreChanged
+from pipeline.core import heap
 from pipeline.core.backoff import (
     BackoffPolicy,
     clamp_retry_after,
@@ -148,6 +149,7 @@ class Collector:
             claim_until: float | None = None) -> CollectStats:
         """Claim due sources until none is due, ``max_sources`` were claimed or
         ``claim_until`` (``time.monotonic()``) has passed, and fetch them."""
+        heap.settle()  # once per process: what it imported, out of the collector's sight
         stats = CollectStats()
         with self.engine.connect() as conn:
             self._watching = conn.execute(sa.select(schema.watches.c.user_id).limit(1)).first() is not None

@@ -26,6 +26,7 @@ from sqlalchemy.engine import Engine
 
 from pipeline.backends import backend_for
 from pipeline.backends.upsert import ForwardUpsert
+from pipeline.core import heap
 from pipeline.core.errors import NormaliseError
 from pipeline.core.settings import Settings
 from pipeline.core.urls import item_key
@@ -80,6 +81,7 @@ class Processor:
     ) -> ProcessStats:
         """Process claimed batches until none is left or ``max_rows`` were claimed;
         ``progress`` is told each batch's size once it is written."""
+        heap.settle()  # once per process: what it imported, out of the collector's sight
         stats = ProcessStats()
         queue = WorkQueue(self.engine, schema.RAW_UNPROCESSED, lease_seconds=self.settings.lease_seconds,
                           columns=_CLAIMED, row=RawRow)

@@ -30,6 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from pipeline.backends import in_transaction
+from pipeline.core import heap
 from pipeline.core.errors import DeliveryError, UserError
 from pipeline.core.failures import WORKER_STOPPED, FailureReason
 from pipeline.core.kinds import NotificationStatus
@@ -175,6 +176,7 @@ class Notifier:
             matching: bool = True, delivering: bool = True) -> NotifyStats:
         """Match the listings not matched yet, then deliver what is due (one of the two
         only when the other is turned off: a lingering run does each on its own thread)."""
+        heap.settle()  # once per process: what it imported, out of the collector's sight
         stats = NotifyStats()
         if matching:
             self.match(stats, max_listings=max_listings)
