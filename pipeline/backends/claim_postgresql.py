@@ -132,22 +132,25 @@ class PostgreSQLClaim(PortableClaim):
         with self.driver() as pg:
             return self.rows(self.claim_sql.execute(pg, params))
 
-    def one_of(self, column: sa.ColumnElement[str], names: sa.Select[Any], name: str) -> sa.ColumnElement[bool]:
-        """``column`` is a key of a JSON object of ``names`` built once per statement
-        (``jsonb_object_agg`` in a materialised CTE; ``?`` finds a key by binary search).
-        ``column IN (SELECT ... FROM cte)`` made the planner choose between a hash and
-        reading the CTE's rows again for every row it tests, by its estimate of those
-        rows: with statistics taken while few sources were due (or none yet, on a
-        new table), the polite claim read every open group for every due source, 1,612
-        due x 242 open groups: claims of 33 ms on the simulated internet, against 3.5
-        with fresh statistics (bench/RESULTS.md, "the polite claim's plan"). A key
-        lookup costs the same whatever the estimates say."""
+    def none_of(self, column: sa.ColumnElement[str], names: sa.Select[Any], name: str) -> sa.ColumnElement[bool]:
+        """``column`` is not a key of a JSON object of ``names`` built once per statement
+        (``jsonb_object_agg`` in a materialised CTE, ``{}`` when there are none; ``?``
+        finds a key by binary search). ``IN (SELECT ... FROM cte)`` made the planner
+        choose between a hash and reading the CTE's rows again for every row it tests,
+        by its estimate of those rows: with statistics taken while few sources were due
+        (or none yet, on a new table), the polite claim read every open group for every
+        due source, 1,612 due x 242 open groups: claims of 33 ms on the simulated
+        internet, against 3.5 with fresh statistics (bench/RESULTS.md, "the polite
+        claim's plan"). A key lookup costs the same whatever the estimates say."""
         each = names.subquery(f"{name}_each")
-        keys = sa.select(sa.func.jsonb_object_agg(each.c[0], sa.true(), type_=postgresql.JSONB).label("names"))
+        keys = sa.select(sa.func.coalesce(
+            sa.func.jsonb_object_agg(each.c[0], sa.true(), type_=postgresql.JSONB),
+            sa.cast(sa.literal("{}"), postgresql.JSONB),
+        ).label("names"))
         once = keys.cte(name).prefix_with("MATERIALIZED")
         has_key: sa.ColumnElement[bool] = sa.type_coerce(sa.select(once.c.names).scalar_subquery(),
                                                           postgresql.JSONB).has_key(column)
-        return has_key
+        return sa.not_(has_key)
 
     def polite_claim(self, q: PoliteQueueParts) -> sa.Update | sa.Select[Any]:
         """The polite claim (pipeline/fetching/politeness.py) as one statement: the due

@@ -236,11 +236,12 @@ class PortableClaim:
         transaction: the ids finished and the rows claimed, or None where they are two."""
         return None
 
-    def one_of(self, column: sa.ColumnElement[str], names: sa.Select[Any], name: str) -> sa.ColumnElement[bool]:
-        """``column`` is one of ``names`` (an uncorrelated one-column select, called
-        ``name`` where the statement needs a name for it): ``IN``, which every database
-        here evaluates once per statement and looks up by value."""
-        return column.in_(names)
+    def none_of(self, column: sa.ColumnElement[str], names: sa.Select[Any], name: str) -> sa.ColumnElement[bool]:
+        """``column`` is none of ``names`` (an uncorrelated one-column select of values
+        that are never NULL, called ``name`` where the statement needs a name for it):
+        ``NOT IN``, which every database here evaluates once per statement and looks up
+        by value."""
+        return column.not_in(names)
 
     def polite_claim(self, queue: PoliteQueueParts) -> sa.Update | sa.Select[Any]:
         """The polite claim as one statement, where ``one_statement``."""

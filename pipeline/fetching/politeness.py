@@ -101,25 +101,36 @@ class PoliteQueue(WorkQueue[SourceRow]):
 
     def _has_room(self) -> sa.ColumnElement[bool]:
         """The source's group may start a fetch now: spacing passed, not deferred, and
-        fewer fetches in flight than it allows. The open groups are found once per
-        statement, not once per due source: asked per source, PostgreSQL counted every
-        group's fetches in flight for each due source whenever its statistics said few
-        were due (a new table; statistics taken while few were): 476 due sources and 2
-        groups made 952 counts and 11,432 heap fetches per claim (bench/RESULTS.md), the
-        claim's time growing with due sources x groups. How a source's group is looked
-        up among them is the database's (``one_of``: on PostgreSQL a key lookup, for the
-        same reason)."""
+        fewer fetches in flight than it allows. Found as the groups that may *not*, once
+        per statement, from what stays small however many groups there are: the groups
+        whose next request is ahead (spaced or deferred: claimed in the last moments, or
+        told to wait) and the groups whose fetches in flight reach their limit (read from
+        the leased sources' index: what is in flight). Looking through every group for
+        the open ones counted each group's fetches in flight at every claim, a cost that
+        grew with the groups: 9.9 ms a claim at 2,000 groups, 62 at 20,000
+        (bench/polite_claim.py, bench/RESULTS.md "The polite claim without a count per
+        group"). Asked per due source instead, PostgreSQL once counted every group's
+        fetches for each due source (952 counts a claim). How a source's group is looked
+        up among them is the database's (``none_of``: on PostgreSQL a key lookup, whatever
+        the planner's estimates). A source whose group has no row (there is always one:
+        ``ensure_groups``) passes here and is passed over where its group's room is read."""
         g, d = _groups.alias("g"), _groups.alias("d")
-        open_groups = (
-            sa.select(g.c.name)
-            .select_from(g)
-            .join(d, d.c.name == DEFAULT)
-            .where(
-                sa.or_(g.c.next_request_at.is_(None), g.c.next_request_at <= self.now()),
-                self.in_flight(g.c.name) < sa.func.coalesce(g.c.max_in_flight, d.c.max_in_flight),
-            )
+        now = self.now()
+        leased = _sources.alias("leased")
+        spaced = sa.select(g.c.name.label("name")).where(g.c.next_request_at > now)
+        counted = (
+            sa.select(leased.c.politeness_group.label("name"), sa.func.count().label("n"))
+            .where(fetching(leased, now))
+            .group_by(leased.c.politeness_group)
+            .subquery("in_flight")
         )
-        return self.claiming.one_of(_sources.c.politeness_group, open_groups, "open_groups")
+        full = (
+            sa.select(counted.c.name)
+            .select_from(counted.join(g, g.c.name == counted.c.name).join(d, d.c.name == DEFAULT))
+            .where(counted.c.n >= sa.func.coalesce(g.c.max_in_flight, d.c.max_in_flight))
+        )
+        closed = sa.union_all(spaced, full).subquery("closed")
+        return self.claiming.none_of(_sources.c.politeness_group, sa.select(closed.c.name), "closed_groups")
 
     def polite_candidates(self, *, lock: bool) -> tuple[sa.Select[Any], sa.Select[Any]]:
         """The claim's two branches (expired leases, free rows), less sources whose group

@@ -3,29 +3,32 @@
 
 -- claim
 -- served by ix_sources_due_free (rows never leased, in the queue's order) and ix_sources_due_leased (expired leases, oldest first); the update by pk_sources; each group's fetches in flight counted over ix_sources_politeness_leased
-WITH open_groups AS MATERIALIZED
-(SELECT jsonb_object_agg(open_groups_each.name, true) AS names
+WITH closed_groups AS MATERIALIZED
+(SELECT coalesce(jsonb_object_agg(closed_groups_each.name, true), CAST(%(param_5)s::VARCHAR AS JSONB)) AS names
+FROM (SELECT closed.name AS name
 FROM (SELECT g.name AS name
-FROM politeness_groups AS g JOIN politeness_groups AS d ON d.name = %(name_1)s::VARCHAR
-WHERE (g.next_request_at IS NULL OR g.next_request_at <= now()) AND (SELECT count(*) AS count_1
+FROM politeness_groups AS g
+WHERE g.next_request_at > now() UNION ALL SELECT in_flight.name AS name
+FROM (SELECT leased.politeness_group AS name, count(*) AS n
 FROM sources AS leased
-WHERE leased.politeness_group = g.name AND leased.claimed_by IS NOT NULL AND leased.locked_until > now()) < coalesce(g.max_in_flight, d.max_in_flight)) AS open_groups_each),
+WHERE leased.claimed_by IS NOT NULL AND leased.locked_until > now() GROUP BY leased.politeness_group) AS in_flight JOIN politeness_groups AS g ON g.name = in_flight.name JOIN politeness_groups AS d ON d.name = %(name_1)s::VARCHAR
+WHERE in_flight.n >= coalesce(g.max_in_flight, d.max_in_flight)) AS closed) AS closed_groups_each),
 expired AS MATERIALIZED
 (SELECT sources.id AS id
 FROM sources
-WHERE sources.enabled AND sources.locked_until IS NOT NULL AND sources.locked_until <= now() AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) AND (SELECT open_groups.names
-FROM open_groups) ? sources.politeness_group ORDER BY sources.locked_until
+WHERE sources.enabled AND sources.locked_until IS NOT NULL AND sources.locked_until <= now() AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) AND NOT ((SELECT closed_groups.names
+FROM closed_groups) ? sources.politeness_group) ORDER BY sources.locked_until
  LIMIT %(claim_scan)s::INTEGER FOR NO KEY UPDATE OF sources SKIP LOCKED),
 free AS MATERIALIZED
 (SELECT sources.id AS id
 FROM sources
-WHERE sources.enabled AND sources.locked_until IS NULL AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) AND (SELECT open_groups.names
-FROM open_groups) ? sources.politeness_group ORDER BY sources.priority + coalesce(floor(EXTRACT(epoch FROM now() - sources.next_fetch_at) / CAST(600.0 AS NUMERIC)), 0) DESC, sources.next_fetch_at ASC NULLS FIRST, sources.id ASC
+WHERE sources.enabled AND sources.locked_until IS NULL AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) AND NOT ((SELECT closed_groups.names
+FROM closed_groups) ? sources.politeness_group) ORDER BY sources.priority + coalesce(floor(EXTRACT(epoch FROM now() - sources.next_fetch_at) / CAST(600.0 AS NUMERIC)), 0) DESC, sources.next_fetch_at ASC NULLS FIRST, sources.id ASC
  LIMIT %(claim_scan)s::INTEGER FOR NO KEY UPDATE OF sources SKIP LOCKED),
 cand AS MATERIALIZED
 (SELECT sources.id AS id, sources.politeness_group AS grp, sources.priority AS priority, sources.next_fetch_at AS next_fetch_at, branches.branch AS branch
 FROM sources JOIN (SELECT expired.id AS id, %(param_4)s::INTEGER AS branch
-FROM expired UNION ALL SELECT free.id AS id, %(param_5)s::INTEGER AS branch
+FROM expired UNION ALL SELECT free.id AS id, %(param_6)s::INTEGER AS branch
 FROM free) AS branches ON branches.id = sources.id),
 locked AS MATERIALIZED
 (SELECT politeness_groups.name AS name, politeness_groups.claims AS claims, coalesce(politeness_groups.max_in_flight, d.max_in_flight) AS max_in_flight, coalesce(politeness_groups.min_interval_ms, d.min_interval_ms) AS interval_ms
@@ -33,7 +36,7 @@ FROM politeness_groups JOIN politeness_groups AS d ON d.name = %(name_2)s::VARCH
 WHERE politeness_groups.name IN (SELECT cand.grp
 FROM cand) AND (politeness_groups.next_request_at IS NULL OR politeness_groups.next_request_at <= clock_timestamp()) FOR NO KEY UPDATE OF politeness_groups SKIP LOCKED),
 room AS MATERIALIZED
-(SELECT locked.name AS name, locked.interval_ms AS interval_ms, (locked.max_in_flight - (SELECT count(*) AS count_2
+(SELECT locked.name AS name, locked.interval_ms AS interval_ms, (locked.max_in_flight - (SELECT count(*) AS count_1
 FROM sources AS leased
 WHERE leased.politeness_group = locked.name AND leased.claimed_by IS NOT NULL AND leased.locked_until > now())) - (locked.claims - seen.claims) AS room
 FROM locked JOIN politeness_groups AS seen ON seen.name = locked.name),
@@ -52,10 +55,10 @@ started AS
 (INSERT INTO ingestion_events (event, source_id, source_type, run_id, scheduled_at) SELECT %(param_1)s::VARCHAR AS anon_1, taken.id AS id, taken.source_type AS source_type, %(started_run_id)s::VARCHAR AS anon_2, taken.next_fetch_at AS next_fetch_at
 FROM taken),
 counted AS
-(INSERT INTO metric_counts (name, label, shard, value) SELECT %(param_6)s::VARCHAR AS anon_3, %(param_7)s::VARCHAR AS anon_4, CAST(floor(random() * %(random_1)s::INTEGER) AS SMALLINT) AS floor_1, CAST(count(*) AS FLOAT) AS count_3
+(INSERT INTO metric_counts (name, label, shard, value) SELECT %(param_7)s::VARCHAR AS anon_3, %(param_8)s::VARCHAR AS anon_4, CAST(floor(random() * %(random_1)s::INTEGER) AS SMALLINT) AS floor_1, CAST(count(*) AS FLOAT) AS count_2
 FROM (SELECT taken.id AS id
 FROM taken) AS anon_5
-HAVING count(*) > %(count_4)s::INTEGER ON CONFLICT (name, label, shard) DO UPDATE SET value = (metric_counts.value + excluded.value))
+HAVING count(*) > %(count_3)s::INTEGER ON CONFLICT (name, label, shard) DO UPDATE SET value = (metric_counts.value + excluded.value))
  SELECT taken.id, taken.name, taken.url, taken.source_type, taken.config, taken.enabled, taken.fetch_interval_minutes, taken.next_fetch_at, taken.last_fetched_at, taken.last_success_at, taken.consecutive_failures, taken.last_failure_reason, taken.disabled_reason, taken.priority, taken.adaptive_cadence, taken.min_interval_minutes, taken.max_interval_minutes, taken.etag, taken.last_modified, taken.content_hash, taken.created_at, taken.site_url, taken.attempts, taken.politeness_group, taken.locked_until, taken.claimed_by, taken.claim_token
 FROM taken;
 
