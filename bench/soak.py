@@ -330,13 +330,14 @@ def main() -> int:  # noqa: PLR0915 -- one run, in order
 def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], internet_log: Path, received: Path,
           times: tuple[float, float, float], cpu: dict[str, float], samples: list[dict[str, Any]],
           passes: dict[str, dict[str, list[float]]],
-          held: dict[str, Callable[[float], float]] | None = None) -> dict[str, Any]:
+          held: dict[str, Callable[[float], float]] | None = None, *, built_from: str | None = None) -> dict[str, Any]:
     """Every item that appeared in the window against the deliveries; lateness and CPU;
     printed, and returned as a dict.
 
     ``held``: for a user whose messages wait (a digest, quiet hours), when an item listed
     at a time may be delivered at the earliest; such a user's deliveries count in the
-    audit, not in the delays (they wait by design).
+    audit, not in the delays (they wait by design). ``built_from``: the commit whose code
+    ran, where it is not the checkout's (a stack's image, built at the start).
 
     An item a user follows and never got is *lost* when its feed answered 200 after it
     appeared (the answer listed it) at least ``FETCHED_BEFORE_END`` seconds before the
@@ -422,7 +423,7 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
     series = sorted((at.timestamp(), (at - due).total_seconds()) for at, due in started)
     window_fetches = len(lateness)
     report = {
-        "commit": commit(), "load": load(), "hosts": args.hosts, "feeds": args.hosts * args.feeds_per_host,
+        "commit": built_from or commit(), "load": load(), "hosts": args.hosts, "feeds": args.hosts * args.feeds_per_host,
         "users": len(plan["users"]), "interval_minutes": args.interval, "window_minutes": args.minutes,
         "items_audited": len(audited), "deliveries_expected": expected, "lost": len(lost),
         "not_fetched_by_the_end": len(unfetched), "refused_as_too_large": len(refused),

