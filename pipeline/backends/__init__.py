@@ -14,9 +14,12 @@ not ask which database it runs on: it asks its backend (tests/test_layout.py cou
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect, Engine
 
 from pipeline.backends.claim_mariadb import MariaDBClaim
@@ -35,6 +38,12 @@ _PORTABLE = Portable()
 _CLAIMS: dict[str, type[PortableClaim]] = {
     "postgresql": PostgreSQLClaim, "sqlite": SQLiteClaim, **dict.fromkeys(MARIADB, MariaDBClaim)}
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+# The pauses between attempts to reach the database again (``in_transaction``'s
+# ``outlast``): doubling from the first to the longest.
+REACH_AGAIN_FIRST, REACH_AGAIN_LONGEST = 0.5, 10.0
 
 
 def backend_for(bind: Bind) -> Backend:
@@ -57,10 +66,39 @@ def _name(bind: Bind) -> str:
     return (bind if isinstance(bind, Dialect) else bind.dialect).name
 
 
-def in_transaction(engine: Engine, work: Callable[[Connection], T]) -> T:
+def in_transaction(engine: Engine, work: Callable[[Connection], T], *, outlast: float = 0.0,
+                   sleep: Callable[[float], None] = time.sleep) -> T:
     """``work`` in a transaction of its own, run again where the database broke a
-    deadlock by rolling it back (MariaDB); ``work`` must be safe to run again."""
-    return backend_for(engine).in_transaction(engine, work)
+    deadlock by rolling it back (MariaDB); ``work`` must be safe to run again.
+
+    ``outlast``: for up to this many seconds, run again while the database cannot be
+    reached (``unreachable``: restarting, a connection cut, sessions refused), after
+    pauses doubling from 0.5 s to 10 s; then its last error. For a write of what was
+    done outside the database: a message sent whose outcome the database lost while
+    restarting was sent again when its lease ran out (42 messages at the hour's restart,
+    bench/RESULTS.md); written once the database is back, it is not. A fenced write is
+    safe to run again: one whose commit landed before its connection broke finds its
+    rows no longer held, and changes nothing."""
+    backend = backend_for(engine)
+    waited, pause = 0.0, REACH_AGAIN_FIRST
+    while True:
+        try:
+            return backend.in_transaction(engine, work)
+        except sa.exc.DBAPIError as exc:
+            if not unreachable(exc) or waited + pause > outlast:
+                raise
+            log.warning("the database cannot be reached (%s); writing again in %.1f s",
+                        str(exc.orig or exc).strip().splitlines()[0], pause)
+            sleep(pause)
+            waited, pause = waited + pause, min(pause * 2, REACH_AGAIN_LONGEST)
 
 
-__all__ = ["Backend", "backend_for", "backend_named", "claiming_for", "in_transaction"]
+def unreachable(exc: sa.exc.DBAPIError) -> bool:
+    """``exc`` says the database could not be reached or ended the session (a restart, a
+    connection cut, sessions refused), or could not do the work for now (a deadlock, a
+    statement cancelled): the DB-API's operational and interface errors. Not that it
+    refused the work itself (a constraint, a value it cannot store)."""
+    return exc.connection_invalidated or isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError))
+
+
+__all__ = ["Backend", "backend_for", "backend_named", "claiming_for", "in_transaction", "unreachable"]

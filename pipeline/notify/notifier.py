@@ -399,7 +399,9 @@ class Notifier:
             counters.add(conn, _delivery_counts(attempts, completions, done))
             return fenced
 
-        fenced = in_transaction(self.engine, write)
+        # Sent messages whose outcomes the database could not take (restarting) are
+        # written when it is back, within their lease, not sent again when it runs out.
+        fenced = in_transaction(self.engine, write, outlast=queue.lease.total_seconds())
         done = set(fenced.done)
         stats.fenced_out += len(fenced.lost)
         for a, c in zip(attempts, completions, strict=True):

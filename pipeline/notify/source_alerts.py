@@ -150,7 +150,9 @@ class SourceAlerts:
                 values = attempt_outcome(s.error, s.row["attempts"], s.finished, final=s.final,
                                          max_attempts=self.settings.delivery_max_attempts, u=self.random_unit())
                 completions.append(RowCompletion(s.claim, s.row["id"], values))
-            fenced = in_transaction(self.engine, lambda conn: queue.complete_each(completions, conn=conn))
+            # As the notifier's: outcomes the database could not take are written when it is back.
+            fenced = in_transaction(self.engine, lambda conn: queue.complete_each(completions, conn=conn),
+                                    outlast=queue.lease.total_seconds())
             done = set(fenced.done)
             self.stats.fenced_out += len(fenced.lost)
             for s, c in zip(sent, completions, strict=True):

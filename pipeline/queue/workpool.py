@@ -22,6 +22,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
+import sqlalchemy as sa
+
+from pipeline.backends import unreachable
 from pipeline.queue.claim import WorkQueue
 from pipeline.queue.heartbeat import Heartbeat
 from pipeline.queue.spec import Claim, R
@@ -84,6 +87,13 @@ def work_claimed(
     seconds until that work ends (and once more then): rows that come due meanwhile
     start without waiting for a job to end.
 
+    A claim that cannot reach the database (``unreachable``: restarting, cut off) ends
+    the claiming, not the work claimed before it: that work finishes and is written
+    (a write that outlasts the outage, as the deliverer's does, lands when the database
+    is back, and a message sent is not sent again), then the claim's error is raised.
+    It once ended the pass at once, and the messages in flight, sent, were sent again
+    when their leases ran out.
+
     When a claim finds less than it asked for although work is waiting for room
     (``next_start_in``: seconds until it may be claimable, None when there is none), the
     pass waits for it, up to ``max_wait`` seconds at a time, instead of ending:
@@ -114,6 +124,7 @@ def work_claimed(
         races = 0  # claims in a row that came back short while work was claimable
         looking = False  # a claim came back short while work runs: looking again now and then
         claims = 0  # made by this pass (the first is made whatever ``claim_until`` says)
+        lost: sa.exc.DBAPIError | None = None  # a claim could not reach the database: raised at the end
         while True:
             room = threads - len(running)
             remaining = None if max_rows is None else max_rows - claimed
@@ -130,7 +141,13 @@ def work_claimed(
                 free_since = None
                 # min(batch, free threads, what the cap still allows): never over the cap.
                 limit = min(batch_size, room, remaining if remaining is not None else room)
-                claim = queue.claim(worker, limit)
+                try:
+                    claim = queue.claim(worker, limit)
+                except sa.exc.DBAPIError as exc:
+                    if not unreachable(exc):
+                        raise
+                    lost, more = exc, False  # finish and write what runs, then raise it
+                    continue
                 claims += 1
                 if len(claim) < limit and next_start_in is not None:
                     # Less than asked for: the rest may be waiting for room. When can
@@ -197,6 +214,8 @@ def work_claimed(
                 ready = []
             if not running and not ready and not (more and remaining != 0):
                 writer.close()  # every result written (or the write's error raised)
+                if lost is not None:
+                    raise lost
                 return claimed
 
 
