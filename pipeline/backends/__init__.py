@@ -66,8 +66,7 @@ def _name(bind: Bind) -> str:
     return (bind if isinstance(bind, Dialect) else bind.dialect).name
 
 
-def in_transaction(engine: Engine, work: Callable[[Connection], T], *, outlast: float = 0.0,
-                   sleep: Callable[[float], None] = time.sleep) -> T:
+def in_transaction(engine: Engine, work: Callable[[Connection], T], *, outlast: float = 0.0) -> T:
     """``work`` in a transaction of its own, run again where the database broke a
     deadlock by rolling it back (MariaDB); ``work`` must be safe to run again.
 
@@ -89,7 +88,7 @@ def in_transaction(engine: Engine, work: Callable[[Connection], T], *, outlast: 
                 raise
             log.warning("the database cannot be reached (%s); writing again in %.1f s",
                         str(exc.orig or exc).strip().splitlines()[0], pause)
-            sleep(pause)
+            time.sleep(pause)
             waited, pause = waited + pause, min(pause * 2, REACH_AGAIN_LONGEST)
 
 
