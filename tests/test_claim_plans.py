@@ -370,8 +370,8 @@ def test_the_polite_claim_reads_no_count_per_group(pg_engine: sa.Engine) -> None
     """The claim's cost does not grow with the groups: the groups with no room are
     found from the few waiting out their spacing and the fetches in flight, and the
     fetches are counted for the candidates' groups only. Looking through every group
-    for the open ones counted each one's fetches in flight at every claim: 62 ms a
-    claim at 20,000 groups against 9.9 at 2,000 (bench/polite_claim.py). Here 300
+    for the open ones counted each one's fetches in flight at every claim: 250 ms a
+    claim at 100,000 groups against 11 at 2,000 (bench/polite_claim.py). Here 300
     groups of 2 sources: a claim of 8 looks at 32 due sources (``SCAN_FACTOR``)."""
     groups = 300
     plan = _explained_claim_after_stale_statistics(pg_engine, groups, 2)

@@ -107,7 +107,7 @@ class PoliteQueue(WorkQueue[SourceRow]):
         told to wait) and the groups whose fetches in flight reach their limit (read from
         the leased sources' index: what is in flight). Looking through every group for
         the open ones counted each group's fetches in flight at every claim, a cost that
-        grew with the groups: 9.9 ms a claim at 2,000 groups, 62 at 20,000
+        grew with the groups: 11 ms a claim at 2,000 groups, 50 at 20,000, 250 at 100,000
         (bench/polite_claim.py, bench/RESULTS.md "The polite claim without a count per
         group"). Asked per due source instead, PostgreSQL once counted every group's
         fetches for each due source (952 counts a claim). How a source's group is looked
