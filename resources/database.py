@@ -8,7 +8,7 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 from sqlalchemy.engine import Engine
 
-from pipeline.core.settings import Settings
+from pipeline.core.settings import DEFAULT_LEASE_SECONDS, Settings
 from pipeline.queue.claim import WorkQueue
 from pipeline.queue.spec import QueueSpec
 from pipeline.storage import db, migrate
@@ -29,7 +29,7 @@ class PipelineDatabase(dg.ConfigurableResource):  # type: ignore[type-arg]
     )
     lease_seconds: int | None = Field(
         default=None,
-        description="Claim lease; default: PIPELINE_LEASE_SECONDS, else 300.",
+        description=f"Claim lease; default: PIPELINE_LEASE_SECONDS, else {DEFAULT_LEASE_SECONDS}.",
     )
 
     _engine: Engine | None = PrivateAttr(default=None)

@@ -709,7 +709,9 @@ def test_three_notifier_processes_never_deliver_twice(engine, db_url, receiver, 
         assert p.returncode == 0, err
         totals.append(json.loads(out.strip().splitlines()[-1]))
     assert sum(t["notifications_created"] for t in totals) == 120
-    assert sum(t["sent"] for t in totals) == 120 and len(keys) == 120
+    assert sum(t["sent"] for t in totals) == 120 and len(keys) == 120, (
+        totals, len(keys), [(n["status"], n["attempts"], n["last_error"]) for n in notifications(engine)
+                            if n["status"] != "sent"])
     assert len(set(keys)) == 120, "no notification was delivered twice"
     assert sum(1 for t in totals if t["sent"]) >= 2, "the processes shared the work"
 

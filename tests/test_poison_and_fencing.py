@@ -258,6 +258,47 @@ def test_a_fetch_that_outlives_its_lease_keeps_it_while_it_runs(engine, receiver
     assert len(started) == 1
 
 
+def test_a_lease_outlives_a_database_outage_shorter_than_it(pg_databases):
+    """A heartbeat whose extensions fail (the database's sessions ended and refused, as a
+    restart or a cut looks to a client) tries again within seconds once it is back: the
+    rows it holds are still its own. It waited a whole beat (a third of the lease)
+    instead, so two failed beats lost the lease. A database of its own (it refuses
+    sessions for a while); sessions are allowed again once two extensions have failed:
+    a state, not a moment."""
+    from pipeline.queue.heartbeat import Heartbeat
+    from pipeline.storage import db
+
+    name = pg_databases.migrated()
+    engine = db.create_engine(pg_databases.url(name))
+
+    def sessions(allowed: bool) -> None:
+        with pg_databases.admin.connect() as conn:
+            conn.exec_driver_sql(f"ALTER DATABASE {name} ALLOW_CONNECTIONS {str(allowed).lower()}")
+            if not allowed:
+                conn.exec_driver_sql(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'")
+
+    try:
+        with engine.begin() as conn:
+            add_source(conn)
+        queue = WorkQueue(engine, schema.SOURCES_DUE, lease_seconds=9)  # a beat every 3 s
+        claim = queue.claim("w", 1)
+        assert claim
+        sessions(allowed=False)
+        with Heartbeat(queue) as heartbeat:
+            heartbeat.hold(claim)
+            try:
+                wait_until("two extensions to fail", lambda: heartbeat.failures >= 2, timeout=60, every=0.05)
+            finally:
+                sessions(allowed=True)
+            wait_until("an extension to get through", lambda: heartbeat.beats > 0, timeout=60, every=0.05)
+        # An extension, unlike a completion, finds a lease that ran out (nobody has
+        # claimed the row since, but it may already be counted as free).
+        assert queue.extend(claim).done == claim.ids, "the lease was lost to a short outage"
+    finally:
+        engine.dispose()
+        pg_databases.drop(name)
+
+
 def test_stale_leases_are_judged_by_the_database_clock(pg_engine):
     """A host whose clock runs an hour ahead of the database must not call a running
     lease stale. The database's clock is made an hour behind this host's for the

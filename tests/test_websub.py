@@ -7,6 +7,7 @@ publish), and `pipeline serve`'s application answers on a real port."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -24,6 +25,7 @@ from pipeline.core.settings import Settings
 from pipeline.fetching import websub, youtube
 from pipeline.fetching.collector import Collector
 from pipeline.net.http import FetchResult
+from pipeline.queue.claim import WorkQueue
 from pipeline.storage import counters, schema
 from pipeline.web.app import FeedApp
 from tests.helpers import add_source, served, wait_until
@@ -273,6 +275,47 @@ def test_a_hub_that_refuses_a_request_is_asked_again_later_and_others_are_asked_
     make_due(engine)
     hub.routes["/hub"] = lambda h: h.reply(202)
     assert collector(engine, callback).run().hub_requests == 2, "asked again when due"
+
+
+def test_subscriptions_waiting_behind_a_slow_hub_keep_their_claim(engine, hub, callback):
+    """A claim's subscriptions are asked one after another, each up to a request's
+    timeout: those waiting keep their leases (extended while the slow hub is asked), so
+    no other worker asks their hubs as well. Their leases ran out instead. Waits for two
+    extensions of a 3 s lease: the extension is the product's timer, and what is tested
+    is that it keeps the claim."""
+    hub.routes["/feed"] = lambda h: h.reply(200, feed(hub.url("/hub"), hub.url("/feed"), [("a", "First")]))
+    hub.routes["/other"] = lambda h: h.reply(200, feed(hub.url("/hub"), hub.url("/other"), [("b", "Other")]))
+    with engine.begin() as conn:
+        add_source(conn, hub.url("/feed"))
+        add_source(conn, hub.url("/other"))
+    assert collector(engine, callback).run().hub_requests == 2
+    make_due(engine)
+    release = threading.Event()
+    hub.routes["/hub"] = lambda h: (release.wait(120), h.reply(202))
+    slow = collector(engine, callback)
+    slow.settings = dataclasses.replace(slow.settings, lease_seconds=3)
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(slow.run()))
+    worker.start()
+    other = WorkQueue(engine, schema.WEBSUB_DUE, lease_seconds=3)
+    t = schema.websub_subscriptions
+    try:
+        wait_until("the slow hub to be asked", lambda: len(requests_to_hub(hub)) == 3, timeout=60, every=0.05)
+        with engine.connect() as conn:
+            first = conn.execute(sa.select(t.c.locked_until).where(t.c.claimed_by.is_not(None))).scalar_one()
+        seen: set = set()
+
+        def extended_twice() -> bool:
+            assert not other.claim("other-worker", 10), "a waiting subscription was taken over"
+            with engine.connect() as conn:
+                seen.update(conn.execute(sa.select(t.c.locked_until).where(t.c.claimed_by.is_not(None))).scalars())
+            return len({stamp for stamp in seen if stamp is not None and stamp > first}) >= 2
+
+        wait_until("the waiting lease to be extended twice", extended_twice, timeout=60, every=0.2)
+    finally:
+        release.set()
+        worker.join(60)
+    assert result[0].hub_requests == 2 and len(requests_to_hub(hub)) == 4, "each hub asked once"
 
 
 def test_a_disabled_or_removed_source_s_hub_is_asked_to_stop(engine, hub, callback):

@@ -14,7 +14,12 @@ from urllib.parse import urlsplit
 from pipeline.core.cadence import MAX_INTERVAL_MINUTES, MIN_INTERVAL_MINUTES
 from pipeline.core.errors import ConfigError
 
-DEFAULT_LEASE_SECONDS = 300
+# A claim's lease: how long a dead worker's rows wait before another worker takes them.
+# Live work keeps its lease (the heartbeat extends it every third of a lease and tries
+# again within seconds when an extension fails), so this is what a killed run costs, not
+# a limit on how long work may take (bench/RESULTS.md: 300 s held a killed run's
+# notifications for five minutes).
+DEFAULT_LEASE_SECONDS = 60
 DEFAULT_HTTP_TIMEOUT_SECONDS = 20.0
 DEFAULT_MAX_RESPONSE_BYTES = 15 * 1024 * 1024
 DEFAULT_CONCURRENCY = 16

@@ -46,6 +46,7 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from pipeline.backends.claiming import PortableClaim
 from pipeline.core.politeness import DEFAULT, pick
+from pipeline.core.settings import DEFAULT_LEASE_SECONDS
 from pipeline.queue.claim import WorkQueue
 from pipeline.queue.spec import Claim
 from pipeline.storage import counters, schema
@@ -68,7 +69,7 @@ class PoliteQueue(WorkQueue[SourceRow]):
     """The due-sources queue whose claim only hands out sources whose group has room."""
 
     def __init__(
-        self, engine: sa.Engine, *, lease_seconds: int = 300, claiming: type[PortableClaim] | None = None,
+        self, engine: sa.Engine, *, lease_seconds: int = DEFAULT_LEASE_SECONDS, claiming: type[PortableClaim] | None = None,
         record_started: bool = False, run_id: str | None = None,
     ) -> None:
         """``record_started``: each claim also writes an ``ingestion.started`` event

@@ -48,6 +48,7 @@ from pipeline.core.kinds import WebSubState
 from pipeline.core.settings import Settings
 from pipeline.net.http import Fetcher, FetchResult
 from pipeline.queue.claim import WorkQueue
+from pipeline.queue.heartbeat import Heartbeat
 from pipeline.queue.spec import UNCLAIMED, Claim
 from pipeline.storage import counters, schema
 from pipeline.storage.rows import SubscriptionRow
@@ -164,18 +165,24 @@ def ask_due(engine: Engine, settings: Settings, fetcher: Fetcher, worker: str, *
     claimed as every piece of work is; how many were claimed."""
     queue = WorkQueue(engine, schema.WEBSUB_DUE, lease_seconds=settings.lease_seconds, row=SubscriptionRow)
     taken = 0
-    while taken < limit and (claim := queue.claim(worker, min(BATCH, limit - taken))):
-        taken += len(claim)
-        for row in claim.rows:
-            try:
-                _ask(engine, settings, fetcher, queue, claim, row)
-            except Exception:  # one hub's trouble never stops the others
-                log.exception("asking the hub %s for subscription %s failed", row["hub"], row["id"])
+    # A claim's rows are asked one after another, each up to a request's timeout: their
+    # leases are kept alive until each is written.
+    with Heartbeat(queue) as heartbeat:
+        while taken < limit and (claim := queue.claim(worker, min(BATCH, limit - taken))):
+            taken += len(claim)
+            heartbeat.hold(claim)
+            for row in claim.rows:
+                try:
+                    _ask(engine, settings, fetcher, queue, claim, row, heartbeat)
+                except Exception:  # one hub's trouble never stops the others
+                    log.exception("asking the hub %s for subscription %s failed", row["hub"], row["id"])
+                finally:
+                    heartbeat.drop(claim, [row["id"]])
     return taken
 
 
 def _ask(engine: Engine, settings: Settings, fetcher: Fetcher, queue: WorkQueue[SubscriptionRow], claim: Claim[SubscriptionRow],
-         row: SubscriptionRow) -> None:
+         row: SubscriptionRow, heartbeat: Heartbeat) -> None:
     """One claimed subscription: the request it is due, written (fenced) before it is
     sent, as a hub may verify before its answer arrives."""
     t, s = schema.websub_subscriptions, schema.sources
@@ -197,6 +204,7 @@ def _ask(engine: Engine, settings: Settings, fetcher: Fetcher, queue: WorkQueue[
                   "due_at": now + retry_in(row["attempts"]), "last_error": None}
         if not queue.complete(claim, values, ids=[row["id"]], conn=conn).done:
             return  # fenced out: the row was changed (moved, ended) while claimed
+    heartbeat.drop(claim, [row["id"]])  # written: its lease is gone, not to be extended
     form = {"hub.mode": mode, "hub.topic": row["topic"], "hub.callback": callback_url(settings, row["callback_token"])}
     if mode == "subscribe":
         form.update({"hub.secret": row["secret"], "hub.lease_seconds": str(int(LEASE.total_seconds()))})

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from pipeline.backends import claiming_for
 from pipeline.backends.claiming import Built, ClaimQueue, PortableClaim
+from pipeline.core.settings import DEFAULT_LEASE_SECONDS
 from pipeline.queue.spec import QueueSpec, R
 
 
@@ -29,7 +30,7 @@ class QueueBase(Generic[R]):
         engine: Engine,
         spec: QueueSpec,
         *,
-        lease_seconds: int = 300,
+        lease_seconds: int = DEFAULT_LEASE_SECONDS,
         claiming: type[PortableClaim] | None = None,
         columns: Iterable[str] | None = None,
         row: type[R] | None = None,

@@ -15,12 +15,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+RETRY_FIRST = 0.5  # seconds before a failed extension is tried again; doubling, up to ``every``
+
 
 class Heartbeat:
     """Keeps the leases of claimed rows alive while they are worked on.
 
     A thread of its own extends, every ``every`` seconds (a third of the lease by
-    default, so two beats can fail before a lease runs out), the rows held with
+    default, so two beats can fail before a lease runs out; a failed one is tried again
+    after half a second, doubling up to ``every``), the rows held with
     ``hold`` and not yet ``drop``ped: fenced, one statement per claim. A row is no longer
     extended once it is dropped, once it has been worked on for ``max_work_seconds``
     (work that hangs must not keep its lease for ever), or once an extension finds it
@@ -40,6 +43,7 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.beats = 0  # extension statements sent (for tests and telemetry)
+        self.failures = 0  # beats that could not reach the database
 
     def hold(self, claim: Claim, ids: Iterable[int] | None = None) -> None:
         started = time.monotonic()
@@ -70,11 +74,18 @@ class Heartbeat:
             self._thread.join()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.every):
+        pause, failed = self.every, 0
+        while not self._stop.wait(pause):
             try:
                 self.beat()
+                pause, failed = self.every, 0
             except Exception:  # the database is away: the leases may run out, work goes on
+                self.failures += 1
                 log.warning("lease extension of %s rows failed", self.queue.spec.name, exc_info=True)
+                # Tried again soon, not a third of a lease later: a database back after
+                # a short outage (a restart, a cut) finds the leases still running.
+                pause = min(self.every, RETRY_FIRST * 2 ** min(failed, 16))
+                failed += 1
 
     def beat(self) -> None:
         """Extend every row still held; forget rows an extension finds lost."""
