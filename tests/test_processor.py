@@ -285,3 +285,28 @@ def test_a_stages_first_pass_settles_the_heap_once(engine):
     made = [[] for _ in range(1000)]  # tracked by the collector
     heap.settle()
     assert gc.get_freeze_count() == frozen and made
+
+
+def test_a_run_reads_its_sources_and_their_boilerplate_once_not_once_a_batch(engine, source_id):
+    """A source trickling an item or two a batch: its category, url and boilerplate are
+    read once in a run (and again after ``PLATES_KEPT``), not once a batch (a query a
+    batch each, 27 us a row at batches of 100, bench/RESULTS.md)."""
+    with engine.begin() as conn:
+        conn.execute(sa.insert(schema.source_words).values(source_id=source_id, words=[" posted by the team "]))
+        for i in range(10):
+            add_raw(conn, source_id, f"i{i}", summary=f"Story {i} posted by the team")
+    reads: list[str] = []
+
+    def count(conn, cursor, statement, parameters, context, executemany) -> None:
+        text = " ".join(statement.split()).lower()
+        if text.startswith("select") and ("from source_words" in text or "from sources" in text):
+            reads.append("source_words" if "from source_words" in text else "sources")
+
+    sa.event.listen(engine, "before_cursor_execute", count)
+    try:
+        stats = Processor(engine, Settings(database_url=str(engine.url)), "test-processor", batch_size=2).run()
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", count)
+    assert stats.inserted == 10
+    assert sorted(reads) == ["source_words", "sources"], reads
+    assert {tuple(row["categories"]) for row in listings(engine).values()} == {("Remote",)}

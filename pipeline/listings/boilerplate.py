@@ -28,7 +28,8 @@ batch brings fewer (a small feed, whose items come one or two at a time from its
 fetch on) is learned from them and its most recent listings stored before, once it has
 ``SAMPLE`` in all: before, such a source never learned its template. It is kept (table
 ``source_words``, an empty list for "none") and written only when it changed; a
-source's listings arriving one or two at a time use what was learned last. Two
+source's listings arriving one or two at a time use what was learned last (a processor's
+run reads it once and uses it for up to ``processor.PLATES_KEPT`` seconds). Two
 processors learning one source's at once each learn it from a sample of its listings:
 whichever write lands last is as good. One source's boilerplate changes no other
 source's fingerprints.
@@ -37,7 +38,7 @@ source's fingerprints.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
@@ -59,19 +60,27 @@ class Boilerplate:
 
     runs: dict[int, Runs]  # source id -> its boilerplate
     learned: dict[int, Runs]  # what this batch learned, where it differs from what was stored
+    read: dict[int, Runs | None] = field(default_factory=dict)  # read from the table (None: no row)
 
     @classmethod
     def learn(cls, conn: sa.Connection, new: Mapping[int, Sequence[Sequence[str]]],
-              words_of: Callable[[str, str, str], Sequence[str]]) -> Boilerplate:
+              words_of: Callable[[str, str, str], Sequence[str]],
+              known: Mapping[int, Runs | None] | None = None) -> Boilerplate:
         """The boilerplate of the sources of ``new`` (source id -> the words of each of its
         new listings, in order: ``stories.Marks.words_of``): learned from them (and, for a
         source with none learned yet, its listings stored before) where the module
         docstring says, else as stored. ``words_of(title, summary, url)``: a stored
-        listing's words, as its new ones' were taken (``stories.stored_words``)."""
+        listing's words, as its new ones' were taken (``stories.stored_words``).
+        ``known``: what the caller read of the table before (None: no row), not read again."""
         t = schema.source_words
-        ids = sorted(new)
-        stored: dict[int, Runs] = {source_id: tuple(runs) for source_id, runs in conn.execute(
-            sa.select(t.c.source_id, t.c.words).where(t.c.source_id.in_(ids)))} if ids else {}
+        known = known or {}
+        unknown = sorted(new.keys() - known.keys())
+        read: dict[int, Runs | None] = dict.fromkeys(unknown)
+        if unknown:
+            read.update((source_id, tuple(runs)) for source_id, runs in conn.execute(
+                sa.select(t.c.source_id, t.c.words).where(t.c.source_id.in_(unknown))))
+        stored: dict[int, Runs] = {source_id: runs for source_id in new
+                                   if (runs := read[source_id] if source_id in read else known[source_id]) is not None}
         samples = {source_id: list(texts) for source_id, texts in new.items()
                    if source_id not in stored or len(texts) >= 2 * SAMPLE
                    or (len(texts) >= SAMPLE and not all(has(words, stored[source_id]) for words in texts))}
@@ -80,7 +89,7 @@ class Boilerplate:
             samples[source_id] += earlier[:SAMPLE - len(samples[source_id])]
         learned = {source_id: common(texts) for source_id, texts in samples.items() if len(texts) >= SAMPLE}
         changed = {source_id: runs for source_id, runs in learned.items() if runs != stored.get(source_id)}
-        return cls({**stored, **learned}, changed)
+        return cls({**stored, **learned}, changed, read)
 
     def of(self, source_id: int) -> Runs:
         """The runs ``source_id``'s listings leave out of their fingerprints."""

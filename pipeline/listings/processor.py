@@ -16,7 +16,8 @@ dropped silently and never blocking the rows behind it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -32,7 +33,7 @@ from pipeline.core.settings import Settings
 from pipeline.core.urls import item_key
 from pipeline.core.words import word_string
 from pipeline.listings import stories
-from pipeline.listings.boilerplate import Boilerplate
+from pipeline.listings.boilerplate import Boilerplate, Runs
 from pipeline.listings.normalize import Listing, normalise
 from pipeline.queue.claim import WorkQueue
 from pipeline.queue.heartbeat import Heartbeat
@@ -46,6 +47,9 @@ _COLUMNS = (
     "source_id", "source_item_id", "url", "title", "summary", "author", "published_at",
     "categories", "price", "fields", "content_hash", "raw_id", "item_key", "words", "simhash", *schema.STORY_KEYS,
 )
+# A source's boilerplate as read is used for this long by a run (seconds): one read a
+# source, not one a batch; another processor's learning reaches this run's within it.
+PLATES_KEPT = 300.0
 # What the processor reads of a claimed raw row (besides its id, order and attempts).
 _CLAIMED = ("source_id", "source_item_id", "url", "raw_json")
 _CONTENT = ("url", "title", "summary", "author", "published_at", "categories", "price", "fields", "content_hash",
@@ -74,7 +78,10 @@ class Processor:
     worker: str
     batch_size: int = 500
     retry_seconds: int = 300
-    _categories: dict[int, str | None] = field(default_factory=dict)
+    # What a run reads of its sources once: (own category, url) by id.
+    _sources: dict[int, tuple[str | None, str]] = field(default_factory=dict)
+    # Each source's boilerplate as last read (None: none stored), and when (monotonic).
+    _plates: dict[int, tuple[Runs | None, float]] = field(default_factory=dict)
 
     def run(
         self, *, max_rows: int | None = None, progress: Callable[[int], None] | None = None
@@ -114,7 +121,7 @@ class Processor:
         cannot handle is recorded as failed, and if the database refuses the batch, its
         rows are written one by one so only the refused one fails."""
         now = datetime.now(UTC)
-        categories = self._source_categories({row["source_id"] for row in claim.rows})
+        sources = self._source_facts({row["source_id"] for row in claim.rows})
         good: list[tuple[RawRow, Listing]] = []
         bad: list[tuple[RawRow, str]] = []
         limit = self.settings.raw_max_attempts
@@ -125,7 +132,7 @@ class Processor:
                 continue
             try:
                 listing = normalise(row["raw_json"], fallback_url=row["url"],
-                                    source_category=categories.get(row["source_id"]))
+                                    source_category=sources.get(row["source_id"], (None, ""))[0])
             except NormaliseError as exc:
                 bad.append((row, str(exc)))
                 continue
@@ -199,22 +206,20 @@ class Processor:
         keys = [(r["source_id"], r["source_item_id"]) for r in rows]
         stored = {(r.source_id, r.source_item_id): r for r in conn.execute(existing, backend.pairs_params(keys))}
         new: dict[tuple[int, str], stories.Marks] = {}
-        fresh = {r["source_id"] for r in rows if (r["source_id"], r["source_item_id"]) not in stored}
-        s = schema.sources
-        source_urls = dict(conn.execute(sa.select(s.c.id, s.c.url).where(s.c.id.in_(sorted(fresh)))).all()) if fresh else {}
         # The new listings' words, from which their sources' boilerplate is learned.
         words = {key: stories.Marks.words_of(listing) for key, (_, listing) in zip(keys, pairs, strict=True)
                  if key not in stored}
         by_source: dict[int, list[list[str]]] = {}
         for (source_id, _), these in words.items():
             by_source.setdefault(source_id, []).append(these)
-        plate = Boilerplate.learn(conn, by_source, stories.stored_words)
+        read_at = time.monotonic()
+        plate = Boilerplate.learn(conn, by_source, stories.stored_words, known=self._known_plates(by_source, read_at))
         for r, (_, listing) in zip(rows, pairs, strict=True):
             key = (r["source_id"], r["source_item_id"])
             old = stored.get(key)
             if old is None:
                 stats.inserted += 1
-                marks = new[key] = stories.Marks.of(listing, source_urls.get(r["source_id"]), words=words[key],
+                marks = new[key] = stories.Marks.of(listing, self._source_url(r["source_id"]), words=words[key],
                                                     boilerplate=plate.of(r["source_id"]))
                 r.update(marks.columns())
             elif old.content_hash != r["content_hash"] and (old.raw_id is None or old.raw_id <= r["raw_id"]):
@@ -222,6 +227,9 @@ class Processor:
             else:
                 stats.unchanged += 1
         plate.save(conn)
+        self._plates.update((source_id, (runs, read_at)) for source_id, runs in plate.read.items())
+        for source_id in plate.learned:  # read again next time: this transaction may not commit
+            self._plates.pop(source_id, None)
         written = backend.upsert_forward(conn, _UPSERT, rows)
         if written is None and new:  # the backend did not hand back the new ones' ids
             written = conn.execute(existing, backend.pairs_params(list(new))).all()
@@ -250,16 +258,32 @@ class Processor:
         if retry:
             stats.failed += len(queue.defer_each(retry, seconds=self.retry_seconds, conn=conn).done)
 
-    def _source_categories(self, source_ids: set[int]) -> dict[int, str | None]:
-        """Each source's own category (config.category), read once per run."""
-        missing = source_ids - self._categories.keys()
+    def _source_facts(self, source_ids: set[int]) -> dict[int, tuple[str | None, str]]:
+        """Each source's own category (config.category) and url, read once per run (a
+        source deleted meanwhile is not there)."""
+        missing = source_ids - self._sources.keys()
         if missing:
             t = schema.sources
             with self.engine.connect() as conn:
-                for source_id, config in conn.execute(sa.select(t.c.id, t.c.config).where(t.c.id.in_(missing))):
+                for source_id, config, url in conn.execute(
+                        sa.select(t.c.id, t.c.config, t.c.url).where(t.c.id.in_(sorted(missing)))):
                     category = (config or {}).get("category")
-                    self._categories[source_id] = category if isinstance(category, str) else None
-        return self._categories
+                    self._sources[source_id] = (category if isinstance(category, str) else None, url)
+        return self._sources
+
+    def _known_plates(self, source_ids: Iterable[int], now: float) -> dict[int, Runs | None]:
+        """The boilerplate of ``source_ids`` read within ``PLATES_KEPT`` seconds of ``now``
+        (monotonic): another processor's learning reaches this one's fingerprints by then."""
+        known: dict[int, Runs | None] = {}
+        for source_id in source_ids:
+            cached = self._plates.get(source_id)
+            if cached is not None and now - cached[1] < PLATES_KEPT:
+                known[source_id] = cached[0]
+        return known
+
+    def _source_url(self, source_id: int) -> str | None:
+        facts = self._sources.get(source_id)
+        return None if facts is None else facts[1]
 
 
 # The counter outcome of each ProcessStats field that counts raw rows finished with.
