@@ -160,6 +160,19 @@ class Stack:
         """The run containers running (DockerRunLauncher labels each with its run id), full ids."""
         return self.docker("ps", "-q", "--no-trunc", "--filter", "label=dagster/run_id").split()
 
+    def keep_logs(self, folder: Path) -> None:
+        """The services' logs and every run container's (running or exited), into
+        ``folder``: what a run did at a moment the report cannot explain."""
+        folder.mkdir(parents=True, exist_ok=True)
+        with (folder / "services.log").open("wb") as log:
+            subprocess.run([*docker_stack.compose_command(), "-p", self.project, "-f",
+                            str(ROOT / "deploy" / "docker-compose.yaml"), "logs", "--no-color", "-t"],
+                           env=self.env, stdout=log, stderr=subprocess.STDOUT, check=False, timeout=600)
+        for container in self.docker("ps", "-aq", "--filter", "label=dagster/run_id").split():
+            with (folder / f"run-{container}.log").open("wb") as log:
+                subprocess.run(["docker", "logs", "-t", container], env=self.env, stdout=log,
+                               stderr=subprocess.STDOUT, check=False, timeout=600)
+
     def pids(self, container: str) -> list[int]:
         out = self.docker("top", container, "-eo", "pid", check=False)
         return [int(line) for line in out.split()[1:] if line.isdigit()]
@@ -470,6 +483,10 @@ def main() -> int:
             engine.dispose()
     finally:
         if stack is not None:
+            try:
+                stack.keep_logs(out / "logs")
+            except (OSError, subprocess.SubprocessError) as exc:
+                print(f"the containers' logs were not kept: {exc}", flush=True)
             try:
                 stack.compose("down", "-v", "-t", "30")
             finally:
