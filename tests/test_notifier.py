@@ -699,8 +699,11 @@ def test_three_notifier_processes_never_deliver_twice(engine, db_url, receiver, 
             users.add_filter(conn, f"user{i}", "python")
         for i in range(20):
             add_listing(conn, source_id, f"l{i}", f"Python job {i}")
+    # The senders wait longer than the receiver holds an answer: a second process slow to
+    # start (seconds on a loaded machine) must not turn the first one's held sends into
+    # timeouts, retried later and not sent in this pass.
     env = {**os.environ, "DATABASE_URL": db_url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32",
-           "PIPELINE_CONCURRENCY": "4"}
+           "PIPELINE_CONCURRENCY": "4", "PIPELINE_HTTP_TIMEOUT_SECONDS": "90"}
     procs = [subprocess.Popen([sys.executable, "-m", "pipeline.cli", "notify", "--json"], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
     totals = []
