@@ -79,8 +79,8 @@ class Boilerplate:
         if unknown:
             read.update((source_id, tuple(runs)) for source_id, runs in conn.execute(
                 sa.select(t.c.source_id, t.c.words).where(t.c.source_id.in_(unknown))))
-        stored: dict[int, Runs] = {source_id: runs for source_id in new
-                                   if (runs := read[source_id] if source_id in read else known[source_id]) is not None}
+        found = {**known, **read}
+        stored: dict[int, Runs] = {source_id: runs for source_id in new if (runs := found[source_id]) is not None}
         samples = {source_id: list(texts) for source_id, texts in new.items()
                    if source_id not in stored or len(texts) >= 2 * SAMPLE
                    or (len(texts) >= SAMPLE and not all(has(words, stored[source_id]) for words in texts))}

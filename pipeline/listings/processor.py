@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -71,6 +71,16 @@ class ProcessStats:
         return asdict(self)
 
 
+class SourceFacts(NamedTuple):
+    """What the processor reads of a source once a run."""
+
+    category: str | None  # its own (config.category), added to its listings' categories
+    url: str | None
+
+
+UNKNOWN_SOURCE = SourceFacts(None, None)  # deleted since its rows were claimed
+
+
 @dataclass
 class Processor:
     engine: Engine
@@ -78,8 +88,8 @@ class Processor:
     worker: str
     batch_size: int = 500
     retry_seconds: int = 300
-    # What a run reads of its sources once: (own category, url) by id.
-    _sources: dict[int, tuple[str | None, str]] = field(default_factory=dict)
+    # What a run reads of its sources once, by id.
+    _sources: dict[int, SourceFacts] = field(default_factory=dict)
     # Each source's boilerplate as last read (None: none stored), and when (monotonic).
     _plates: dict[int, tuple[Runs | None, float]] = field(default_factory=dict)
 
@@ -132,7 +142,7 @@ class Processor:
                 continue
             try:
                 listing = normalise(row["raw_json"], fallback_url=row["url"],
-                                    source_category=sources.get(row["source_id"], (None, ""))[0])
+                                    source_category=sources.get(row["source_id"], UNKNOWN_SOURCE).category)
             except NormaliseError as exc:
                 bad.append((row, str(exc)))
                 continue
@@ -219,7 +229,7 @@ class Processor:
             old = stored.get(key)
             if old is None:
                 stats.inserted += 1
-                marks = new[key] = stories.Marks.of(listing, self._source_url(r["source_id"]), words=words[key],
+                marks = new[key] = stories.Marks.of(listing, self._sources.get(r["source_id"], UNKNOWN_SOURCE).url, words=words[key],
                                                     boilerplate=plate.of(r["source_id"]))
                 r.update(marks.columns())
             elif old.content_hash != r["content_hash"] and (old.raw_id is None or old.raw_id <= r["raw_id"]):
@@ -258,7 +268,7 @@ class Processor:
         if retry:
             stats.failed += len(queue.defer_each(retry, seconds=self.retry_seconds, conn=conn).done)
 
-    def _source_facts(self, source_ids: set[int]) -> dict[int, tuple[str | None, str]]:
+    def _source_facts(self, source_ids: set[int]) -> dict[int, SourceFacts]:
         """Each source's own category (config.category) and url, read once per run (a
         source deleted meanwhile is not there)."""
         missing = source_ids - self._sources.keys()
@@ -268,7 +278,7 @@ class Processor:
                 for source_id, config, url in conn.execute(
                         sa.select(t.c.id, t.c.config, t.c.url).where(t.c.id.in_(sorted(missing)))):
                     category = (config or {}).get("category")
-                    self._sources[source_id] = (category if isinstance(category, str) else None, url)
+                    self._sources[source_id] = SourceFacts(category if isinstance(category, str) else None, url)
         return self._sources
 
     def _known_plates(self, source_ids: Iterable[int], now: float) -> dict[int, Runs | None]:
@@ -280,10 +290,6 @@ class Processor:
             if cached is not None and now - cached[1] < PLATES_KEPT:
                 known[source_id] = cached[0]
         return known
-
-    def _source_url(self, source_id: int) -> str | None:
-        facts = self._sources.get(source_id)
-        return None if facts is None else facts[1]
 
 
 # The counter outcome of each ProcessStats field that counts raw rows finished with.

@@ -8,14 +8,13 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from pipeline.backends import REACH_AGAIN_FIRST
 from pipeline.queue.spec import Claim
 
 if TYPE_CHECKING:
     from pipeline.queue.claim import WorkQueue
 
 log = logging.getLogger(__name__)
-
-RETRY_FIRST = 0.5  # seconds before a failed extension is tried again; doubling, up to ``every``
 
 
 class Heartbeat:
@@ -74,18 +73,19 @@ class Heartbeat:
             self._thread.join()
 
     def _run(self) -> None:
-        pause, failed = self.every, 0
+        pause, retry = self.every, None
         while not self._stop.wait(pause):
             try:
                 self.beat()
-                pause, failed = self.every, 0
+                pause, retry = self.every, None
             except Exception:  # the database is away: the leases may run out, work goes on
                 self.failures += 1
                 log.warning("lease extension of %s rows failed", self.queue.spec.name, exc_info=True)
-                # Tried again soon, not a third of a lease later: a database back after
-                # a short outage (a restart, a cut) finds the leases still running.
-                pause = min(self.every, RETRY_FIRST * 2 ** min(failed, 16))
-                failed += 1
+                # Tried again soon, not a third of a lease later, as every write that
+                # waits for the database does: one back after a short outage (a
+                # restart, a cut) finds the leases still running.
+                retry = REACH_AGAIN_FIRST if retry is None else retry * 2
+                pause = min(self.every, retry)
 
     def beat(self) -> None:
         """Extend every row still held; forget rows an extension finds lost."""
