@@ -103,17 +103,44 @@ class InFlight:
     def __init__(self) -> None:
         self.active = 0
         self.peak = 0
-        self._lock = threading.Lock()
+        self._arrived = 0
+        self._full = 0  # how many times ``together`` were in flight at once
+        self._changed = threading.Condition()
 
     def holding(self, reply: Route, seconds: float = 0.2) -> Route:
         """A route that holds each request ``seconds`` in flight, then answers with ``reply``."""
 
         def route(h: Handler) -> None:
-            with self._lock:
+            with self._changed:
                 self.active += 1
                 self.peak = max(self.peak, self.active)
             time.sleep(seconds)
-            with self._lock:
+            with self._changed:
+                self.active -= 1
+            reply(h)
+
+        return route
+
+    def holding_until(self, reply: Route, *, together: int, total: int, grace: float = 0.2) -> Route:
+        """A route that holds each request until ``together`` are in flight at once (or the
+        last of ``total`` has come), then ``grace`` seconds more, then answers with
+        ``reply``. A slow client still fills its cap (a state, not a moment: 60 s at most,
+        then a cap never reached shows as a lower ``peak``); one past its cap sends more
+        within the grace, which ``peak`` shows."""
+
+        def route(h: Handler) -> None:
+            with self._changed:
+                self.active += 1
+                self._arrived += 1
+                self.peak = max(self.peak, self.active)
+                if self.active >= together:
+                    self._full += 1
+                    self._changed.notify_all()
+                full_before = self._full - (self.active >= together)
+                self._changed.wait_for(lambda: self._full > full_before or self._arrived >= total, timeout=60)
+                self._changed.notify_all()
+            time.sleep(grace)
+            with self._changed:
                 self.active -= 1
             reply(h)
 

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from pipeline.core.errors import FetchError
 from pipeline.core.failures import FailureReason
 from pipeline.core.settings import Settings
-from pipeline.fetching.collector import Collector
+from pipeline.fetching.collector import Collector, CollectStats
 from pipeline.fetching.rss import parse_feed
 from pipeline.listings.normalize import html_to_text, normalise
 from pipeline.listings.processor import Processor
@@ -52,7 +52,7 @@ def serve(server: LocalServer, path: str, body: bytes, etag: str | None = None) 
 
 
 def collector(engine: sa.Engine, **kwargs) -> Collector:
-    settings = Settings(database_url=str(engine.url), http_timeout_seconds=2.0, allow_networks=("127.0.0.1/32",))
+    settings = Settings(database_url=str(engine.url), http_timeout_seconds=30.0, allow_networks=("127.0.0.1/32",))
     return Collector(engine, settings, "test-worker", run_id="run-1", random_unit=lambda: 0.5, **kwargs)
 
 
@@ -734,12 +734,15 @@ def test_item_strings_lose_nul_and_lone_surrogates():
 
 
 def test_every_failure_code_through_the_collector(engine, server):
-    """Waits for the fetcher's own 1 s timeout: the slow route answers only after it."""
+    """Waits for the fetcher's own 1 s timeout, in a run of its own: the slow route answers
+    only once that run is over, and the other routes are fetched in a run whose timeout no
+    busy machine reaches."""
     import socket
-    import time
+
+    over = threading.Event()
 
     def slow(h: Handler) -> None:
-        time.sleep(3)
+        over.wait(60)
         h.reply(200, rss([("a", "A")]))
 
     with socket.socket() as probe:  # a port that was free a moment ago: connection refused
@@ -754,7 +757,6 @@ def test_every_failure_code_through_the_collector(engine, server):
     serve(server, "/page", b"<html><body><ul><li>a</li></ul></body></html>")
     expected = {
         f"http://127.0.0.1:{closed_port}/feed": ("rss", "network_error"),
-        server.url("/slow"): ("rss", "timeout"),
         server.url("/404"): ("rss", "http_4xx"),
         server.url("/500"): ("rss", "http_5xx"),
         server.url("/429"): ("rss", "rate_limited"),
@@ -763,16 +765,27 @@ def test_every_failure_code_through_the_collector(engine, server):
         server.url("/feed", host="127.0.0.2"): ("rss", "blocked_address"),
         server.url("/page"): ("http", "invalid_config"),
     }
-    with engine.begin() as conn:
-        by_url = {
-            url: add_source(conn, url, source_type=kind,
-                            config={"item": "li[["} if kind == "http" else {})
-            for url, (kind, _) in expected.items()
-        }
-    settings = Settings(database_url=str(engine.url), http_timeout_seconds=1.0,
-                        max_response_bytes=100_000, allow_networks=("127.0.0.1/32",))
-    stats = Collector(engine, settings, "w", random_unit=lambda: 0.5).run()
+
+    def add(url: str, kind: str) -> int:
+        with engine.begin() as conn:
+            return add_source(conn, url, source_type=kind, config={"item": "li[["} if kind == "http" else {})
+
+    def collect(timeout: float) -> CollectStats:
+        settings = Settings(database_url=str(engine.url), http_timeout_seconds=timeout,
+                            max_response_bytes=100_000, allow_networks=("127.0.0.1/32",))
+        return Collector(engine, settings, "w", random_unit=lambda: 0.5).run()
+
+    slow_url = server.url("/slow")
+    by_url = {slow_url: add(slow_url, "rss")}
+    try:
+        stats = collect(timeout=1.0)
+    finally:
+        over.set()
+    assert (stats.succeeded, dict(stats.failed)) == (0, {"timeout": 1})
+    by_url |= {url: add(url, kind) for url, (kind, _) in expected.items()}
+    stats = collect(timeout=60.0)  # /slow waits out its backoff: the others are due
     assert stats.succeeded == 0 and sum(stats.failed.values()) == len(expected)
+    expected[slow_url] = ("rss", "timeout")
     sources = {r["id"]: r for r in rows(engine, schema.sources)}
     events = completed_events(engine)
     for url, (_, code) in expected.items():
@@ -781,12 +794,14 @@ def test_every_failure_code_through_the_collector(engine, server):
         assert events[source_id]["success"] is False and events[source_id]["retry_in_minutes"] > 0
     # Retry-After (2 h) is the floor over the 5-minute first backoff.
     assert events[by_url[server.url("/429")]]["retry_in_minutes"] >= 119
+    # A config this version cannot use is found before the host is asked.
+    assert "/page" not in {r["path"] for r in server.requests}
 
 
 def test_concurrency_caps_fetches_in_flight(engine, server):
     in_flight = InFlight()
-    server.routes["/hold"] = in_flight.holding(
-        lambda h: h.reply(200, rss([("a", "A")]), {"Content-Type": "application/rss+xml"})
+    server.routes["/hold"] = in_flight.holding_until(
+        lambda h: h.reply(200, rss([("a", "A")]), {"Content-Type": "application/rss+xml"}), together=3, total=12,
     )
     with engine.begin() as conn:
         for i in range(12):

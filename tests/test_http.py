@@ -40,15 +40,16 @@ def server():
 
 @pytest.fixture
 def fetcher():
-    with Fetcher(timeout=1.0, max_bytes=CAP, allow_networks=ALLOW) as f:
+    """A fetcher whose deadline no busy machine reaches: for tests about what is answered,
+    not when (tracemalloc slows the process several times over)."""
+    with Fetcher(timeout=60.0, max_bytes=CAP, allow_networks=ALLOW) as f:
         yield f
 
 
 @pytest.fixture
-def patient():
-    """A fetcher whose deadline no busy machine reaches: for tests about bytes, not time
-    (tracemalloc slows the process several times over)."""
-    with Fetcher(timeout=60.0, max_bytes=CAP, allow_networks=ALLOW) as f:
+def hasty():
+    """A fetcher that gives up after 1 s: for routes made to outlast it."""
+    with Fetcher(timeout=1.0, max_bytes=CAP, allow_networks=ALLOW) as f:
         yield f
 
 
@@ -201,14 +202,19 @@ def test_body_over_the_cap_is_too_large_declared_or_streamed(server, fetcher):
         assert failure(fetcher, server.url(path)).reason is FailureReason.TOO_LARGE, path
 
 
-def test_a_server_slower_than_the_timeout(server, fetcher):
+def test_a_server_slower_than_the_timeout(server, hasty):
     """Waits for the fetcher's own timeout: the server answers only after it."""
-    # The server does answer, after 2 s: a timeout (not a 200) proves the fetcher gave up first.
-    server.routes["/slow"] = lambda h: (time.sleep(2), h.reply(200, FEED))
-    assert failure(fetcher, server.url("/slow")).reason is FailureReason.TIMEOUT
+    # The server does answer, once the fetch is over: a timeout (not a 200) proves the
+    # fetcher gave up first.
+    over = threading.Event()
+    server.routes["/slow"] = lambda h: (over.wait(60), h.reply(200, FEED))
+    try:
+        assert failure(hasty, server.url("/slow")).reason is FailureReason.TIMEOUT
+    finally:
+        over.set()
 
 
-def test_a_server_that_drips_bytes_hits_the_overall_deadline(server, fetcher):
+def test_a_server_that_drips_bytes_hits_the_overall_deadline(server, hasty):
     """Waits for the exchange's own deadline, which only the drip can reach."""
     def drip(h: Handler) -> None:
         h.send_response(200)
@@ -221,7 +227,7 @@ def test_a_server_that_drips_bytes_hits_the_overall_deadline(server, fetcher):
 
     server.routes["/drip"] = drip
     started = time.monotonic()
-    assert failure(fetcher, server.url("/drip")).reason is FailureReason.TIMEOUT
+    assert failure(hasty, server.url("/drip")).reason is FailureReason.TIMEOUT
     assert time.monotonic() - started < 10, "stopped at the deadline, not after the 50 s drip"
 
 
@@ -354,7 +360,7 @@ def peak_memory_of(call) -> int:
     return peak
 
 
-def test_a_compression_bomb_is_inflated_in_steps_never_whole(server, patient):
+def test_a_compression_bomb_is_inflated_in_steps_never_whole(server, fetcher):
     # 60 MiB of zeros, about 60 KB on the wire (under the 64 KiB cap, so its length does
     # not give it away): a chunk of it read from the socket inflates to tens of MiB at
     # once unless decoding stops at the cap as it goes.
@@ -362,12 +368,12 @@ def test_a_compression_bomb_is_inflated_in_steps_never_whole(server, patient):
     assert len(bomb) < CAP
     server.routes["/bomb"] = lambda h: h.reply(200, bomb, {"Content-Encoding": "gzip"})
     reasons = []
-    peak = peak_memory_of(lambda: reasons.append(failure(patient, server.url("/bomb")).reason))
+    peak = peak_memory_of(lambda: reasons.append(failure(fetcher, server.url("/bomb")).reason))
     assert reasons == [FailureReason.TOO_LARGE]
     assert peak < 8 * 1024 * 1024, f"{peak / 2**20:.0f} MiB allocated to refuse a body capped at 64 KiB"
 
 
-def test_a_layered_or_unknown_content_encoding_is_refused(server, patient):
+def test_a_layered_or_unknown_content_encoding_is_refused(server, fetcher):
     # 1 GiB of zeros, gzipped twice: a few KB on the wire, a million times that inflated.
     inner = gzip.compress(b"\0" * (64 * 1024 * 1024), compresslevel=9)
     layered = gzip.compress(inner, compresslevel=9)
@@ -375,7 +381,7 @@ def test_a_layered_or_unknown_content_encoding_is_refused(server, patient):
     server.routes["/unknown"] = lambda h: h.reply(200, b"...", {"Content-Encoding": "compress"})
     for path in ("/layered", "/unknown"):
         error = []
-        peak = peak_memory_of(lambda p=path, e=error: e.append(failure(patient, server.url(p))))
+        peak = peak_memory_of(lambda p=path, e=error: e.append(failure(fetcher, server.url(p))))
         assert error[0].reason is FailureReason.PARSE_ERROR and "Content-Encoding" in error[0].message, error
         assert peak < 8 * 1024 * 1024, f"{path}: {peak / 2**20:.0f} MiB allocated"
 
@@ -410,7 +416,7 @@ def test_a_hostile_retry_after_never_overflows_or_parks_past_the_caps():
     assert clamp_retry_after(FailureReason.RATE_LIMITED, year_9999, now) == now + BackoffPolicy().transient_cap
 
 
-def test_a_response_past_its_length_never_passes_for_the_next_one(server, patient):
+def test_a_response_past_its_length_never_passes_for_the_next_one(server, fetcher):
     # Once, the bytes after a response's Content-Length stayed on the pooled connection
     # and the next fetch of that origin read them as its own answer: one path's content
     # forged another's.
@@ -424,8 +430,8 @@ def test_a_response_past_its_length_never_passes_for_the_next_one(server, patien
 
     server.routes["/overrun"] = overrun
     server.routes["/other"] = lambda h: h.reply(200, b"the real answer")
-    assert patient.fetch(server.url("/overrun")).body == b"hello"
-    assert patient.fetch(server.url("/other")).body == b"the real answer"
+    assert fetcher.fetch(server.url("/overrun")).body == b"hello"
+    assert fetcher.fetch(server.url("/other")).body == b"the real answer"
     # The answer came on a fresh connection: the spoiled one was closed unread. (Whether
     # the server ever reads the ask sent on the spoiled one is a race it may lose: that
     # connection is closed with an answer unread, and its reset can drop the request.)
@@ -433,9 +439,9 @@ def test_a_response_past_its_length_never_passes_for_the_next_one(server, patien
     assert server.requests[0]["path"] == "/overrun"
     assert any(r["path"] == "/other" and r["port"] != spoiled for r in server.requests), server.requests
     # A webhook post is not sent twice (the server may have read it): it fails instead.
-    assert patient.fetch(server.url("/overrun")).body == b"hello"
+    assert fetcher.fetch(server.url("/overrun")).body == b"hello"
     with pytest.raises(FetchError) as caught:
-        patient.post(server.url("/other"), b"{}", {})
+        fetcher.post(server.url("/other"), b"{}", {})
     assert caught.value.reason is FailureReason.NETWORK_ERROR and "ran past its length" in caught.value.message
 
 

@@ -41,7 +41,7 @@ SECRET = "receiver-shared-secret-0123"
 
 def settings(engine: sa.Engine, **values) -> Settings:
     return Settings(database_url=str(engine.url), allow_networks=("127.0.0.1/32",),
-                    http_timeout_seconds=2.0, **values)
+                    http_timeout_seconds=30.0, **values)
 
 
 def notifier(engine: sa.Engine, **values) -> Notifier:

@@ -20,7 +20,7 @@ from pipeline.core.errors import FetchError, SourceError
 from pipeline.core.kinds import SourceType
 from pipeline.core.politeness import group_for
 from pipeline.fetching.jsonfeed import looks_like_json
-from pipeline.fetching.registry import adapter_for
+from pipeline.fetching.registry import fetch_source
 from pipeline.net.http import Fetcher
 
 FEED_TYPES = (
@@ -84,7 +84,7 @@ def check(spec: SourceSpec, fetcher: Fetcher, group_by: str) -> Checked:
             found_from, spec = spec.url, respec(spec, feeds[0], group_by)
     row = {**spec.row(), "id": None, "etag": None, "last_modified": None}
     try:
-        outcome = adapter_for(spec.source_type).fetch(row, fetcher)
+        outcome = fetch_source(row, fetcher)
     except FetchError as exc:
         raise SourceError(f"{spec.url}: the check failed: {exc}") from None
     if outcome.config_updates:  # a YouTube @handle resolved once: kept

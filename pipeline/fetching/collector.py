@@ -51,7 +51,7 @@ from pipeline.fetching.decide import (
     owner_alert,
 )
 from pipeline.fetching.politeness import PoliteQueue, started_event
-from pipeline.fetching.registry import adapter_for, push_reader
+from pipeline.fetching.registry import adapter_for, fetch_source, push_reader
 from pipeline.net.http import Fetcher
 from pipeline.queue.spec import Claim, RowCompletion
 from pipeline.queue.workpool import work_claimed
@@ -213,7 +213,7 @@ class Collector:
         outcome: Outcome | None = None
         error: FetchError | None = None
         try:
-            outcome = adapter_for(source["source_type"]).fetch(source, fetcher)
+            outcome = fetch_source(source, fetcher)
         except FetchError as exc:
             error = exc
         except Exception as exc:  # an adapter bug must not stop the other sources

@@ -176,7 +176,5 @@ class PageAdapter:
                              " 'item'; set 'item' too")
 
     def fetch(self, source: Mapping[str, Any], fetcher: Fetcher) -> Outcome:
-        config = source.get("config") or {}
-        if not isinstance(config, Mapping):
-            raise FetchError(FailureReason.INVALID_CONFIG, "config must be a JSON object")
+        config = source.get("config") or {}  # checked by registry.fetch_source
         return fetch_and_parse(source, fetcher, lambda result: parse_page(result.body, result.url, config))

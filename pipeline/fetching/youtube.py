@@ -121,31 +121,26 @@ def parse_target(url: str) -> Target:
     )
 
 
-def check_config(config: Mapping[str, Any]) -> None:
-    """ValueError naming what is wrong with a youtube source's config."""
-    unknown = set(config) - CONFIG_KEYS
-    if unknown:
-        raise ValueError(f"unknown youtube config keys {sorted(unknown)}: use {sorted(CONFIG_KEYS)}")
-    for key in ("api_key", "api_base", "channel_id"):
-        if key in config and (not isinstance(config[key], str) or not config[key].strip()):
-            raise ValueError(f"youtube config {key!r} must be a non-empty string")
-    if "channel_id" in config and not CHANNEL_ID.fullmatch(config["channel_id"]):
-        raise ValueError(f"youtube config channel_id {config['channel_id']!r} is not a channel id (UC...)")
-    if "api_base" in config and urlsplit(config["api_base"]).scheme not in ("http", "https"):
-        raise ValueError(f"youtube config api_base {config['api_base']!r} is not an http(s) URL")
-
-
 class YouTubeAdapter:
     def check_config(self, config: Mapping[str, Any]) -> None:
-        check_config(config)
+        """ValueError naming what is wrong with a youtube source's config."""
+        unknown = set(config) - CONFIG_KEYS
+        if unknown:
+            raise ValueError(f"unknown youtube config keys {sorted(unknown)}: use {sorted(CONFIG_KEYS)}")
+        for key in ("api_key", "api_base", "channel_id"):
+            if key in config and (not isinstance(config[key], str) or not config[key].strip()):
+                raise ValueError(f"youtube config {key!r} must be a non-empty string")
+        if "channel_id" in config and not CHANNEL_ID.fullmatch(config["channel_id"]):
+            raise ValueError(f"youtube config channel_id {config['channel_id']!r} is not a channel id (UC...)")
+        if "api_base" in config and urlsplit(config["api_base"]).scheme not in ("http", "https"):
+            raise ValueError(f"youtube config api_base {config['api_base']!r} is not an http(s) URL")
 
     def read_push(self, body: bytes, url: str, content_type: str | None) -> list[Item]:
         return read_push(body, url, content_type)
 
     def fetch(self, source: Mapping[str, Any], fetcher: Fetcher) -> Outcome:
-        config = source.get("config") or {}
+        config = source.get("config") or {}  # checked by registry.fetch_source
         try:
-            check_config(config)
             target = parse_target(source["url"])
         except ValueError as exc:
             raise FetchError(FailureReason.INVALID_CONFIG, str(exc)) from None
