@@ -3,19 +3,20 @@
 ``UPDATE t ... FROM jsonb_to_recordset(:rows) AS v(id bigint, ...)`` or ``INSERT INTO t
 SELECT ... FROM jsonb_to_recordset(:rows) AS v(...)``: the statement text is the same
 for any number of rows (compiled once, planned once), the client serialises the rows in
-one C-speed ``json.dumps``, and the server casts each field to its column's type. Used
+one C-speed ``jsontext.dumps`` (orjson), and the server casts each field to its column's type. Used
 for batch writes whose rows carry values of their own (the fenced writes, pipeline/queue/fenced.py; the bulk inserts, pipeline/backends/postgresql.py).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
+
+from pipeline.core import jsontext
 
 
 def recordset(columns: Iterable[sa.ColumnClause[Any]], name: str = "v") -> sa.TableValuedAlias:
@@ -36,7 +37,7 @@ def json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
             return value.astimezone(UTC).isoformat()
         raise TypeError(f"cannot send {type(value).__name__} {value!r} in a recordset")
 
-    return json.dumps(list(rows), default=encode, ensure_ascii=False)
+    return jsontext.dumps(list(rows), default=encode)
 
 
 def integers(name: str) -> sa.Cast[Any]:

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from html import unescape
 from typing import Any
 
-from pipeline.core import fields
+from pipeline.core import fields, jsontext
 from pipeline.core.errors import NormaliseError
 from pipeline.core.fields import Fields
 from pipeline.core.prices import parse_price
@@ -82,7 +82,7 @@ def normalise(raw: Any, *, fallback_url: str | None = None, source_category: str
     item's categories, so filters can restrict by it."""
     if isinstance(raw, str):  # JSON text, as a driver without JSON support returns it
         try:
-            raw = json.loads(raw)
+            raw = jsontext.loads(raw)
         except ValueError as exc:
             raise NormaliseError(f"raw_json is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
@@ -113,6 +113,8 @@ def normalise(raw: Any, *, fallback_url: str | None = None, source_category: str
 def _fields(value: Any, price: str | None) -> dict[str, str] | None:
     """The item's fields as stored; the price's amount and currency read from its text
     where its fields name none (a price selector's, a feed's g:price)."""
+    if value is None and price is None:  # most items: nothing to read
+        return None
     found = Fields.from_json(value)
     if found.price is None and (amount := parse_price(price)) is not None:
         found = found.merged(fields.price(amount.value, amount.currency))
