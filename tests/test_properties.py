@@ -21,10 +21,12 @@ from pipeline.core.kinds import SourceType
 from pipeline.core.urls import (
     _story_url_parsed,
     canonical_host,
+    canonical_site,
     canonical_url,
     item_key,
     joined_link,
     story_url,
+    url_site,
     web_url,
     web_urls,
 )
@@ -278,6 +280,8 @@ def test_a_story_url_without_a_query_is_its_canonical_url_as_a_parse_finds_it(sc
     if both is None:
         return
     assert story_url(both[1]) == _story_url_parsed(both[1])
+    # Likewise its site (a listing's offsite mark, pipeline/listings/stories.py).
+    assert canonical_site(both[1]) == url_site(both[1]) != ""
 
 
 @given(

@@ -212,10 +212,22 @@ def registrable_domain(host: str) -> str:
     return parts.top_domain_under_public_suffix or host
 
 
-def same_site(url: str, other: str) -> bool:
-    """Whether two URLs are on one site: their hosts' registrable domains agree."""
+# Remembered: a source's URL is asked with every new listing of it (stories.py).
+@functools.lru_cache(maxsize=4096)
+def url_site(url: str) -> str:
+    """The registrable domain of ``url``'s host; "" when it has no usable host."""
     try:
-        hosts = [canonical_host(urlsplit(u).hostname or "") or "" for u in (url, other)]
+        host = canonical_host(urlsplit(url).hostname or "")
     except ValueError:
-        return False
-    return all(hosts) and registrable_domain(hosts[0].strip("[]")) == registrable_domain(hosts[1].strip("[]"))
+        return ""
+    return registrable_domain(host.strip("[]")) if host else ""
+
+
+def canonical_site(canonical: str) -> str:
+    """``url_site`` of a canonical URL (``web_urls``), read off its text without a parse:
+    its host is already canonical, with no user, and a port only after it."""
+    start = canonical.find("//") + 2
+    end = canonical.find("/", start)
+    host = canonical[start:] if end < 0 else canonical[start:end]
+    host = host[1:host.find("]")] if host.startswith("[") else host.partition(":")[0]
+    return registrable_domain(host) if host else ""

@@ -50,7 +50,7 @@ import sqlalchemy as sa
 
 from pipeline.backends import backend_for
 from pipeline.backends.recent import Asking, RecentPerKey
-from pipeline.core.urls import same_site, story_url
+from pipeline.core.urls import canonical_site, story_url, url_site
 from pipeline.core.words import normalised
 from pipeline.listings.boilerplate import NONE, Runs, without
 from pipeline.listings.normalize import Listing
@@ -156,7 +156,7 @@ class Marks:
         title = own_title(listing.title, listing.url)
         text = cls.words_of(listing) if words is None else words
         return cls(url_key(listing.canonical_url), simhash(without(text, boilerplate)), frozenset(text_words(title)),
-                   _offsite(listing.canonical_url, source_url))
+                   _offsite(listing.canonical_url, source_url, canonical=True))
 
     @staticmethod
     def words_of(listing: Listing) -> list[str]:
@@ -184,9 +184,13 @@ class Marks:
                 **dict.fromkeys(schema.STORY_KEYS), **self.keys}
 
 
-def _offsite(url: str | None, source_url: str | None) -> bool:
-    """A listing's link is on another site than its source's (``Marks.offsite``)."""
-    return source_url is not None and bool(url) and not same_site(str(url), source_url)
+def _offsite(url: str | None, source_url: str | None, *, canonical: bool = False) -> bool:
+    """A listing's link is on another site than its source's (``Marks.offsite``).
+    ``canonical``: ``url`` is in its canonical spelling (``web_urls``), read without a parse."""
+    if source_url is None or not url:
+        return False
+    site = canonical_site(url) if canonical else url_site(url)
+    return not (site and site == url_site(source_url))
 
 
 @dataclass(frozen=True)
