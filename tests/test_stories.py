@@ -397,6 +397,20 @@ def test_a_copy_is_looked_for_among_the_most_recent_listings_of_each_key(engine)
     assert rows[(b, "b-1")]["cluster_id"] == rows[(a, "a-10")]["id"]  # the oldest of the 20 most recent
 
 
+def test_within_one_batch_a_copy_also_sees_only_the_most_recent_listings_of_each_key(engine):
+    """The same bound when the crowd and the copy come in one batch: the batch's own
+    listings are remembered per key, the most recent RECENT_PER_KEY of them."""
+    with engine.begin() as conn:
+        a = add_source(conn, "http://127.0.0.1/a.rss")
+        b = add_source(conn, "http://127.0.0.1/b.rss")
+        for i in range(stories.RECENT_PER_KEY + 10):
+            add_raw(conn, a, f"a-{i:02d}", title=f"Item {i}", url="https://news.example/live?utm_source=a")
+        add_raw(conn, b, "b-1", title="Live", url="https://news.example/live")
+    assert processor(engine).run().clustered == 1
+    rows = _listings(engine)
+    assert rows[(b, "b-1")]["cluster_id"] == rows[(a, "a-10")]["id"]  # the oldest of the 20 most recent
+
+
 @conformance
 def test_the_lookup_reads_each_key_by_its_index_planned_for_its_own_keys(backend, engine):
     """Candidates are found by the story key indexes, never a scan of ``listings``, and on

@@ -42,7 +42,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import string
-from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -253,22 +252,33 @@ def assign(conn: sa.Connection, new: Sequence[NewListing]) -> int:
     if not keyed:
         return 0
     conn.execute(backend_for(conn).serialising_lock(schema.story_lock))  # held until commit
-    # Per key, its most recent listings, oldest first: those stored before, then this
-    # batch's in order, each with its cluster.
-    recent: dict[tuple[str, int], deque[tuple[NewListing, int]]] = defaultdict(
-        lambda: deque(maxlen=RECENT_PER_KEY))
+    # Per key, its most recent listings (``RECENT_PER_KEY``), oldest first: those stored
+    # before, then this batch's in order, each with its cluster. Most keys are asked by
+    # one listing and hold none: a key gets its list when it first gets a listing.
+    recent: dict[tuple[str, int], list[tuple[NewListing, int]]] = {}
+
+    def remember(key: tuple[str, int], entry: tuple[NewListing, int]) -> None:
+        kept = recent.get(key)
+        if kept is None:
+            recent[key] = [entry]
+            return
+        kept.append(entry)
+        if len(kept) > RECENT_PER_KEY:
+            del kept[0]
+
     for key, stored in _candidates(conn, keyed):
-        recent[key].append((stored, stored.cluster or stored.id))
+        remember(key, (stored, stored.cluster or stored.id))
     joined: dict[int, int] = {}  # listing id -> its cluster
     for listing in keyed:
         keys = listing.marks.keys.items()
         # Each listing once, though it shares several keys (a near copy shares bands).
-        others = {other.id: (other, cluster) for key in keys for other, cluster in recent[key]}
+        others = {other.id: (other, cluster) for key in keys for other, cluster in recent.get(key, ())}
         clusters = [cluster for other, cluster in others.values() if same_story(listing, other)]
         if clusters:
             joined[listing.id] = min(clusters)
+        entry = (listing, joined.get(listing.id, listing.id))
         for key in keys:
-            recent[key].append((listing, joined.get(listing.id, listing.id)))
+            remember(key, entry)
     if joined:
         t = schema.listings
         conn.execute(
@@ -285,13 +295,18 @@ def _candidates(conn: sa.Connection, keyed: Sequence[NewListing]) -> list[tuple[
     A backend may leave out a band key's listings whose fingerprint is not within
     ``MAX_DISTANCE`` of one asking (``same_story`` would refuse them): PostgreSQL does, a
     far smaller answer when bands are crowded. Elsewhere ``same_story`` alone tells."""
+    # Per key column: the values asked, and (value, fingerprint) for those with a print.
+    values: dict[str, set[int]] = {column: set() for column in schema.STORY_KEYS}
+    prints: dict[str, list[tuple[int, int]]] = {column: [] for column in schema.STORY_KEYS}
+    for listing in keyed:
+        signed = None if listing.marks.fingerprint is None else to_signed(listing.marks.fingerprint)
+        for column, value in listing.marks.keys.items():
+            values[column].add(value)
+            if signed is not None:
+                prints[column].append((value, signed))
     asking = Asking(
-        values=[sorted({listing.marks.keys[column] for listing in keyed if column in listing.marks.keys})
-                for column in schema.STORY_KEYS],
-        # A band's fingerprints asking, with their value of it.
-        prints=[[(listing.marks.keys[column], to_signed(listing.marks.fingerprint)) for listing in keyed
-                 if column in listing.marks.keys and listing.marks.fingerprint is not None]
-                for column in schema.STORY_KEYS],
+        values=[sorted(values[column]) for column in schema.STORY_KEYS],
+        prints=[prints[column] for column in schema.STORY_KEYS],  # a band's, with their value of it
         exclude=[listing.id for listing in keyed],
     )
     found = {(row.key_number, row.key_value, row.id): row
