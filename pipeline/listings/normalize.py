@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from html import unescape
 from typing import Any
 
-from pipeline.core import fields, jsontext
+from pipeline.core import fields
 from pipeline.core.errors import NormaliseError
 from pipeline.core.fields import Fields
 from pipeline.core.prices import parse_price
@@ -82,7 +82,7 @@ def normalise(raw: Any, *, fallback_url: str | None = None, source_category: str
     item's categories, so filters can restrict by it."""
     if isinstance(raw, str):  # JSON text, as a driver without JSON support returns it
         try:
-            raw = jsontext.loads(raw)
+            raw = json.loads(raw)
         except ValueError as exc:
             raise NormaliseError(f"raw_json is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):

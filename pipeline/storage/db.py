@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 
 from pipeline.backends import backend_named
-from pipeline.core import jsontext, redact
+from pipeline.core import redact
 from pipeline.core.errors import ConfigError, DatabaseUnavailable
 
 
@@ -46,7 +46,6 @@ def create_engine(raw_url: str, **kwargs: Any) -> Engine:
     # never format them into an error's text, which reaches logs, Dagster's event log and
     # worker_state. The statement itself is still shown.
     kwargs.setdefault("hide_parameters", True)
-    kwargs.setdefault("json_deserializer", jsontext.loads)  # what json reads, at orjson's speed
     try:
         engine = sa.create_engine(url, **kwargs)
     except (ArgumentError, NoSuchModuleError) as exc:
