@@ -10,10 +10,12 @@ import re
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from pipeline.catalogue.sources import make_spec
+from pipeline.core import urls as urls_module
 from pipeline.core.backoff import PACIFIC, BackoffPolicy, next_quota_reset, retry_after_failure
 from pipeline.core.errors import NormaliseError, SourceError
 from pipeline.core.failures import PERMANENT, FailureReason
@@ -263,6 +265,27 @@ def test_one_parse_gives_the_web_url_and_its_canonical_spelling(scheme, host, re
     if both is not None:
         assert both == (web, canonical_url(web))
         assert item_key(both[1], "id", canonical=True) == item_key(web, "id")
+
+
+# What a link keeps as it is, and one character of another kind (or none).
+KEPT_TEXT = st.text(alphabet=st.sampled_from(list("aZ1/?#%.-_~!$&()*+,;=:@[]")), max_size=20)
+ODD_CHARACTER = st.sampled_from(["", "", "'", '"', " ", "\t", "<", "`", "{", "|", "\\", "^", "\u00e9", "\x00", "\n"])
+
+
+@given(
+    st.sampled_from(["http://", "https://", " https://"]),
+    st.sampled_from(["example.com", "Example.COM:80", "[::1]:8080", "b\u00fccher.example"]),
+    KEPT_TEXT, ODD_CHARACTER, KEPT_TEXT,
+)
+@settings(max_examples=1000, deadline=None)
+def test_a_link_that_needs_no_escape_is_spelled_as_escaping_would_spell_it(scheme, host, before, odd, after):
+    """``web_urls`` leaves out ``quote`` for a link of characters it keeps: the answer is
+    the one quoting every part gives."""
+    value = f"{scheme}{host}/{before}{odd}{after}"
+    fast = web_urls(value)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(urls_module, "_QUOTED", re.compile(r"(?!)"))  # matches nothing: always quote
+        assert web_urls(value) == fast
 
 
 @given(

@@ -28,6 +28,8 @@ _NUMERIC = re.compile(r"[0-9a-fx.]+\Z")
 # (quotes, angle brackets, spaces, backticks, braces, non-ASCII) is percent-encoded, so a
 # stored URL is never markup in an HTML attribute, quoted either way.
 _URL_SAFE = "-._~:/?#[]@!$&()*+,;=%"
+# A URL of only such characters (and letters and digits): ``quote`` leaves it as it is.
+_QUOTED = re.compile(r"[A-Za-z0-9_\-.~:/?#\[\]@!$&()*+,;=%]*\Z")
 
 
 # A pure function of its text, and hosts repeat from item to item (a feed's items share
@@ -103,7 +105,9 @@ def web_urls(value: object) -> tuple[str, str] | None:
     if host is None:
         return None
     netloc = host if port is None else f"{host}:{port}"
-    path, query, fragment = (quote(part, safe=_URL_SAFE) for part in (parts.path, parts.query, parts.fragment))
+    path, query, fragment = parts.path, parts.query, parts.fragment
+    if not _QUOTED.match(value):  # most links need no escape: three quotes saved
+        path, query, fragment = (quote(part, safe=_URL_SAFE) for part in (path, query, fragment))
     web = urlunsplit((scheme, netloc, path or "/", query, fragment))
     if port is not None and port != _DEFAULT_PORTS[scheme]:
         host = f"{host}:{port}"

@@ -3,6 +3,7 @@ the filter language and the matcher alike."""
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections.abc import Iterable
@@ -62,6 +63,7 @@ LOCATION_PREFIX, COMPANY_PREFIX = "l:", "o:"  # the words of a listing's fields 
 _PREFIXES = (AUTHOR_PREFIX, CATEGORY_PREFIX, LOCATION_PREFIX, COMPANY_PREFIX)
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of its text; a feed's categories repeat
 def category_key(category: str) -> str:
     """A category (as ``category:`` compares it, ``folded``) as ``listings.words`` holds it."""
     return CATEGORY_PREFIX + folded(category).replace(" ", "\x1f")
@@ -77,10 +79,10 @@ def word_string(title: str, summary: str, author: str | None = None, categories:
     text into words again (``pipeline filters test``). A change to ``words``, ``folded``
     or these keys needs a migration that stores them again."""
     keys = words(listing_text(title, summary))
-    keys.update(AUTHOR_PREFIX + w for w in words(author or ""))
-    keys.update(category_key(c) for c in categories)
-    keys.update(LOCATION_PREFIX + w for w in words(location or ""))
-    keys.update(COMPANY_PREFIX + w for w in words(company or ""))
+    for prefix, text in ((AUTHOR_PREFIX, author), (LOCATION_PREFIX, location), (COMPANY_PREFIX, company)):
+        if text:
+            keys.update(prefix + w for w in words(text))
+    keys.update(map(category_key, categories))
     return f" {' '.join(sorted(keys))} "
 
 

@@ -11,6 +11,7 @@ wrong.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -94,7 +95,7 @@ def normalise(raw: Any, *, fallback_url: str | None = None, source_category: str
     url, canonical = own or ("", None)
     title = _bounded(html_to_text(_text(raw.get("title"), "title")), TITLE_CHARS)
     summary = _bounded(html_to_text(_text(raw.get("summary"), "summary")), SUMMARY_CHARS)
-    author = _bounded(html_to_text(_text(raw.get("author"), "author")), AUTHOR_CHARS) or None
+    author = _short_text(_text(raw.get("author"), "author"), AUTHOR_CHARS) or None
     price = _bounded(html_to_text(_text(raw.get("price"), "price")), PRICE_CHARS) or None
     return Listing(
         url=url,
@@ -141,6 +142,20 @@ def _bounded(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
+def _short_text(value: str, limit: int) -> str:
+    """``html_to_text`` of a short text bounded to ``limit``: an author's name or a
+    category, which repeat from item to item of a feed, remembered."""
+    return _short_text_cached(value, limit) if len(value) <= _SHORT else _bounded(html_to_text(value), limit)
+
+
+_SHORT = 200  # what _short_text remembers: texts no longer than this, the last 4096
+
+
+@functools.lru_cache(maxsize=4096)
+def _short_text_cached(value: str, limit: int) -> str:
+    return _bounded(html_to_text(value), limit)
+
+
 def _published(value: Any) -> datetime | None:
     """ISO 8601 (as the adapters write it) to UTC; a naive time is taken as UTC.
     Unparseable, or outside what a database holds (``EARLIEST``, ``LATEST``): unknown."""
@@ -163,7 +178,7 @@ def _categories(value: Any, source_category: str | None) -> list[str]:
     for item in items:
         if not isinstance(item, str):
             continue
-        text = _bounded(html_to_text(item), CATEGORY_CHARS)
+        text = _short_text(item, CATEGORY_CHARS)
         key = text.casefold()
         if text and key not in seen:
             seen.add(key)
@@ -205,10 +220,12 @@ def html_to_text(value: str) -> str:
     decoded, white space collapsed to single spaces. What the markup escaped stays text:
     "&lt;entry&gt;" reads "<entry>", as it does on the page (plain text is stored as it
     reads and escaped wherever it meets markup: docs/architecture.md, "Text")."""
+    if not value:
+        return value
     if _MARKUP.search(value):  # plain text, the common case for titles, skips all of this
         value = _INVISIBLE.sub(" ", value)
-        # A CDATA section left in a fragment wraps the markup a publisher meant: unwrapped.
-        value = _CDATA.sub(r"\1", value)
+        if "<![" in value:  # a CDATA section left in a fragment wraps the markup meant: unwrapped
+            value = _CDATA.sub(r"\1", value)
         value = _TAG.sub("", _BLOCK_TAG.sub(" ", value))
         if "&" in value:
             value = unescape(value)
