@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from pipeline.catalogue import sources, users
 from pipeline.core import politeness
 from pipeline.core.errors import SourceError
-from pipeline.core.urls import canonical_url, item_key
+from pipeline.core.urls import canonical_url, item_key, url_host, url_site
 from pipeline.storage import schema
 from tests.helpers import add_source
 from tests.http_server import LocalServer
@@ -61,6 +61,19 @@ def test_spellings_of_one_host_share_one_politeness_group():
                  "http://0x7f000001/d", "http://[::ffff:127.0.0.1]/e", "HTTP://127.0.0.1./f"]
     assert {politeness.group_for(url, "rss") for url in spellings} == {"127.0.0.1"}
     assert politeness.group_for("http://[0::1]/x", "rss") == "::1"
+
+
+def test_a_politeness_group_and_a_site_read_one_host_and_a_malformed_url_has_none():
+    """One rule for a URL's host (``url_host``): the politeness group by host is it, the
+    group by domain and a listing's site are its registrable domain; a URL that cannot
+    be parsed has no host and is the default group, not an error (it once raised in
+    ``group_for`` where ``url_site`` answered "")."""
+    for url in ("http://[0::1]/x", "https://a.blog.example.co.uk:8443/p", "http://127.1/"):
+        assert politeness.group_for(url, "rss") == url_host(url)
+        assert politeness.group_for(url, "rss", by="domain") == url_site(url)
+    for malformed in ("http://[::1/x", "http://[not-an-ip]/", "http://a b/", "not a url", ""):
+        assert url_host(malformed) == url_site(malformed) == ""
+        assert politeness.group_for(malformed, "rss") == politeness.DEFAULT
 
 
 def test_a_second_spelling_of_a_source_is_refused_with_the_existing_id(engine):

@@ -14,10 +14,9 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 from pipeline.core.kinds import SourceType
-from pipeline.core.urls import canonical_host, registrable_domain
+from pipeline.core.urls import registrable_domain, url_host
 
 # The group whose limits are every other group's defaults, and the group of a source
 # given none.
@@ -38,9 +37,7 @@ def group_for(url: str, source_type: str, named: str | None = None, *, by: str =
         return named.strip().lower()
     if source_type == SourceType.YOUTUBE:
         return YOUTUBE_GROUP
-    # One spelling per host (127.1, 2130706433 and 127.0.0.1 are one machine), without
-    # an IPv6 literal's brackets.
-    host = (canonical_host(urlsplit(url).hostname or "") or "").strip("[]")
+    host = url_host(url)
     if by == "domain" and host:
         return registrable_domain(host)
     return host or DEFAULT

@@ -216,15 +216,23 @@ def registrable_domain(host: str) -> str:
     return parts.top_domain_under_public_suffix or host
 
 
+def url_host(url: str) -> str:
+    """``url``'s host in its one spelling (``canonical_host``: ``127.1`` and ``127.0.0.1``
+    are one machine), an IPv6 literal without its brackets; "" when it has no usable
+    host or cannot be parsed."""
+    try:
+        host = canonical_host(urlsplit(url).hostname or "")
+    except ValueError:  # a malformed IPv6 literal
+        return ""
+    return host.strip("[]") if host else ""
+
+
 # Remembered: a source's URL is asked with every new listing of it (stories.py).
 @functools.lru_cache(maxsize=4096)
 def url_site(url: str) -> str:
     """The registrable domain of ``url``'s host; "" when it has no usable host."""
-    try:
-        host = canonical_host(urlsplit(url).hostname or "")
-    except ValueError:
-        return ""
-    return registrable_domain(host.strip("[]")) if host else ""
+    host = url_host(url)
+    return registrable_domain(host) if host else ""
 
 
 def canonical_site(canonical: str) -> str:
