@@ -21,6 +21,7 @@ from tests.helpers import (
     add_raw_rows,
     add_source,
     expire_leases,
+    free_port,
     now,
     raw_states,
     round_trips,
@@ -540,6 +541,51 @@ def test_a_pass_that_fails_does_not_wait_for_its_work_in_flight(engine, source_i
         assert not finished.is_set(), "the pass returned while the slow job was still running"
     finally:
         gate.set()
+
+
+def test_a_start_that_cannot_reach_the_database_lets_the_work_in_flight_finish_and_be_written(engine, source_id):
+    """A ``start`` that meets the database gone (the deliverer reading its claimed
+    messages during a restart) ends the claiming as a lost claim does: the job already
+    running finishes and is written, then the error is raised; the rows whose start
+    failed wait out their lease. It once ended the pass at once, and the messages in
+    flight, sent and never recorded, were sent again a lease later (72 at the hour's
+    restart). The running job adds the second row, which the pass's next look claims
+    (within ``look_again``); the error is a real driver's: a connection to a port
+    nothing listens on."""
+    from pipeline.queue.workpool import work_claimed
+
+    with engine.begin() as conn:
+        add_raw_rows(conn, source_id, 1)
+    nowhere = db.create_engine(f"postgresql://postgres@127.0.0.1:{free_port()}/none")
+    failed = threading.Event()
+    started: list[int] = []
+    written: list[int] = []
+
+    def start(claim):
+        if started:  # the second claim: the database is gone
+            try:
+                nowhere.connect()
+            finally:
+                failed.set()
+        started.extend(claim.ids)
+        return [(claim, row_id) for row_id in claim.ids]
+
+    def work(job):
+        with engine.begin() as conn:  # more work comes due while this job runs
+            add_raw_rows(conn, source_id, 1)
+        failed.wait(60)  # still running when the start fails
+        return job[1]
+
+    try:
+        with pytest.raises(sa.exc.OperationalError):
+            work_claimed(raw_queue(engine, claiming_for(engine)), "w1", threads=2, batch_size=2,
+                         start=start, held=lambda job: job, work=work, write=written.extend, write_window=0.0,
+                         look_again=0.05)
+    finally:
+        failed.set()
+        nowhere.dispose()
+    assert len(started) == 1
+    assert written == started, "the job in flight was written before the error was raised"
 
 
 def test_the_pass_goes_on_claiming_and_working_while_a_batch_is_written(engine, source_id):

@@ -87,12 +87,14 @@ def work_claimed(
     seconds until that work ends (and once more then): rows that come due meanwhile
     start without waiting for a job to end.
 
-    A claim that cannot reach the database (``unreachable``: restarting, cut off) ends
-    the claiming, not the work claimed before it: that work finishes and is written
-    (a write that outlasts the outage, as the deliverer's does, lands when the database
-    is back, and a message sent is not sent again), then the claim's error is raised.
-    It once ended the pass at once, and the messages in flight, sent, were sent again
-    when their leases ran out.
+    A claim, or a ``start``, that cannot reach the database (``unreachable``:
+    restarting, cut off) ends the claiming, not the work claimed before it: that work
+    finishes and is written (a write that outlasts the outage, as the deliverer's does,
+    lands when the database is back, and a message sent is not sent again), then the
+    error is raised; the rows of a claim whose ``start`` failed wait out their lease,
+    unstarted. It once ended the pass at once, and the messages in flight, sent, were
+    sent again when their leases ran out (after a claim at the hour's restart, 42; after
+    the deliverer's ``start`` reading its messages, 72: bench/RESULTS.md).
 
     When a claim finds less than it asked for although work is waiting for room
     (``next_start_in``: seconds until it may be claimable, None when there is none), the
@@ -166,11 +168,16 @@ def work_claimed(
                     races = 0
                 isolated = queue.isolate(claim)
                 claimed += len(isolated)
+                try:
+                    jobs = start(isolated) if isolated else []
+                except sa.exc.DBAPIError as exc:  # as the claim's: its rows wait out their lease, unstarted
+                    if not unreachable(exc):
+                        raise
+                    lost, more = exc, False
+                    continue
                 if isolated is not claim:  # a suspect: worked on with nothing else running
-                    alone = start(isolated)
-                    ready = _drain_then_run_alone(running, alone, held, work, writer, heartbeat, pool, ready)
+                    ready = _drain_then_run_alone(running, jobs, held, work, writer, heartbeat, pool, ready)
                 elif claim:
-                    jobs = start(claim)
                     for job in jobs:
                         claim_of, row_id = held(job)
                         heartbeat.hold(claim_of, [row_id])
