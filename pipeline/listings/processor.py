@@ -340,9 +340,12 @@ def _listing_row(row: RawRow, listing: Listing) -> dict[str, Any]:
         "item_key": item_key(listing.identity_url, row["source_item_id"], canonical=True),
         "words": word_string(listing.title, listing.summary, listing.author, listing.categories,
                              location=fields.get("location"), company=fields.get("company")),
-        # Set for a new listing (its fingerprint and keys are taken once, when first stored).
-        **dict.fromkeys(("simhash", *schema.STORY_KEYS)),
+        **_NO_MARKS,
     }
+
+
+# Set for a new listing (its fingerprint and keys are taken once, when first stored).
+_NO_MARKS = dict.fromkeys(("simhash", *schema.STORY_KEYS))
 
 
 # The listings a batch's keys already have, to count inserts, updates and no-ops (and, where

@@ -256,29 +256,22 @@ def assign(conn: sa.Connection, new: Sequence[NewListing]) -> int:
     # before, then this batch's in order, each with its cluster. Most keys are asked by
     # one listing and hold none: a key gets its list when it first gets a listing.
     recent: dict[tuple[str, int], list[tuple[NewListing, int]]] = {}
-
-    def remember(key: tuple[str, int], entry: tuple[NewListing, int]) -> None:
-        kept = recent.get(key)
-        if kept is None:
-            recent[key] = [entry]
-            return
-        kept.append(entry)
-        if len(kept) > RECENT_PER_KEY:
-            del kept[0]
-
     for key, stored in _candidates(conn, keyed):
-        remember(key, (stored, stored.cluster or stored.id))
+        _remember(recent, key, recent.get(key), (stored, stored.cluster or stored.id))
     joined: dict[int, int] = {}  # listing id -> its cluster
     for listing in keyed:
         keys = listing.marks.keys.items()
-        # Each listing once, though it shares several keys (a near copy shares bands).
-        others = {other.id: (other, cluster) for key in keys for other, cluster in recent.get(key, ())}
-        clusters = [cluster for other, cluster in others.values() if same_story(listing, other)]
+        lists = [recent.get(key) for key in keys]
+        clusters = []
+        if any(lists):
+            # Each listing once, though it shares several keys (a near copy shares bands).
+            others = {other.id: (other, cluster) for kept in lists if kept for other, cluster in kept}
+            clusters = [cluster for other, cluster in others.values() if same_story(listing, other)]
         if clusters:
             joined[listing.id] = min(clusters)
         entry = (listing, joined.get(listing.id, listing.id))
-        for key in keys:
-            remember(key, entry)
+        for key, kept in zip(keys, lists, strict=True):
+            _remember(recent, key, kept, entry)
     if joined:
         t = schema.listings
         conn.execute(
@@ -286,6 +279,18 @@ def assign(conn: sa.Connection, new: Sequence[NewListing]) -> int:
             [{"listing": listing, "cluster": cluster} for listing, cluster in joined.items()],
         )
     return len(joined)
+
+
+def _remember(recent: dict[tuple[str, int], list[tuple[NewListing, int]]], key: tuple[str, int],
+              kept: list[tuple[NewListing, int]] | None, entry: tuple[NewListing, int]) -> None:
+    """Add ``entry`` to ``key``'s most recent listings (``kept``: ``recent[key]`` as
+    read), keeping ``RECENT_PER_KEY``; most keys hold none and get their list now."""
+    if kept is None:
+        recent[key] = [entry]
+        return
+    kept.append(entry)
+    if len(kept) > RECENT_PER_KEY:
+        del kept[0]
 
 
 def _candidates(conn: sa.Connection, keyed: Sequence[NewListing]) -> list[tuple[tuple[str, int], NewListing]]:
