@@ -588,6 +588,38 @@ def test_a_start_that_cannot_reach_the_database_lets_the_work_in_flight_finish_a
     assert written == started, "the job in flight was written before the error was raised"
 
 
+def test_a_batch_below_the_free_threads_leaves_no_thread_waiting_for_a_job_to_end(engine, source_id):
+    """With batches smaller than the threads (``PIPELINE_CONCURRENCY`` above the
+    deliverer's batch), the pass claims again while its first job runs: the second job
+    starts before the first ends. It once waited for a job to end before claiming, so
+    two threads ran one job at a time."""
+    from pipeline.queue.workpool import work_claimed
+
+    with engine.begin() as conn:
+        add_raw_rows(conn, source_id, 2)
+    second = threading.Event()
+    overlapped: list[bool] = []
+
+    def work(job):
+        if second.is_set():
+            return job[1]
+        second.set()  # the first job: it ends once the second has started (or after 60 s)
+        overlapped.append(second_started.wait(60))
+        return job[1]
+
+    second_started = threading.Event()
+
+    def start(claim):
+        if second.is_set():
+            second_started.set()
+        return [(claim, row_id) for row_id in claim.ids]
+
+    claimed = work_claimed(raw_queue(engine, claiming_for(engine)), "w1", threads=2, batch_size=1,
+                           start=start, held=lambda job: job, work=work, write=lambda results: None,
+                           write_window=0.0)
+    assert claimed == 2 and overlapped == [True], "the second row waited for the first job to end"
+
+
 def test_the_pass_goes_on_claiming_and_working_while_a_batch_is_written(engine, source_id):
     """Results are written on a writer thread of their own: while the first batch's
     write is held (a slow database), the loop claims the next rows and works on them.

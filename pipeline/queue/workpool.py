@@ -197,8 +197,15 @@ def work_claimed(
                 deadlines = [write_by] if ready else []
                 if waiting:
                     deadlines.append(claim_after)
-                elif more and remaining != 0 and free_since is not None:
-                    deadlines.append(free_since + idle_claim)  # a free thread claims then
+                elif more and remaining != 0 and len(running) < threads:
+                    # A claim smaller than the room (a batch below the free threads) left
+                    # room: a claim at once when half the threads are free, else once a
+                    # thread has been free ``idle_claim``. It once waited for a job to end.
+                    if threads - len(running) >= refill:
+                        deadlines.append(time.monotonic())
+                    else:
+                        free_since = time.monotonic() if free_since is None else free_since
+                        deadlines.append(free_since + idle_claim)
                 if more and claim_until is not None:
                     deadlines.append(claim_until)  # then it stops claiming
                 timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
