@@ -498,6 +498,10 @@ def main() -> int:
         if internet is not None:
             stop_internet(internet)
         shutil.rmtree(pg_root, ignore_errors=True)
+        # The daemon this run started, if it did (none when one answered already): left
+        # running, a later one on the same data root (tests/test_docker.py) could not start
+        # its containerd, and the CI after an hour's run failed so.
+        docker.stop()
     (out / "report.json").write_text(json.dumps(report, indent=1))
     (out / "samples.json").write_text(json.dumps(samples))
     plot(report, samples, out / "soak.png",
