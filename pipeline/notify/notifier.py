@@ -316,6 +316,7 @@ class Notifier:
                 write=lambda attempts: self._record(queue, attempts, stats),
                 # A webhook is bounded by its deadline; Apprise's own HTTP has no overall one.
                 max_work_seconds=4 * self.settings.http_timeout_seconds + 60,
+                record_at_once=True,  # a message sent is recorded before many others go
             )
             told = SourceAlerts(self.engine, self.settings, self.worker, self.random_unit).deliver(
                 channels, threads=threads)

@@ -91,6 +91,7 @@ class SourceAlerts:
             work=lambda job: self._send(job, channels),
             write=lambda sent: self._record(queue, sent),
             max_work_seconds=4 * self.settings.http_timeout_seconds + 60,
+            record_at_once=True,  # a message sent is recorded before many others go
         )
         return self.stats
 
