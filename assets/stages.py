@@ -141,6 +141,14 @@ def _collect(
         deadline = min(deadline, time.monotonic() + datetime.fromisoformat(until).timestamp() - time.time())
 
     def collect() -> passes.Pass:
+        began = time.monotonic()
+        done = one_pass()
+        if done.worked:  # when each pass ran: lanes of runs in step show here
+            context.log.info(f"collector pass: {done.metadata.get('claimed', 0)} sources claimed in "
+                             f"{time.monotonic() - began:.1f} s")
+        return done
+
+    def one_pass() -> passes.Pass:
         if config.linger_seconds <= 0:
             return passes.collect(database, run_id, max_sources=config.max_sources, concurrency=config.concurrency)
         # Lingering: under a steady stream of due sources a pass never runs out of work.
@@ -156,7 +164,9 @@ def _collect(
         if done is not None:
             # Lingering: this pass's items go through now, before the run waits for the
             # next source.
+            began = time.monotonic()
             passes.log(context, [done, *(stage() for stage in follow)], database)
+            context.log.info(f"follow-ups after the pass, recorded in {time.monotonic() - began:.1f} s")
             done = None
             if wait > 0:
                 context.log.info(f"lingering: the next source is due in {wait:.0f} s")
