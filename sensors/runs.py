@@ -227,10 +227,10 @@ def _request_if_work(
     limit = max_runs(stage)
     # Handing over, every run's linger ends within the hand-over: they stop claiming
     # then, and their successor starts beside them, over the limit. Counted against it,
-    # two runs whose lingers ended together (after a fault) both ended before the next
-    # was asked for: no fetch for the length of a look and a start (bench/RESULTS.md,
-    # the hour's minute 50). One successor per hand-over: it lingers on, so the next
-    # tick counts every run again.
+    # runs whose lingers end together (lanes fallen into step) all stopped claiming
+    # before the next was asked for: nothing claimed for a wind-down, a look and a
+    # start. One successor per hand-over: it lingers on, so the next tick counts every
+    # run again.
     now = wall_clock()
     ending = sum(now < end <= now + handover for end in runs.ends) if handing_over else 0
     if runs.active - ending >= limit:

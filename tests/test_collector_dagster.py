@@ -229,9 +229,9 @@ def test_the_sensor_starts_lingering_ingest_runs_and_leaves_due_sources_to_one_t
 def test_runs_that_end_together_hand_over_although_they_fill_the_limit(engine, db_url, monkeypatch):
     """Two busy runs at the limit whose lingers both end within the hand-over (after a
     fault their lanes fell into step): the next run is asked for beside them, once. It
-    was refused ("2 collector runs active"), so both ended before the next was asked
-    for and nothing was fetched for a look and a start (the hour's minute-50 dip,
-    bench/RESULTS.md). With one lingering on, the limit holds as before."""
+    was refused ("2 collector runs active"), so both stopped claiming before the next
+    was asked for, and nothing was claimed for a wind-down, a look and a start. With one
+    lingering on, the limit holds as before."""
     monkeypatch.setenv("PIPELINE_INGEST_LINGER_SECONDS", "300")
     monkeypatch.setenv("PIPELINE_SENSOR_INTERVAL_SECONDS", "30")
     monkeypatch.setenv("PIPELINE_COLLECTOR_MAX_RUNS", "2")

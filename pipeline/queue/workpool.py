@@ -96,7 +96,8 @@ def work_claimed(
     no batch waiting behind the one being written, so at most the results of one write
     and of the jobs that ended during it are ever unwritten. Batched for 0.1 s, behind a
     batch at the writer, a killed deliverer's window held 71 messages sent again
-    (bench/RESULTS.md); the cost is more, smaller writes when sends come fast.
+    (bench/RESULTS.md); the cost is more, smaller writes when sends come fast (about
+    0.4 ms of CPU a message, client and server, with 2,000 sent back to back).
 
     A claim, or a ``start``, that cannot reach the database (``unreachable``:
     restarting, cut off) ends the claiming, not the work claimed before it: that work
