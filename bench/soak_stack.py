@@ -368,7 +368,7 @@ def main() -> int:
                 # sensor's look and a run's). Spread from now, the sources due before the
                 # first run started were fetched together when it did and came due together
                 # an hour later, leaving none due just before: the fetch "dip" at minutes
-                # 50.3-51.0 of three hours (bench/RESULTS.md), the bench's, not the pipeline's.
+                # 50.3-50.7 of three hours (bench/RESULTS.md), the bench's, not the pipeline's.
                 lead = min(FIRST_FETCH_LEAD_SECONDS, args.warmup * 60 / 2)
                 conn.exec_driver_sql(f"UPDATE sources SET next_fetch_at = now() + interval '{lead} seconds'"
                                      f" + random() * interval '{args.interval} minutes'")
