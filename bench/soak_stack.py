@@ -87,6 +87,11 @@ DIGEST_EVERY = "10m"
 SERVICES = ("code", "webserver", "daemon")  # the data path; Prometheus and the proxy are not on it
 CGROUP_CPU = Path("/sys/fs/cgroup/cpuacct/docker")  # cgroup v1, Docker's cgroupfs driver
 CGROUP_MEMORY = Path("/sys/fs/cgroup/memory/docker")
+# Seeding to the first fetch took 40-50 s on the 2-core VM (the stack's start, a look, a
+# run's start); the spread of first fetches begins this long after seeding, with
+# ``PRIMING_SOURCES`` due at once so that a lingering run is claiming by then.
+FIRST_FETCH_LEAD_SECONDS = 180
+PRIMING_SOURCES = 10
 
 
 # -- Docker's accounts ----------------------------------------------------------------------
@@ -233,13 +238,6 @@ class Faults:
 
 
 # -- Dagster's runs ----------------------------------------------------------------------------
-
-# Seeding to the first fetch took 40-50 s on the 2-core VM (the stack's start, a look, a
-# run's start); the spread of first fetches begins this long after seeding, with
-# ``PRIMING_SOURCES`` due at once so that a lingering run is claiming by then.
-FIRST_FETCH_LEAD_SECONDS = 180
-PRIMING_SOURCES = 10
-
 
 def dagster_runs(dagster_url: str, window: tuple[float, float], home: Path) -> dict[str, Any]:
     """Runs launched in the window (per hour), by job and status, and their start-up

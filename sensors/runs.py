@@ -141,10 +141,13 @@ class _Runs:
     lingering: str | None = None  # the run lingering longest, waiting for work (no lease held)
     lingering_until: float = 0.0  # when its linger ends (its LINGER_TAG)
     ends: list[float] = field(default_factory=list)  # each progressing run's linger end (0: none)
-    # When the last linger of the progressing ones ends, busy or waiting: the stage has
-    # a lingering run to take what comes due until then.
-    lingers_until: float = 0.0
     stalled: list[str] = field(default_factory=list)  # active in Dagster, not progressing
+
+    @property
+    def lingers_until(self) -> float:
+        """When the last linger of the progressing runs ends, busy or waiting: the stage
+        has a lingering run to take what comes due until then."""
+        return max(self.ends, default=0.0)
 
 
 def _runs(context: dg.SensorEvaluationContext, database: PipelineDatabase, filters: dg.RunsFilter) -> _Runs:
@@ -177,7 +180,6 @@ def _runs(context: dg.SensorEvaluationContext, database: PipelineDatabase, filte
             continue
         found.active += 1
         found.starting += run.status in NOT_YET_STARTED
-        found.lingers_until = max(found.lingers_until, ends)
         found.ends.append(ends)
         if ends > max(wall_clock(), found.lingering_until) and not holds_lease(run.run_id):
             # The one lingering longest: a run handing over beside its successor is not it.
@@ -204,13 +206,14 @@ def _request_if_work(
         return dg.SkipReason(f"{runs.starting} {stage} run(s) queued or starting; they will take the work")
     handing_over = False
     handover = sensor_interval() + HANDOVER_START_SECONDS
-    if runs.lingering and runs.lingering_until - wall_clock() > handover:
+    now = wall_clock()
+    if runs.lingering and runs.lingering_until - now > handover:
         return dg.SkipReason(f"run {runs.lingering} lingers, waiting for work: it takes the work as it comes due")
     # The stage's last linger ends within the hand-over, whether its run waits for work
     # or is busy fetching (under a steady stream of due sources a lingering run is never
     # idle: each run ended before the next was asked for, and nothing was fetched for
     # up to a look and a start, bench/soak_stack.py).
-    left = runs.lingers_until - wall_clock()
+    left = runs.lingers_until - now
     if 0 < left <= handover:
         due_in = next_work_in() if next_work_in is not None else None
         if ready or (due_in is not None and due_in <= left + handover):
@@ -231,7 +234,6 @@ def _request_if_work(
     # before the next was asked for: nothing claimed for a wind-down, a look and a
     # start. One successor per hand-over: it lingers on, so the next tick counts every
     # run again.
-    now = wall_clock()
     ending = sum(now < end <= now + handover for end in runs.ends) if handing_over else 0
     if runs.active - ending >= limit:
         return dg.SkipReason(f"{runs.active} {stage} runs active, the limit is {limit}")
