@@ -674,7 +674,12 @@ def test_three_notifier_processes_never_deliver_twice(engine, db_url, receiver, 
     """Processes: three notifiers at once, as on several machines. The receiver holds its
     answers until more deliveries are in flight than one notifier's four threads can
     make: a second process has claimed notifications, however busy the machine (a first
-    process that started seconds earlier took them all on a loaded CI machine)."""
+    process that started seconds earlier took them all on a loaded CI machine).
+
+    The test matches before the processes start: had they matched, the later ones could
+    find the listings claimed by the first and its notifications not yet committed, and
+    leave it to send alone, each batch of four held for the receiver's whole wait (a
+    loaded CI run timed out so)."""
     lock, keys = threading.Lock(), []
     in_flight, shared = [0], threading.Event()
 
@@ -699,6 +704,9 @@ def test_three_notifier_processes_never_deliver_twice(engine, db_url, receiver, 
             users.add_filter(conn, f"user{i}", "python")
         for i in range(20):
             add_listing(conn, source_id, f"l{i}", f"Python job {i}")
+    matched = NotifyStats()
+    notifier(engine).match(matched)
+    assert matched.notifications_created == 120
     # The senders wait longer than the receiver holds an answer: a second process slow to
     # start (seconds on a loaded machine) must not turn the first one's held sends into
     # timeouts, retried later and not sent in this pass.
@@ -711,7 +719,7 @@ def test_three_notifier_processes_never_deliver_twice(engine, db_url, receiver, 
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
         totals.append(json.loads(out.strip().splitlines()[-1]))
-    assert sum(t["notifications_created"] for t in totals) == 120
+    assert sum(t["notifications_created"] for t in totals) == 0, "matched before they started"
     assert sum(t["sent"] for t in totals) == 120 and len(keys) == 120, (
         totals, len(keys), [(n["status"], n["attempts"], n["last_error"]) for n in notifications(engine)
                             if n["status"] != "sent"])
