@@ -121,6 +121,32 @@ def test_a_source_due_longer_rises_one_priority_level_per_aging_step(engine, str
     assert queue.claim("w", 4).ids == expected, "one claim of four orders them alike"
 
 
+@pytest.mark.parametrize("polite", [False, True], ids=["plain", "polite"])
+def test_claims_take_due_sources_in_the_aged_order_across_many_levels(engine, strategy, polite):
+    """PostgreSQL reads the due sources a priority level at a time and merges the levels
+    (pipeline/queue/claim.py ``_free_by_level``); every database must hand them out in
+    the order of sorting them all by aged priority (``QueueSpec.sort``). 120 sources over
+    five levels, due 0-5 aging steps ago (mid-step, so no clock puts one across a step's
+    edge) or never: claims of 7 take them in that order."""
+    import random
+
+    rng = random.Random(36)
+    step = timedelta(minutes=schema.PRIORITY_AGING_MINUTES)
+    t0 = now()
+    with engine.begin() as conn:
+        ids = [add_source(conn, f"http://127.0.0.{1 + i % 50}/{i}", priority=rng.choice([-2, 0, 0, 1, 4]),
+                          next_fetch_at=None if i % 9 == 0 else t0 - step * (rng.randrange(6) + 0.2 + 0.6 * rng.random()))
+               for i in range(120)]
+        conn.execute(sa.update(schema.politeness_groups).values(min_interval_ms=0, max_in_flight=1000))
+        found = conn.execute(sa.select(schema.sources).where(schema.sources.c.id.in_(ids))).mappings().all()
+    expected = [row["id"] for row in schema.SOURCES_DUE.sort(found)]
+    queue = PoliteQueue(engine, claiming=strategy) if polite else WorkQueue(engine, schema.SOURCES_DUE, claiming=strategy)
+    taken: list[int] = []
+    while claim := queue.claim("w", 7):
+        taken.extend(claim.ids)
+    assert taken == expected
+
+
 def test_criteria_are_rechecked_at_claim_time(engine, strategy, source_id):
     """A leased row that meanwhile left the queue is not claimed when its lease expires."""
     with engine.begin() as conn:

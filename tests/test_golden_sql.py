@@ -46,6 +46,9 @@ def _serves(spec: QueueSpec, name: str, dialect: str) -> str:
                 " locking the rows taken, skipping those other claims hold")
     if name == "claim" and dialect == "mariadb":
         return f"pk_{t} (the ids the locking reads took, in the same transaction)"
+    if name == "claim" and dialect == "postgresql" and spec.aged is not None:
+        return (f"ix_{t}_{spec.name}_levels (the priorities in use, then each level's rows never leased, in"
+                f" its order) and ix_{t}_{spec.name}_leased (expired leases, oldest first); the update by pk_{t}")
     if name == "claim":
         return (f"ix_{t}_{spec.name}_free (rows never leased, in the queue's order) and"
                 f" ix_{t}_{spec.name}_leased (expired leases, oldest first); the update by pk_{t}")

@@ -41,6 +41,11 @@ class Backend(Protocol):
     name: str
     # "Now" is the database's clock (hosts with skewed clocks share it), not this host's.
     database_clock: bool
+    # A queue ordered by an aged priority is read one priority level at a time, each
+    # level in its index's order (the levels found by a recursive CTE, each read by a
+    # LATERAL subquery): a claim reads a few rows however many are ready, where sorting
+    # every ready row by the aged priority grew with them (pipeline/queue/claim.py).
+    reads_levels: bool
 
     def engine_options(self, url: sa.URL, options: dict[str, Any]) -> None:
         """Add to ``options`` (``sa.create_engine``'s keywords; those given stay) what
@@ -166,6 +171,7 @@ class Portable:
 
     name = "portable"
     database_clock = False
+    reads_levels = False  # no LATERAL on SQLite or MariaDB
 
     def __init__(self) -> None:
         self._statements: dict[Any, Any] = {}

@@ -26,6 +26,7 @@ from pipeline.backends.upsert import ForwardUpsert
 class PostgreSQL(OnConflict):
     name = "postgresql"
     database_clock = True
+    reads_levels = True
 
     def engine_options(self, url: sa.URL, options: dict[str, Any]) -> None:
         """No pool_pre_ping: it costs a round trip per checkout, a fifth of a small claim.

@@ -136,15 +136,8 @@ class PoliteQueue(WorkQueue[SourceRow]):
     def polite_candidates(self, *, lock: bool) -> tuple[sa.Select[Any], sa.Select[Any]]:
         """The claim's two branches (expired leases, free rows), less sources whose group
         has no room, each looking at up to ``claim_scan`` rows."""
-        expired, free = self.candidates(lock=False)
         scan = sa.bindparam("claim_scan", type_=sa.Integer())
-        has_room = self._has_room()
-        expired = expired.where(has_room).limit(scan)
-        free = free.where(has_room).limit(scan)
-        if lock:
-            expired = expired.with_for_update(skip_locked=True, key_share=True, of=_sources)
-            free = free.with_for_update(skip_locked=True, key_share=True, of=_sources)
-        return expired, free
+        return self.candidates(lock=lock, where=[self._has_room()], limit=scan)
 
     def order_keys(self, rows: Any) -> list[sa.ColumnElement[Any]]:
         """The queue's order over a derived table of candidates; expired leases first."""

@@ -67,7 +67,10 @@ class AgedTerm(OrderTerm):
     ``step`` that has passed since the row's ``since`` (its due time; NULL: none): work
     that has waited long enough is taken before newer work of a higher priority, so no
     priority starves the rest. A row waits behind rows that came due after it for at
-    most (their priority - its priority) x ``step``."""
+    most (their priority - its priority) x ``step``. The queue's rows are ready once
+    their ``since`` has passed, or at once without one: PostgreSQL reads the free rows a
+    level at a time on that understanding (pipeline/queue/claim.py ``_free_by_level``,
+    over the level index ``QueueSpec.indexes`` makes)."""
 
     since: sa.Column[datetime] | None = None
     step: timedelta = timedelta(minutes=10)
@@ -84,6 +87,19 @@ class AgedTerm(OrderTerm):
         since = self.since if over is None else over.c[self.since.name]
         steps = backend.whole_steps(since, now, self.step)
         return (column + sa.func.coalesce(steps, sa.literal_column("0"))).desc()
+
+    @property
+    def never(self) -> sa.ColumnElement[Any]:
+        """What ``due_key`` makes of no ``since``: -infinity, before every time."""
+        return sa.literal_column("'-infinity'")
+
+    def due_key(self) -> sa.ColumnElement[Any]:
+        """``since`` as the level index holds it (PostgreSQL only), NULL (never due) as
+        ``never``. Reads bounded by this expression can be served by the level index
+        alone, not by another index on ``since`` that a planner's estimates might prefer
+        (reading a whole other level's due rows to find a few)."""
+        assert self.since is not None
+        return sa.func.coalesce(self.since, self.never, type_=self.since.type)
 
     def sort(self, rows: list[Row]) -> None:
         assert self.since is not None
@@ -126,6 +142,13 @@ class QueueSpec:
     # partial indexes (MariaDB: see ``indexes``).
     pending_on: tuple[sa.Column[Any], ...] = ()
 
+    @property
+    def aged(self) -> AgedTerm | None:
+        """The aged priority the queue's order leads with, if it does: its claim reads
+        the free rows a level at a time where the database can (``indexes``)."""
+        first = self.order[0] if self.order else None
+        return first if isinstance(first, AgedTerm) and first.since is not None else None
+
     def exhausted(self, row: Row, max_attempts: int) -> bool:
         """True when ``row`` was claimed more than ``max_attempts`` times without being
         finished: every earlier holder stopped (killed, cut off, lease lost) before it
@@ -164,10 +187,19 @@ class QueueSpec:
         index leads with the ``pending`` columns and the lease, then the order, so both
         branches of the claim read a range of it (the free rows: ``pending`` and
         ``locked_until IS NULL`` in the queue's order; the expired leases: a range of
-        ``locked_until``)."""
+        ``locked_until``). A queue ordered by an aged priority has a third on PostgreSQL,
+        the *level* index: its free rows by priority, then due time, then id, which its
+        claim reads a priority level at a time (pipeline/queue/claim.py)."""
         t = self.table
         free, leased = self.free(), self.leased()
+        aged = self.aged
+        levels = [] if aged is None else [
+            sa.Index(
+                f"ix_{t.name}_{self.name}_levels", aged.column, aged.due_key(), t.c.id, postgresql_where=free,
+            ).ddl_if(dialect="postgresql"),
+        ]
         return [
+            *levels,
             sa.Index(
                 f"ix_{t.name}_{self.name}_free",
                 *self.index_on,

@@ -605,8 +605,9 @@ def _attempt_due(now: sa.ColumnElement[datetime]) -> sa.ColumnElement[bool]:
 
 # Due sources, highest priority first (aged: one level up for every PRIORITY_AGING_MINUTES
 # a source has been due, so none starves), never-fetched first, then longest overdue. The
-# free index ranges over next_fetch_at, so a claim costs in proportion to the sources that
-# are due, not to the size of the catalogue; the due set is then sorted by priority.
+# free index ranges over next_fetch_at; on PostgreSQL a claim reads the free sources a
+# priority level at a time from the level index (pipeline/queue/claim.py
+# ``_free_by_level``), a few rows however many are due; SQLite and MariaDB sort the due.
 SOURCES_DUE = QueueSpec(
     name="due",
     table=sources,

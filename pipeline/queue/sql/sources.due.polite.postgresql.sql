@@ -2,8 +2,8 @@
 -- rendered by tests/test_golden_sql.py (which fails when they change).
 
 -- claim
--- served by ix_sources_due_free (rows never leased, in the queue's order) and ix_sources_due_leased (expired leases, oldest first); the update by pk_sources; each group's fetches in flight counted over ix_sources_politeness_leased
-WITH closed_groups AS MATERIALIZED
+-- served by ix_sources_due_levels (the priorities in use, then each level's rows never leased, in its order) and ix_sources_due_leased (expired leases, oldest first); the update by pk_sources; each group's fetches in flight counted over ix_sources_politeness_leased
+WITH RECURSIVE closed_groups AS MATERIALIZED
 (SELECT coalesce(jsonb_object_agg(closed_groups_each.name, true), CAST(%(param_5)s::VARCHAR AS JSONB)) AS names
 FROM (SELECT closed.name AS name
 FROM (SELECT g.name AS name
@@ -19,12 +19,30 @@ FROM sources
 WHERE sources.enabled AND sources.locked_until IS NOT NULL AND sources.locked_until <= now() AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) AND NOT ((SELECT closed_groups.names
 FROM closed_groups) ? sources.politeness_group) ORDER BY sources.locked_until
  LIMIT %(claim_scan)s::INTEGER FOR NO KEY UPDATE OF sources SKIP LOCKED),
-free AS MATERIALIZED
-(SELECT sources.id AS id
+levels(level) AS
+(SELECT (SELECT sources.priority
 FROM sources
-WHERE sources.enabled AND sources.locked_until IS NULL AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) AND NOT ((SELECT closed_groups.names
-FROM closed_groups) ? sources.politeness_group) ORDER BY sources.priority + coalesce(floor(EXTRACT(epoch FROM now() - sources.next_fetch_at) / CAST(600.0 AS NUMERIC)), 0) DESC, sources.next_fetch_at ASC NULLS FIRST, sources.id ASC
- LIMIT %(claim_scan)s::INTEGER FOR NO KEY UPDATE OF sources SKIP LOCKED),
+WHERE sources.enabled AND sources.locked_until IS NULL ORDER BY sources.priority DESC
+ LIMIT %(param_7)s::INTEGER) AS level UNION ALL SELECT (SELECT sources.priority
+FROM sources
+WHERE sources.enabled AND sources.locked_until IS NULL AND sources.priority < levels.level ORDER BY sources.priority DESC
+ LIMIT %(param_8)s::INTEGER) AS anon_3
+FROM levels
+WHERE levels.level IS NOT NULL),
+free AS MATERIALIZED
+(SELECT levelled.id AS id
+FROM (SELECT aged_rows.id AS id, aged_rows.priority AS priority, aged_rows.next_fetch_at AS next_fetch_at
+FROM levels JOIN LATERAL (SELECT sources.id AS id, sources.priority AS priority, sources.next_fetch_at AS next_fetch_at
+FROM sources
+WHERE sources.enabled AND sources.locked_until IS NULL AND sources.priority = levels.level AND coalesce(sources.next_fetch_at, '-infinity') > '-infinity' AND coalesce(sources.next_fetch_at, '-infinity') <= now() AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) AND NOT ((SELECT closed_groups.names
+FROM closed_groups) ? sources.politeness_group) ORDER BY sources.priority, coalesce(sources.next_fetch_at, '-infinity'), sources.id
+ LIMIT %(claim_scan)s::INTEGER FOR NO KEY UPDATE OF sources SKIP LOCKED) AS aged_rows ON true UNION ALL SELECT undated_rows.id AS id, undated_rows.priority AS priority, undated_rows.next_fetch_at AS next_fetch_at
+FROM levels JOIN LATERAL (SELECT sources.id AS id, sources.priority AS priority, sources.next_fetch_at AS next_fetch_at
+FROM sources
+WHERE sources.enabled AND sources.locked_until IS NULL AND sources.priority = levels.level AND coalesce(sources.next_fetch_at, '-infinity') = '-infinity' AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) AND NOT ((SELECT closed_groups.names
+FROM closed_groups) ? sources.politeness_group) ORDER BY sources.priority, coalesce(sources.next_fetch_at, '-infinity'), sources.id
+ LIMIT %(claim_scan)s::INTEGER FOR NO KEY UPDATE OF sources SKIP LOCKED) AS undated_rows ON true) AS levelled ORDER BY levelled.priority + coalesce(floor(EXTRACT(epoch FROM now() - levelled.next_fetch_at) / CAST(600.0 AS NUMERIC)), 0) DESC, levelled.next_fetch_at ASC NULLS FIRST, levelled.id ASC
+ LIMIT %(claim_scan)s::INTEGER),
 cand AS MATERIALIZED
 (SELECT sources.id AS id, sources.politeness_group AS grp, sources.priority AS priority, sources.next_fetch_at AS next_fetch_at, branches.branch AS branch
 FROM sources JOIN (SELECT expired.id AS id, %(param_4)s::INTEGER AS branch
@@ -55,9 +73,9 @@ started AS
 (INSERT INTO ingestion_events (event, source_id, source_type, run_id, scheduled_at) SELECT %(param_1)s::VARCHAR AS anon_1, taken.id AS id, taken.source_type AS source_type, %(started_run_id)s::VARCHAR AS anon_2, taken.next_fetch_at AS next_fetch_at
 FROM taken),
 counted AS
-(INSERT INTO metric_counts (name, label, shard, value) SELECT %(param_7)s::VARCHAR AS anon_3, %(param_8)s::VARCHAR AS anon_4, CAST(floor(random() * %(random_1)s::INTEGER) AS SMALLINT) AS floor_1, CAST(count(*) AS FLOAT) AS count_2
+(INSERT INTO metric_counts (name, label, shard, value) SELECT %(param_9)s::VARCHAR AS anon_4, %(param_10)s::VARCHAR AS anon_5, CAST(floor(random() * %(random_1)s::INTEGER) AS SMALLINT) AS floor_1, CAST(count(*) AS FLOAT) AS count_2
 FROM (SELECT taken.id AS id
-FROM taken) AS anon_5
+FROM taken) AS anon_6
 HAVING count(*) > %(count_3)s::INTEGER ON CONFLICT (name, label, shard) DO UPDATE SET value = (metric_counts.value + excluded.value))
  SELECT taken.id, taken.name, taken.url, taken.source_type, taken.config, taken.enabled, taken.fetch_interval_minutes, taken.next_fetch_at, taken.last_fetched_at, taken.last_success_at, taken.consecutive_failures, taken.last_failure_reason, taken.disabled_reason, taken.priority, taken.adaptive_cadence, taken.min_interval_minutes, taken.max_interval_minutes, taken.etag, taken.last_modified, taken.content_hash, taken.created_at, taken.site_url, taken.attempts, taken.politeness_group, taken.locked_until, taken.claimed_by, taken.claim_token
 FROM taken;

@@ -2,17 +2,34 @@
 -- rendered by tests/test_golden_sql.py (which fails when they change).
 
 -- claim
--- served by ix_sources_due_free (rows never leased, in the queue's order) and ix_sources_due_leased (expired leases, oldest first); the update by pk_sources
-WITH expired AS MATERIALIZED
+-- served by ix_sources_due_levels (the priorities in use, then each level's rows never leased, in its order) and ix_sources_due_leased (expired leases, oldest first); the update by pk_sources
+WITH RECURSIVE expired AS MATERIALIZED
 (SELECT sources.id AS id
 FROM sources
 WHERE sources.enabled AND sources.locked_until IS NOT NULL AND sources.locked_until <= now() AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) ORDER BY sources.locked_until
  LIMIT %(claim_limit)s::INTEGER FOR NO KEY UPDATE SKIP LOCKED),
-free AS MATERIALIZED
-(SELECT sources.id AS id
+levels(level) AS
+(SELECT (SELECT sources.priority
 FROM sources
-WHERE sources.enabled AND sources.locked_until IS NULL AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) ORDER BY sources.priority + coalesce(floor(EXTRACT(epoch FROM now() - sources.next_fetch_at) / CAST(600.0 AS NUMERIC)), 0) DESC, sources.next_fetch_at ASC NULLS FIRST, sources.id ASC
- LIMIT %(claim_limit)s::INTEGER FOR NO KEY UPDATE SKIP LOCKED),
+WHERE sources.enabled AND sources.locked_until IS NULL ORDER BY sources.priority DESC
+ LIMIT %(param_1)s::INTEGER) AS level UNION ALL SELECT (SELECT sources.priority
+FROM sources
+WHERE sources.enabled AND sources.locked_until IS NULL AND sources.priority < levels.level ORDER BY sources.priority DESC
+ LIMIT %(param_2)s::INTEGER) AS anon_1
+FROM levels
+WHERE levels.level IS NOT NULL),
+free AS MATERIALIZED
+(SELECT levelled.id AS id
+FROM (SELECT aged_rows.id AS id, aged_rows.priority AS priority, aged_rows.next_fetch_at AS next_fetch_at
+FROM levels JOIN LATERAL (SELECT sources.id AS id, sources.priority AS priority, sources.next_fetch_at AS next_fetch_at
+FROM sources
+WHERE sources.enabled AND sources.locked_until IS NULL AND sources.priority = levels.level AND coalesce(sources.next_fetch_at, '-infinity') > '-infinity' AND coalesce(sources.next_fetch_at, '-infinity') <= now() AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) ORDER BY sources.priority, coalesce(sources.next_fetch_at, '-infinity'), sources.id
+ LIMIT %(claim_limit)s::INTEGER FOR NO KEY UPDATE OF sources SKIP LOCKED) AS aged_rows ON true UNION ALL SELECT undated_rows.id AS id, undated_rows.priority AS priority, undated_rows.next_fetch_at AS next_fetch_at
+FROM levels JOIN LATERAL (SELECT sources.id AS id, sources.priority AS priority, sources.next_fetch_at AS next_fetch_at
+FROM sources
+WHERE sources.enabled AND sources.locked_until IS NULL AND sources.priority = levels.level AND coalesce(sources.next_fetch_at, '-infinity') = '-infinity' AND (sources.next_fetch_at IS NULL OR sources.next_fetch_at <= now()) ORDER BY sources.priority, coalesce(sources.next_fetch_at, '-infinity'), sources.id
+ LIMIT %(claim_limit)s::INTEGER FOR NO KEY UPDATE OF sources SKIP LOCKED) AS undated_rows ON true) AS levelled ORDER BY levelled.priority + coalesce(floor(EXTRACT(epoch FROM now() - levelled.next_fetch_at) / CAST(600.0 AS NUMERIC)), 0) DESC, levelled.next_fetch_at ASC NULLS FIRST, levelled.id ASC
+ LIMIT %(claim_limit)s::INTEGER),
 c AS MATERIALIZED
 (SELECT expired.id AS id
 FROM expired UNION ALL SELECT free.id AS id
