@@ -400,8 +400,9 @@ def test_the_polite_claim_looks_a_sources_group_up_not_through_every_open_group(
     scans = [n for n in _nodes(plan) if n.get("Node Type") == "CTE Scan" and n.get("CTE Name") == "closed_groups"]
     assert scans, "the groups with no room are a CTE of their own"
     read = sum(n["Actual Loops"] * max(n["Actual Rows"], 1) for n in scans)
-    # Once per branch (expired leases, free rows), not once per due source.
-    assert read <= 2, f"the groups with no room read {read} times:\n" + "\n".join(
+    # Once per read (expired leases; free rows: on PostgreSQL the levels' due and
+    # never-fetched rows, each read once whatever the levels), not once per due source.
+    assert read <= 3, f"the groups with no room read {read} times:\n" + "\n".join(
         f"{n['Node Type']} loops={n['Actual Loops']} rows={n['Actual Rows']}" for n in scans)
 
 
