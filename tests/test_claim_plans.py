@@ -413,7 +413,8 @@ def test_a_claim_of_due_sources_reads_a_few_of_them_however_many_are_due(pg_engi
     grow with the sources due (a polite claim of 8: 4 ms with 1,000 due, 92 with
     100,000; bench/polite_claim.py), so a backlog drained ever more slowly. Here 3,000
     due over three levels (60 never fetched) and 300 open groups: a claim of 8 reads
-    at most two runs of ``claim_scan`` rows a level, not 3,000."""
+    at most two runs of ``claim_scan`` rows a level, not 3,000. A database of its own
+    (``pg_engine``): it takes statistics of its rows, which the plan depends on."""
     due = 3_000
     with pg_engine.begin() as conn:
         politeness_groups.ensure_groups(conn, [f"host{g}" for g in range(300)])

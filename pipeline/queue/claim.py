@@ -158,21 +158,24 @@ class WorkQueue(FencedWrites[R]):
         )
         aged = spec.aged
         if aged is not None and backend_for(self.engine).reads_levels:
-            return self._locked(expired, lock, where), self._free_by_level(aged, now, [*ready, *where], limit, lock)
+            return (self._locked(expired, lock, only_table=bool(where)),
+                    self._free_by_level(aged, now, [*ready, *where], limit, lock))
         free = (
             sa.select(t.c.id)
             .where(spec.free(), *ready, *where)
             .order_by(*self.ordered(now=now))
             .limit(limit)
         )
-        return self._locked(expired, lock, where), self._locked(free, lock, where)
+        return self._locked(expired, lock, only_table=bool(where)), self._locked(free, lock, only_table=bool(where))
 
-    def _locked(self, select: sa.Select[Any], lock: bool, where: Sequence[sa.ColumnElement[bool]]) -> sa.Select[Any]:
-        # FOR NO KEY UPDATE: the claim never changes a key, so rows that reference a
-        # claimed row (their foreign-key checks take KEY SHARE) are not blocked.
+    def _locked(self, select: sa.Select[Any], lock: bool, *, only_table: bool) -> sa.Select[Any]:
+        """``select`` locking the rows it reads, skipping those other claims hold, when
+        ``lock``. FOR NO KEY UPDATE: the claim never changes a key, so rows that reference
+        a claimed row (their foreign-key checks take KEY SHARE) are not blocked.
+        ``only_table``: ``OF`` the queue's table, for a select that reads others too."""
         if not lock:
             return select
-        return select.with_for_update(skip_locked=True, key_share=True, of=self.spec.table if where else None)
+        return select.with_for_update(skip_locked=True, key_share=True, of=self.spec.table if only_table else None)
 
     def _free_by_level(
         self, aged: AgedTerm, now: sa.ColumnElement[datetime], conditions: list[sa.ColumnElement[bool]],
@@ -210,14 +213,13 @@ class WorkQueue(FencedWrites[R]):
         due, never = aged.due_key(), aged.never
 
         def read(bound: sa.ColumnElement[bool], name: str) -> sa.Select[Any]:
-            rows = (
+            rows = self._locked(
                 sa.select(t.c.id, level, since)
                 .where(free, level == levels.c.level, bound, *conditions)
                 .order_by(level, due, t.c.id)  # the level index's order: no sort
-                .limit(limit)
+                .limit(limit),
+                lock, only_table=True,  # beside the levels CTE
             )
-            if lock:
-                rows = rows.with_for_update(skip_locked=True, key_share=True, of=t)
             each = rows.lateral(name)
             return sa.select(each.c.id, each.c[level.name], each.c[since.name]).select_from(
                 levels.join(each, sa.true()))
