@@ -10,7 +10,8 @@ collector's claim (``PoliteQueue``, ``record_started``, ``--limit`` sources) and
 what it took, ``--repeats`` times: the claim's wall time and the server's CPU per claim
 (the cluster's processes, bench/scratch.py), medians. Run it on two trees, interleaved,
 to compare two ways of claiming. The release and the spacing's reset after each claim
-are outside the times.
+are outside the times; after each claim, the question a collector asks when a claim comes
+back short (``next_start_in``) is timed too.
 
     .venv/bin/python bench/polite_claim.py [--groups 2000 20000] [--repeats 30]
 """
@@ -62,12 +63,14 @@ def build(url: str, sources: int, groups: int, due: int, in_flight: int, spaced:
     return engine
 
 
-def measure(engine: sa.Engine, limit: int, repeats: int) -> tuple[float, float | None, int]:
+def measure(engine: sa.Engine, limit: int, repeats: int) -> tuple[float, float | None, int, float, float | None]:
     """Median wall ms and mean server CPU ms per claim (the server's CPU is counted in
-    clock ticks: a mean over the claims, not a median of ticks), and sources a claim took."""
+    clock ticks: a mean over the claims, not a median of ticks), sources a claim took,
+    and the same two of the question a collector asks after a short claim
+    (``PoliteQueue.next_start_in``: when may more be claimed?)."""
     queue = PoliteQueue(engine, record_started=True, run_id="bench")
     server = ServerCpu(engine)
-    walls, cpus, taken = [], [], 0
+    walls, cpus, taken, asks, ask_cpus = [], [], 0, [], []
     for _ in range(repeats + 3):
         before = server.seconds()
         began = time.perf_counter()
@@ -75,6 +78,12 @@ def measure(engine: sa.Engine, limit: int, repeats: int) -> tuple[float, float |
         wall = time.perf_counter() - began
         after = server.seconds()
         taken = len(claim)
+        began = time.perf_counter()
+        queue.next_start_in()
+        asks.append((time.perf_counter() - began) * 1000)
+        asked = server.seconds()
+        if asked is not None and after is not None:
+            ask_cpus.append((asked - after) * 1000)
         queue.release(claim)
         with engine.begin() as conn:  # its spacing undone, so every claim finds the same groups open
             conn.exec_driver_sql("UPDATE politeness_groups SET next_request_at = NULL"
@@ -83,7 +92,8 @@ def measure(engine: sa.Engine, limit: int, repeats: int) -> tuple[float, float |
         if before is not None and after is not None:
             cpus.append((after - before) * 1000)
     walls, cpus = walls[3:], cpus[3:]  # the first claims prepare the statement
-    return statistics.median(walls), statistics.fmean(cpus) if cpus else None, taken
+    return (statistics.median(walls), statistics.fmean(cpus) if cpus else None, taken,
+            statistics.median(asks[3:]), statistics.fmean(ask_cpus[3:]) if ask_cpus[3:] else None)
 
 
 def main() -> int:
@@ -105,10 +115,12 @@ def main() -> int:
         with scratch_database(admin, name):
             engine = build(db.parse_url(args.database_url).set(database=name).render_as_string(hide_password=False),
                            args.sources, groups, args.due, args.in_flight, args.spaced)
-            wall, cpu, taken = measure(engine, args.limit, args.repeats)
+            wall, cpu, taken, ask, ask_cpu = measure(engine, args.limit, args.repeats)
             engine.dispose()
         print(f"  {groups:>7,} groups: {wall:6.2f} ms a claim, server CPU "
-              + (f"{cpu:6.2f} ms" if cpu is not None else "n/a") + f"; took {taken}", flush=True)
+              + (f"{cpu:6.2f} ms" if cpu is not None else "n/a") + f"; took {taken};"
+              f" when may more be claimed: {ask:6.2f} ms, server CPU "
+              + (f"{ask_cpu:6.2f} ms" if ask_cpu is not None else "n/a"), flush=True)
     admin.dispose()
     return 0
 

@@ -275,10 +275,11 @@ class PoliteQueue(WorkQueue[SourceRow]):
         NULL when no source is due."""
         s, g, d, spec = _sources, _groups, _groups.alias("d"), self.spec
         now = self.now()
-        due = sa.select(s.c.politeness_group).where(
-            spec.pending,
-            sa.or_(s.c.locked_until.is_(None), s.c.locked_until <= now),
-            *([spec.ready(now)] if spec.ready is not None else []),
+        # The claim's two branches (free, expired), each its own partial index's range:
+        # "free or expired" as one OR read every source, however few were due.
+        due = sa.union_all(
+            sa.select(s.c.politeness_group).where(spec.free(), *spec.ready_at(now)),
+            sa.select(s.c.politeness_group).where(spec.expired(now), *spec.ready_at(now)),
         )
         opens = sa.func.coalesce(g.c.next_request_at, now)
         has_slot = self.in_flight(g.c.name) < sa.func.coalesce(g.c.max_in_flight, d.c.max_in_flight)
