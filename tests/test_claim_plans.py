@@ -22,7 +22,7 @@ from pipeline.core import politeness
 from pipeline.fetching.politeness import SCAN_FACTOR, PoliteQueue
 from pipeline.queue.claim import WorkQueue
 from pipeline.queue.spec import QueueSpec
-from pipeline.storage import bulk, db, politeness_groups, schema
+from pipeline.storage import bulk, db, politeness_groups, schema, status
 from tests.conftest import ALL_BACKENDS, conformance
 from tests.databases import MariaDatabases, PostgresDatabases
 from tests.helpers import now
@@ -363,6 +363,39 @@ def test_the_wait_for_room_reads_the_due_sources_by_index(big_engine: sa.Engine)
         text = "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN " + statement, parameters))
     assert not re.search(r"Seq Scan on sources\b", text), f"sequential scan of sources:\n{statement}\n{text}"
     assert "ix_sources_due_free" in text and "ix_sources_due_leased" in text, text
+
+
+def test_when_the_next_source_comes_due_is_two_index_probes(pg_engine: sa.Engine) -> None:
+    """``next_due_in`` (every look of the due-sources sensor, and of a lingering run
+    between its passes) reads a few entries of the free sources' index, not all of them.
+    As the min of ``coalesce(next_fetch_at, now())`` it read every free source: 40 ms at
+    200,000 sources (bench/RESULTS.md), an index scan that no "Seq Scan" check catches.
+    A database of its own (``pg_engine``): 3,000 sources, none due, none leased."""
+    with pg_engine.begin() as conn:
+        bulk.insert_rows(conn, schema.sources, [
+            {"name": f"s{i}", "url": f"http://127.0.0.1/{i}", "source_type": "rss",
+             "next_fetch_at": now() + timedelta(seconds=60 + i)} for i in range(3_000)])
+    with pg_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("ANALYZE sources")
+    seen: list[tuple[str, object]] = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        if "next_fetch_at" in statement:
+            seen.append((statement, parameters))
+
+    sa.event.listen(pg_engine, "before_cursor_execute", capture)
+    try:
+        with pg_engine.connect() as conn:
+            assert 50 < status.next_due_in(conn) <= 60
+    finally:
+        sa.event.remove(pg_engine, "before_cursor_execute", capture)
+    [(statement, parameters)] = seen
+    with pg_engine.connect() as conn:
+        [[plan]] = conn.exec_driver_sql("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters).all()
+    reads = [n for n in _nodes(plan[0]["Plan"]) if n.get("Relation Name") == "sources"]
+    read = sum(n["Actual Loops"] * n["Actual Rows"] for n in reads)
+    assert reads and read <= 2, f"{read} sources read for the next due time:\n" + "\n".join(
+        f"{n['Node Type']} {n.get('Index Name')} loops={n['Actual Loops']} rows={n['Actual Rows']}" for n in reads)
 
 
 def _explained_claim_after_stale_statistics(engine: sa.Engine, groups: int, per_group: int) -> dict:

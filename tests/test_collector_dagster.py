@@ -14,9 +14,11 @@ from dagster._core.storage.dagster_run import DagsterRun
 from assets.policies import LINGER_TAG, run_worker
 from assets.stages import STAGES_OP, stage_assets
 from pipeline.storage import schema
+from pipeline.storage.status import next_due_in
 from resources import PipelineDatabase
 from sensors import runs
 from sensors.due_sources import STAGE_TAG, due_sources_sensor
+from tests.conftest import conformance
 from tests.helpers import add_source, now
 from tests.http_server import LocalServer
 from tests.test_collector import rss, serve
@@ -79,6 +81,34 @@ def unwrap(result: dg.SensorResult) -> dg.RunRequest | dg.SkipReason:
         return result.skip_reason
     [request] = result.run_requests
     return request
+
+
+@conformance  # its SQL on every database (EXISTS and a scalar subquery in one select)
+def test_when_the_next_source_comes_due_as_the_sensor_and_a_lingering_run_read_it(engine):
+    """``next_due_in``: None when no enabled source waits (all held or disabled), 0 when
+    one was never fetched or its lease ran out, else the seconds to the earliest."""
+    def due_in():
+        with engine.connect() as conn:
+            return next_due_in(conn)
+
+    with engine.begin() as conn:
+        held = add_source(conn, "http://127.0.0.1/held", next_fetch_at=now() - timedelta(minutes=1),
+                          locked_until=now() + timedelta(minutes=5), claimed_by="w", claim_token="t")
+        add_source(conn, "http://127.0.0.1/off", enabled=False)
+    assert due_in() is None
+    with engine.begin() as conn:
+        add_source(conn, "http://127.0.0.1/later", next_fetch_at=now() + timedelta(minutes=30))
+        soon = add_source(conn, "http://127.0.0.1/soon", next_fetch_at=now() + timedelta(minutes=10))
+    assert 9 * 60 < due_in() <= 10 * 60
+    with engine.begin() as conn:
+        conn.execute(sa.update(schema.sources).where(schema.sources.c.id == soon).values(next_fetch_at=None))
+    assert due_in() == 0.0, "never fetched: due now"
+    with engine.begin() as conn:
+        conn.execute(sa.update(schema.sources).where(schema.sources.c.id == soon)
+                     .values(next_fetch_at=now() + timedelta(minutes=10)))
+        conn.execute(sa.update(schema.sources).where(schema.sources.c.id == held)
+                     .values(locked_until=now() - timedelta(seconds=1)))
+    assert due_in() == 0.0, "a lease that ran out: due again now"
 
 
 def test_the_sensor_requests_a_run_only_when_sources_are_due(engine, db_url):
