@@ -344,7 +344,7 @@ def main() -> int:
 
             internet_log, plan_path, received = out / "internet.jsonl", out / "plan.json", out / "received.jsonl"
             internet = start_internet(args, internet_log, plan_path, "--user-keywords", "uniform", "--keywords",
-                                      str(args.keywords), "--history", str(args.history))
+                                      str(args.keywords))
             receiver_port = args.port + 1
             receiver = start_receiver(receiver_port, received)
             plan = json.loads(plan_path.read_text())
