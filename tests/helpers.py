@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import gc
 import multiprocessing
 import re
 import socket
@@ -164,3 +166,19 @@ def raw_states(conn: sa.Connection, ids: Sequence[int]) -> dict[int, dict[str, A
     t = schema.listings_raw
     result = conn.execute(sa.select(t).where(t.c.id.in_(list(ids))))
     return {row["id"]: dict(row) for row in result.mappings()}
+
+
+def parse_python(source: str, filename: str = "<unknown>") -> ast.Module:
+    """``ast.parse`` with the garbage collector held off. On CPython 3.11.7 a collection
+    inside the AST constructor runs finalizers (in a loaded CI, an earlier test's pooled
+    connection rolling back and failing), Python code that lets another thread in, and the
+    constructor's count of its own depth (one per interpreter) came out unbalanced: the
+    parse failed with "SystemError: AST constructor recursion depth mismatch (before=138,
+    after=193)" (python/cpython#106905, fixed in later releases)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(source, filename)
+    finally:
+        if was:
+            gc.enable()

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import parse_python
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -65,7 +67,7 @@ def test_no_module_imports_a_private_name_of_a_dependency_but_its_one_wrapper() 
             name = str(path.relative_to(ROOT))
             if name in wrappers:
                 continue
-            for node in ast.walk(ast.parse(path.read_text())):
+            for node in ast.walk(parse_python(path.read_text(), name)):
                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
                         and not node.module.startswith(ours) and node.module != "__future__":
                     private = [a.name for a in node.names if a.name.startswith("_")]
@@ -153,7 +155,7 @@ def test_no_code_outside_the_backends_asks_which_database_it_runs_on() -> None:
             name = path.relative_to(ROOT).as_posix()
             if name.startswith(_DIALECT_HOMES):
                 continue
-            tree = ast.parse(path.read_text(), name)
+            tree = parse_python(path.read_text(), name)
             # A comparison whose side is ``x.dialect.name`` is one question, not two.
             lines = {node.lineno for node in ast.walk(tree) if _asks_for_the_database(node)}
             if lines:

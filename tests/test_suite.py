@@ -21,7 +21,7 @@ from pipeline.core import politeness
 from pipeline.storage import db, politeness_groups, schema
 from tests.conftest import conformance
 from tests.databases import TEST_MAX_IN_FLIGHT
-from tests.helpers import add_source
+from tests.helpers import add_source, parse_python
 
 TESTS = Path(__file__).resolve().parent
 # What starts a process, creates a database or waits, written in a test's own body.
@@ -33,7 +33,7 @@ def functions_of_tests() -> list[tuple[Path, ast.FunctionDef, str]]:
     for path in sorted(TESTS.glob("test_*.py")):
         source = path.read_text()
         lines = source.splitlines()
-        for node in ast.parse(source).body:
+        for node in parse_python(source, path.name).body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
                 found.append((path, node, "\n".join(lines[node.lineno - 1 : node.end_lineno])))
     return found
@@ -76,3 +76,31 @@ def test_a_reused_database_comes_back_as_the_migrations_left_it(backend: str, re
     finally:
         engine.dispose()
     assert databases.shared() != url, "a changed schema is a new database"
+
+
+def test_the_layout_tests_parse_survives_a_collection_that_parses() -> None:
+    """The layout tests read the project's source with ``parse_python``: on CPython 3.11.7
+    a collection inside ``ast.parse`` whose finalizers run Python code that parses too (or
+    lets a thread in that does) failed the parse with "SystemError: AST constructor
+    recursion depth mismatch" (a loaded .ci/run; python/cpython#106905). Here a cycle's
+    finalizer parses, and collections come at every allocation."""
+    import gc
+
+    class Parses:
+        def __init__(self) -> None:
+            self.me = self  # a cycle: only the collector frees it
+
+        def __del__(self) -> None:
+            ast.parse("x = 1")
+
+    source = (TESTS.parent / "pipeline" / "listings" / "processor.py").read_text()
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        for _ in range(5):
+            for _ in range(20):
+                Parses()
+            assert parse_python(source).body
+    finally:
+        gc.set_threshold(*threshold)
+        gc.collect()
