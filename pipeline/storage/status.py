@@ -98,15 +98,15 @@ def next_due_in(conn: sa.Connection) -> float | None:
     spec = schema.SOURCES_DUE
     when = spec.table.c.next_fetch_at
     now_sql = schema.now_sql(conn)
-    if conn.execute(sa.select(spec.table.c.id).where(spec.expired(now_sql)).limit(1)).first() is not None:
-        return 0.0
-    # A source never fetched (NULL) is due now; else the earliest time. Asked as two
-    # probes of the free index: the min of an expression over it (coalesce) read every
-    # free source, 40 ms at 200,000 (bench/RESULTS.md), each time a lingering run waits.
+    # One round trip of three index probes: a lease run out (its source is due again
+    # now), a source never fetched (NULL: due now), else the earliest time. Not the min
+    # of an expression over the free index (coalesce), which read every free source:
+    # 40 ms at 200,000 (bench/RESULTS.md), each time a lingering run waits.
+    lapsed = sa.exists().where(spec.expired(now_sql))
     never = sa.exists().where(spec.free(), when.is_(None))
     soonest = sa.select(sa.func.min(when)).where(spec.free()).scalar_subquery()
-    now, unfetched, due = conn.execute(sa.select(now_sql, never, soonest)).one()
-    if unfetched:
+    now, expired, unfetched, due = conn.execute(sa.select(now_sql, lapsed, never, soonest)).one()
+    if expired or unfetched:
         return 0.0
     return None if due is None else max(0.0, (due - now).total_seconds())
 
