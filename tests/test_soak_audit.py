@@ -23,9 +23,9 @@ FEED = f"http://127.1.0.1:{PORT}/f/0.xml"
 LINK = f"{FEED}?item=0"
 
 
-def run_audit(engine: sa.Engine, tmp_path: Path, answer_bytes: int) -> dict[str, object]:
+def run_audit(engine: sa.Engine, tmp_path: Path, answer_bytes: int, cpu: dict[str, float] | None = None) -> dict[str, object]:
     """One item, followed by one user, listed by one 200 answer of ``answer_bytes`` ten
-    seconds after it appeared, and never delivered."""
+    seconds after it appeared, and never delivered; ``cpu``: the stages' CPU seconds."""
     log = tmp_path / "internet.jsonl"
     log.write_text("\n".join(json.dumps(record) for record in (
         {"kind": "item", "at": 100.0, "feed": FEED, "link": LINK, "guid": "g0", "keywords": ["kw0001"]},
@@ -34,7 +34,7 @@ def run_audit(engine: sa.Engine, tmp_path: Path, answer_bytes: int) -> dict[str,
     )) + "\n")
     args = argparse.Namespace(port=PORT, hosts=1, feeds_per_host=1, interval=60, minutes=10.0, warmup=0.0)
     plan = {"users": [{"name": "user00000", "keywords": ["kw0001"]}]}
-    return audit(engine, args, plan, log, tmp_path / "received.jsonl", (0.0, 600.0, 900.0), {}, [], {})
+    return audit(engine, args, plan, log, tmp_path / "received.jsonl", (0.0, 600.0, 900.0), cpu or {}, [], {})
 
 
 def test_an_item_listed_by_an_answer_the_pipeline_reads_and_never_delivered_is_lost_and_traced(
@@ -66,6 +66,20 @@ def test_an_item_on_a_feed_whose_answers_are_longer_than_the_pipeline_reads_is_r
 ) -> None:
     report = run_audit(engine, tmp_path, answer_bytes)
     assert report["lost"] == 0 and report["refused_as_too_large"] == 1
+
+
+def test_the_notifiers_cpu_a_delivery_counts_every_message_delivered_in_the_window(
+    engine: sa.Engine, tmp_path: Path,
+) -> None:
+    """The notifier's CPU in the window is spent on every message it delivers then, the
+    first fetches' histories included, not only on the window's items: divided by the
+    latter, the local soak reported 15.7 ms a message where it spent 3.3."""
+    (tmp_path / "received.jsonl").write_text("\n".join(json.dumps(
+        {"at": at, "user": "user00001", "id": f"notification-{n}", "links": [f"{FEED}?item=old{n}"]})
+        for n, at in enumerate((10.0, 20.0, 30.0, 700.0))) + "\n")
+    report = run_audit(engine, tmp_path, answer_bytes=2_000, cpu={"match": 0.01, "deliver": 0.02})
+    assert report["messages_in_window"] == 3  # the one at 700 s came after the window
+    assert report["notifier_cpu_ms_per_delivery"] == 10.0
 
 
 def test_fetch_to_delivery_is_split_into_the_stages_it_waited_in(engine: sa.Engine) -> None:
