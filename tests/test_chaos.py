@@ -127,16 +127,40 @@ class Workers:
                 process.kill()
 
 
-def done(engine: sa.Engine, sources: int, expected: int) -> bool:
+def progress(engine: sa.Engine) -> dict[str, int]:
+    """How far the pipeline has got: sources fetched, raw rows and listings still
+    waiting, notifications by status (``sent``, ``pending``, ...)."""
     s, raw, listings, n = schema.sources, schema.listings_raw, schema.listings, schema.notifications
     with engine.connect() as conn:
         def count(table: sa.Table, *where: sa.ColumnElement[bool]) -> int:
             return int(conn.execute(sa.select(sa.func.count()).select_from(table).where(*where)).scalar_one())
 
-        return (count(s, s.c.last_success_at.is_not(None)) == sources
-                and count(raw, raw.c.processed_at.is_(None)) == 0
-                and count(listings, listings.c.matched_at.is_(None)) == 0
-                and count(n, n.c.status == "sent") == expected)
+        return {"fetched": count(s, s.c.last_success_at.is_not(None)),
+                "unprocessed": count(raw, raw.c.processed_at.is_(None)),
+                "unmatched": count(listings, listings.c.matched_at.is_(None)),
+                **{str(status): int(k) for status, k in conn.execute(
+                    sa.select(n.c.status, sa.func.count()).group_by(n.c.status)).all()}}
+
+
+def done(engine: sa.Engine, sources: int, expected: int) -> bool:
+    at = progress(engine)
+    return (at["fetched"] == sources and at["unprocessed"] == 0 and at["unmatched"] == 0
+            and at.get("sent", 0) == expected)
+
+
+def wait_done(what: str, engine: sa.Engine, sources: int, expected: int, timeout: float, every: float = 1.0, *,
+              also: Callable[[], str] | None = None) -> None:
+    """Wait until ``done``; when it does not come within ``timeout``, an AssertionError
+    naming ``what``, where the pipeline stands (``progress``) and ``also``'s account of
+    it (the runs, say): a loaded CI's "not within 300 s" said nothing of which stage."""
+    try:
+        wait_until(what, lambda: done(engine, sources, expected), timeout, every)
+    except AssertionError as exc:
+        at = progress(engine)
+        stands = (f"{at.pop('fetched')} of {sources} sources fetched, {at.pop('unprocessed')} raw rows unprocessed,"
+                  f" {at.pop('unmatched')} listings unmatched, {at.pop('sent', 0)} of {expected} notifications sent,"
+                  f" others by status {at}")
+        raise AssertionError(f"{exc}: {stands}" + (f"\n{also()}" if also else "")) from None
 
 
 def check(engine: sa.Engine, site: Site, sources: int) -> None:
@@ -189,7 +213,7 @@ def test_workers_killed_at_random_lose_nothing_and_do_nothing_twice(pg_databases
             time.sleep(rng.uniform(1.0, 3.0))
             kills_during_work += not done(engine, sources, len(site.expected(sources)))
             workers.kill_one(rng)
-        wait_until("the pipeline to drain", lambda: done(engine, sources, len(site.expected(sources))), 240, 2)
+        wait_done("the pipeline to drain", engine, sources, len(site.expected(sources)), 240, 2)
     finally:
         workers.finish()
         site.server.stop()

@@ -43,7 +43,7 @@ from tests.docker_stack import Docker, NoDocker
 from tests.fault_proxy import FaultProxy, postgres_upstream
 from tests.helpers import add_source, free_port, wait_until
 from tests.http_server import Handler
-from tests.test_chaos import FILTERS, UNLIMITED, Site, check, done, seed
+from tests.test_chaos import FILTERS, UNLIMITED, Site, check, seed, wait_done
 
 # The suite's 600 s per test counts fixtures too: building the base and project images
 # on a machine that has neither took 281 s on two busy cores (162 + 119), and the test
@@ -272,8 +272,8 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
         holders = wait_until(f"{MAX_RUNS} collector runs holding claims at once",
                              lambda: len(h := live_holders(engine)) >= MAX_RUNS and h, 300)
         site.gates[0].set()
-        wait_until("every source fetched, processed and notified", lambda: done(engine, SOURCES, expected(site, SOURCES)),
-                   300)
+        wait_done("every source fetched, processed and notified", engine, SOURCES, expected(site, SOURCES), 300,
+                  also=lambda: runs_now(instance))
         assert set(site.requests) == set(range(SOURCES))
         assert set(site.requests.values()) == {1}, "every source fetched exactly once, counted at the server"
         wait_until("every service healthy", lambda: not unhealthy(docker, stack.project), 300, every=2)
@@ -329,8 +329,8 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
         docker("kill", container)
         killed_requests = dict(site.requests)
         site.gates[1].set()
-        wait_until("the killed run's sources fetched again, everything processed and notified",
-                   lambda: done(engine, SOURCES + LATE, expected(site, SOURCES + LATE)), 300)
+        wait_done("the killed run's sources fetched again, everything processed and notified", engine,
+                  SOURCES + LATE, expected(site, SOURCES + LATE), 300, also=lambda: runs_now(instance))
         check(engine, site, SOURCES + LATE)
         wait_until("Dagster to mark the killed run failed (run monitoring)",
                    lambda: instance.get_run_by_id(victim.dagster_run.run_id).status
@@ -387,6 +387,7 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
     finally:
         site.gates[0].set()
         site.gates[1].set()
+        keep_logs(docker, stack, tmp_path / "logs")
         try:
             stack.compose("down", "-v", "-t", "30")
         finally:
@@ -400,6 +401,26 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
     # (d) nothing left running: no service, no run container.
     assert running == [], "every run container had exited"
     assert docker("ps", "-q", "--filter", f"label=com.docker.compose.project={stack.project}").split() == []
+
+
+def runs_now(instance: dg.DagsterInstance) -> str:
+    """Every run of ``instance`` as ``describe`` tells it, one or a few lines each."""
+    return "runs:\n" + "\n".join(describe(instance, record) for record in instance.get_run_records())
+
+
+def keep_logs(docker: Docker, stack: Stack, folder: Path) -> None:
+    """The services' and the run containers' logs, into ``folder`` before the stack goes
+    down (pytest keeps the folders of its last runs): what a failure is read from."""
+    folder.mkdir(exist_ok=True)
+    with (folder / "services.log").open("wb") as log:
+        subprocess.run([*docker_stack.compose_command(), "-p", stack.project, "-f",
+                        str(ROOT / "deploy" / "docker-compose.yaml"), "logs", "--no-color", "-t"],
+                       env=stack.env, stdout=log, stderr=subprocess.STDOUT, check=False, timeout=120)
+    for container in docker("ps", "-aq", "--filter", "label=dagster/run_id").split():
+        with (folder / f"run-{container}.log").open("wb") as log:
+            subprocess.run(["docker", "logs", "-t", container], env=docker.env, stdout=log, stderr=subprocess.STDOUT,
+                           check=False, timeout=60)
+    print(f"the services' and run containers' logs: {folder}")
 
 
 def describe(instance: dg.DagsterInstance, record: dg.RunRecord) -> str:

@@ -31,7 +31,7 @@ from pipeline.storage import db, schema
 from tests.fault_proxy import FaultProxy, postgres_upstream
 from tests.helpers import wait_until
 from tests.http_server import Handler
-from tests.test_chaos import ITEMS, Site, check, done, seed
+from tests.test_chaos import ITEMS, Site, check, seed, wait_done
 
 pytestmark = pytest.mark.slow
 
@@ -106,7 +106,7 @@ def take_over_and_finish(engine: sa.Engine, db_url: str, site: HeldSite) -> None
     expected = len(site.expected(SOURCES))
     Processor(engine, settings, "processor").run()
     Notifier(engine, settings, "notifier").run()
-    wait_until("every listing processed and notified", lambda: done(engine, SOURCES, expected), 60, 0.2)
+    wait_done("every listing processed and notified", engine, SOURCES, expected, 60, 0.2)
 
 
 def attempts(engine: sa.Engine) -> list[int]:

@@ -22,10 +22,11 @@ from pipeline.storage import db, politeness_groups, schema
 from tests.conftest import conformance
 from tests.databases import TEST_MAX_IN_FLIGHT
 from tests.helpers import add_source, parse_python
+from tests.test_chaos import wait_done
 
 TESTS = Path(__file__).resolve().parent
 # What starts a process, creates a database or waits, written in a test's own body.
-COSTLY = re.compile(r"subprocess\.|Popen\(|\bconsole\(|\.migrated\(\)|\.create\(\)|wait_until\(|time\.sleep\(")
+COSTLY = re.compile(r"subprocess\.|Popen\(|\bconsole\(|\.migrated\(\)|\.create\(\)|wait_(?:until|done)\(|time\.sleep\(")
 
 
 def functions_of_tests() -> list[tuple[Path, ast.FunctionDef, str]]:
@@ -104,3 +105,16 @@ def test_the_layout_tests_parse_survives_a_collection_that_parses() -> None:
     finally:
         gc.set_threshold(*threshold)
         gc.collect()
+
+
+def test_a_wait_for_the_pipeline_to_finish_that_fails_says_where_it_stands(engine: sa.Engine) -> None:
+    """The slow tiers wait for every source fetched, processed and notified; a loaded CI
+    failed one with "not within 300 s" alone. The failure now says which stage was
+    behind, and what the caller adds (the runs). Waits no time: a timeout of 0."""
+    with engine.begin() as conn:
+        add_source(conn, "http://127.0.0.1:9/feed")
+    with pytest.raises(AssertionError) as failed:
+        wait_done("every source fetched", engine, 2, 5, 0, also=lambda: "runs: none")
+    assert str(failed.value) == (
+        "every source fetched: not within 0 s: 0 of 2 sources fetched, 0 raw rows unprocessed,"
+        " 0 listings unmatched, 0 of 5 notifications sent, others by status {}\nruns: none")
