@@ -137,7 +137,8 @@ def _collect(
     run_id = context.run.run_id
     deadline = time.monotonic() + config.linger_seconds
     if until := context.run.tags.get(LINGER_TAG):
-        # Requested by the sensor: linger no longer than the tag it reads says.
+        # Requested by the sensor: linger no longer than the tag it reads says. A run that
+        # starts after that still takes what is due then (pipeline/queue/workpool.py).
         deadline = min(deadline, time.monotonic() + datetime.fromisoformat(until).timestamp() - time.time())
 
     def collect() -> passes.Pass:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -839,3 +840,25 @@ def test_driver_sql_takes_postgresqls_own_placeholders():
     sql, order = dollar_placeholders("SELECT %(a)s, %(b)s::INTEGER, %(a)s WHERE x LIKE '5%%'")
     assert sql == "SELECT $1, $2::INTEGER, $1 WHERE x LIKE '5%'"
     assert order == ("a", "b")
+
+
+def test_a_pass_begun_after_its_claim_until_takes_what_is_ready_and_waits_for_nothing(engine, source_id):
+    """A lingering run that starts after its linger's end (a loaded machine's slow run
+    container) takes every row ready, in full claims, then ends at the first short one
+    without asking when more comes due. It once made one claim and ended: 4 sources a
+    run of 300 due, and the docker test on a loaded CI ran out of its 5 minutes."""
+    from pipeline.queue.workpool import work_claimed
+
+    with engine.begin() as conn:
+        add_raw_rows(conn, source_id, 7)
+    asked: list[bool] = []
+
+    def next_start_in() -> float:
+        asked.append(True)
+        return 0.5
+
+    claimed = work_claimed(raw_queue(engine, claiming_for(engine)), "w1", threads=2, batch_size=2,
+                           start=lambda claim: [(claim, row_id) for row_id in claim.ids], held=lambda job: job,
+                           work=lambda job: job[1], write=lambda results: None, write_window=0.0,
+                           next_start_in=next_start_in, claim_until=time.monotonic() - 1)
+    assert claimed == 7 and not asked

@@ -75,9 +75,16 @@ def work_claimed(
     record_at_once: bool = False,
 ) -> int:
     """Claim until nothing is ready, ``max_rows`` were claimed or ``claim_until``
-    (``time.monotonic()``) has passed (the first claim is made all the same); return how
-    many were. The work claimed is finished and written before it returns. Under a
-    steady stream of work coming due, only ``max_rows`` or ``claim_until`` ends a pass.
+    (``time.monotonic()``) has passed; return how many were. The work claimed is
+    finished and written before it returns. Under a steady stream of work coming due,
+    only ``max_rows`` or ``claim_until`` ends a pass.
+
+    A pass whose ``claim_until`` had passed before it began (a lingering run that
+    started after its linger's end: a slow container start, a full run queue) takes
+    what is ready all the same: it claims on while its claims come back full, and ends
+    at the first that comes back short, waiting for nothing. It once made one claim
+    and ended: on a loaded machine, whose run containers took longer to start than the
+    linger they were asked for, each run took one batch (4 sources) of 300 due.
 
     ``start`` turns a claim into jobs (and may record that they started); ``held`` names
     the claimed row a job works on; ``work`` runs one job on the pool (no transaction
@@ -139,13 +146,15 @@ def work_claimed(
         free_since: float | None = None  # when a thread became free with no claim since
         races = 0  # claims in a row that came back short while work was claimable
         looking = False  # a claim came back short while work runs: looking again now and then
-        claims = 0  # made by this pass (the first is made whatever ``claim_until`` says)
+        claims = 0  # made by this pass
+        # Begun after ``claim_until``: it takes what is ready, then ends (the docstring).
+        late = claim_until is not None and time.monotonic() >= claim_until
         lost: sa.exc.DBAPIError | None = None  # a claim could not reach the database: raised at the end
         while True:
             room = threads - len(running)
             remaining = None if max_rows is None else max_rows - claimed
             now = time.monotonic()
-            if claim_until is not None and now >= claim_until and claims:
+            if claim_until is not None and now >= claim_until and claims and not late:
                 more = False  # time is up: finish what runs, claim nothing more
             if room < 1:
                 free_since = None
@@ -165,7 +174,9 @@ def work_claimed(
                     lost, more = exc, False  # finish and write what runs, then raise it
                     continue
                 claims += 1
-                if len(claim) < limit and next_start_in is not None:
+                if late and len(claim) < limit:
+                    more = False  # what was ready is taken; a late pass waits for nothing
+                elif len(claim) < limit and next_start_in is not None:
                     # Less than asked for: the rest may be waiting for room. When can
                     # it start? (None: nothing else is waiting.)
                     wait_s = next_start_in()
