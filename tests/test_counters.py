@@ -21,7 +21,7 @@ from tests.test_cli import run
 from tests.test_collector import collector, rss, serve
 from tests.test_metrics import samples
 from tests.test_notifier import SECRET, notifier
-from tests.test_processor import _session, _waiting
+from tests.test_processor import _holding, _waiting
 
 
 @conformance
@@ -54,7 +54,7 @@ def test_two_adds_waiting_on_a_third_that_rolls_back_both_count(backend, engine,
             counters.add(conn, counts)
 
     with engine.connect() as first, ThreadPoolExecutor(max_workers=2) as pool:
-        holder = _session(first)
+        holder = _holding(first)
         counters.add(first, counts)
         waiters = [pool.submit(add) for _ in range(2)]
         wait_until("two adds waiting on the first", lambda: _waiting(engine, on=holder) == 2, 120, every=0.2)

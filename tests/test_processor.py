@@ -204,9 +204,18 @@ def test_four_processor_processes_process_each_raw_row_once(engine, db_url, sour
     assert len(listings(engine)) == 20000
 
 
-def _session(conn: sa.Connection) -> int:
-    """The database's id of ``conn``'s session."""
-    query = "SELECT pg_backend_pid()" if conn.dialect.name == "postgresql" else "SELECT CONNECTION_ID()"
+def _holding(conn: sa.Connection) -> int:
+    """The database's id of ``conn``'s session, whose transaction (begun here) the test
+    holds idle while processes start: the pipeline's idle-transaction timeout (60 s,
+    pipeline/backends/) is turned off for it. On a loaded CI the processes took longer
+    than that; the server ended both holders' sessions, the processors then waited for
+    nothing, and the test failed "the second processor waiting: not within 120 s"."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("SET idle_in_transaction_session_timeout = 0")
+        query = "SELECT pg_backend_pid()"
+    else:
+        conn.exec_driver_sql("SET SESSION idle_transaction_timeout = 0")
+        query = "SELECT CONNECTION_ID()"
     return int(conn.execute(sa.text(query)).scalar_one())
 
 
@@ -256,7 +265,7 @@ def test_two_processors_upserting_the_same_items_in_opposite_orders_do_not_deadl
         hold_1.rollback()
         holders = {}
         for item, conn in (("1", hold_1), ("2", hold_2)):
-            holders[item] = _session(conn)  # and the transaction begun, which holds the listing
+            holders[item] = _holding(conn)  # and the transaction begun, which holds the listing
             conn.execute(sa.select(t.c.id).where(t.c.id == ids[item]).with_for_update()).all()
         first = pool.submit(process_one_batch, db_url, "first", 2)  # claims v2: 1, 2
         wait_until("the first processor waiting", lambda: _waiting(engine, on=holders["1"]) == 1, 120)
