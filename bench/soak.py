@@ -446,7 +446,7 @@ def audit(engine: sa.Engine, args: argparse.Namespace, plan: dict[str, Any], int
         "collector_cpu_ms_per_fetch": round(1000 * cpu.get("collect", 0) / max(window_fetches, 1), 2),
         # The notifier's CPU in the window over the messages it delivered then: those of
         # items that appeared before the window (the first fetches' histories) too, not
-        # the window's items' deliveries alone, which made it 15.7 ms a message, not 3.3.
+        # the window's items' deliveries alone, which made it 15.7 ms a message, not 3.4.
         "messages_in_window": window_messages,
         "notifier_cpu_ms_per_delivery": round(
             1000 * (cpu.get("match", 0) + cpu.get("deliver", 0)) / max(window_messages, 1), 2),
