@@ -112,8 +112,14 @@ def prometheus_config(folder: Path, metrics_port: int) -> Path:
     return folder
 
 
+# How long a request to a service of the stack may take to be answered: a bound for an
+# answer, not a measure of speed. A check of a wrong password (bcrypt at Caddy's cost 14)
+# took longer than 10 s on a loaded CI, the proxy sharing 2 busy cores with the stack.
+ANSWER_SECONDS = 120
+
+
 def prometheus_api(port: int, query: str) -> Any:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/{query}", timeout=10) as response:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/{query}", timeout=ANSWER_SECONDS) as response:
         return json.loads(response.read())["data"]
 
 
@@ -139,7 +145,8 @@ def through_proxy(port: int, path: str, login: tuple[str, str] | None, ca: str) 
     if login:
         request.add_header("Authorization", "Basic " + base64.b64encode(":".join(login).encode()).decode())
     try:
-        with urllib.request.urlopen(request, timeout=10, context=ssl.create_default_context(cadata=ca)) as response:
+        with urllib.request.urlopen(request, timeout=ANSWER_SECONDS,
+                                    context=ssl.create_default_context(cadata=ca)) as response:
             return int(response.status)
     except urllib.error.HTTPError as e:
         return e.code
