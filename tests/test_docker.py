@@ -200,11 +200,15 @@ class Stack:
         self.env = {**docker.env, **env}
         self.project = f"pltest{os.getpid()}"
 
+    def command(self, *args: str) -> list[str]:
+        """``docker compose ARGS`` for this stack (its project name and file)."""
+        return [*docker_stack.compose_command(), "-p", self.project, "-f",
+                str(ROOT / "deploy" / "docker-compose.yaml"), *args]
+
     def compose(self, *args: str) -> None:
         with self.log.open("ab") as log:
-            subprocess.run([*docker_stack.compose_command(), "-p", self.project, "-f",
-                            str(ROOT / "deploy" / "docker-compose.yaml"), *args],
-                           env=self.env, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=300)
+            subprocess.run(self.command(*args), env=self.env, stdout=log, stderr=subprocess.STDOUT, check=True,
+                           timeout=300)
 
 
 def running_run_containers(docker: Docker) -> list[str]:
@@ -420,9 +424,8 @@ def keep_logs(docker: Docker, stack: Stack, folder: Path) -> None:
     down (pytest keeps the folders of its last runs): what a failure is read from."""
     folder.mkdir(exist_ok=True)
     with (folder / "services.log").open("wb") as log:
-        subprocess.run([*docker_stack.compose_command(), "-p", stack.project, "-f",
-                        str(ROOT / "deploy" / "docker-compose.yaml"), "logs", "--no-color", "-t"],
-                       env=stack.env, stdout=log, stderr=subprocess.STDOUT, check=False, timeout=120)
+        subprocess.run(stack.command("logs", "--no-color", "-t"), env=stack.env, stdout=log, stderr=subprocess.STDOUT,
+                       check=False, timeout=120)
     for container in docker("ps", "-aq", "--filter", "label=dagster/run_id").split():
         with (folder / f"run-{container}.log").open("wb") as log:
             subprocess.run(["docker", "logs", "-t", container], env=docker.env, stdout=log, stderr=subprocess.STDOUT,
