@@ -862,3 +862,35 @@ def test_a_pass_begun_after_its_claim_until_takes_what_is_ready_and_waits_for_no
                            work=lambda job: job[1], write=lambda results: None, write_window=0.0,
                            next_start_in=next_start_in, claim_until=time.monotonic() - 1)
     assert claimed == 7 and not asked
+
+
+def test_a_pass_begun_after_its_claim_until_takes_what_was_ready_then_not_what_comes_due(engine, source_id):
+    """A late pass takes the rows ready as it began, not the stream that keeps coming:
+    here each of the first 12 jobs makes a new row ready, as fast as the pass takes
+    them, so every claim comes back full. The rule "claim on while claims come back full" took
+    all 19 (and under a stream with no end, went on until ``max_rows``); the pass now
+    ends after the 7 that were ready."""
+    from pipeline.queue.workpool import work_claimed
+
+    with engine.begin() as conn:
+        add_raw_rows(conn, source_id, 7)
+    made = iter(range(12))
+    lock = threading.Lock()
+
+    def work(job: tuple[object, int]) -> int:
+        with lock:
+            more = next(made, None)
+        if more is not None:
+            with engine.begin() as conn:
+                add_raw_rows(conn, source_id, 1)
+        return job[1]
+
+    claimed = work_claimed(raw_queue(engine, claiming_for(engine)), "w1", threads=2, batch_size=2,
+                           start=lambda claim: [(claim, row_id) for row_id in claim.ids], held=lambda job: job,
+                           work=work, write=lambda results: None, write_window=0.0,
+                           next_start_in=lambda: 0.5, claim_until=time.monotonic() - 1)
+    assert claimed == 7
+    with engine.connect() as conn:
+        waiting = conn.execute(sa.select(sa.func.count()).select_from(schema.listings_raw)
+                               .where(schema.listings_raw.c.claimed_by.is_(None))).scalar_one()
+    assert waiting == 7  # the row each job made is left for the next pass

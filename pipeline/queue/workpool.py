@@ -50,6 +50,9 @@ LOOK_AGAIN_SECONDS = 1.0
 # own cost is most of a batch's for cheap work (an unchanged feed's 304), and batches
 # capped at ``threads`` spent 0.1-0.2 ms more client CPU per feed (bench/RESULTS.md).
 WRITE_BATCH_THREADS = 4
+# A pass begun after its ``claim_until`` takes at most the rows ready as it began,
+# counted up to this many (one capped, indexed count): more than a late run's share.
+LATE_COUNT_CAP = 10_000
 Job = TypeVar("Job")
 Result = TypeVar("Result")
 
@@ -81,10 +84,13 @@ def work_claimed(
 
     A pass whose ``claim_until`` had passed before it began (a lingering run that
     started after its linger's end: a slow container start, a full run queue) takes
-    what is ready all the same: it claims on while its claims come back full, and ends
-    at the first that comes back short, waiting for nothing. It once made one claim
-    and ended: on a loaded machine, whose run containers took longer to start than the
-    linger they were asked for, each run took one batch (4 sources) of 300 due.
+    what is ready all the same: as many rows as were ready when it began (counted up to
+    ``LATE_COUNT_CAP``), in full claims, and ends at the first that comes back short,
+    waiting for nothing. It once made one claim and ended: on a loaded machine, whose
+    run containers took longer to start than the linger they were asked for, each run
+    took one batch (4 sources) of 300 due. Then it claimed on while claims came back
+    full, which under a steady stream of work coming due faster than it is done never
+    ends: a run asked to linger for 20 s went on until its ``max_rows``.
 
     ``start`` turns a claim into jobs (and may record that they started); ``held`` names
     the claimed row a job works on; ``work`` runs one job on the pool (no transaction
@@ -147,8 +153,11 @@ def work_claimed(
         races = 0  # claims in a row that came back short while work was claimable
         looking = False  # a claim came back short while work runs: looking again now and then
         claims = 0  # made by this pass
-        # Begun after ``claim_until``: it takes what is ready, then ends (the docstring).
+        # Begun after ``claim_until``: it takes what is ready now, then ends (the docstring).
         late = claim_until is not None and time.monotonic() >= claim_until
+        if late:
+            ready_now = queue.count_ready(cap=LATE_COUNT_CAP)
+            max_rows = ready_now if max_rows is None else min(max_rows, ready_now)
         lost: sa.exc.DBAPIError | None = None  # a claim could not reach the database: raised at the end
         while True:
             room = threads - len(running)
