@@ -8,14 +8,16 @@ PIPELINE_FRESHNESS_MAX_MINUTES (60), PIPELINE_LATENESS_MAX_MINUTES (15).
 
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
 
 from assets.policies import by_code
 from pipeline.core.failures import FailureReason
+from pipeline.core.politeness import spacing_allows_per_minute
 from pipeline.queue.spec import QueueSpec
-from pipeline.storage import health, schema
+from pipeline.storage import health, politeness_groups, schema
 from pipeline.storage.status import waited_seconds
 from resources import PipelineDatabase
 
@@ -128,23 +130,53 @@ def _schedule_adherence() -> dg.AssetChecksDefinition:
         asset="listings_raw", name="schedule_adherence", blocking=False,
         description="Fetches start on time: over the last hour, the 95th percentile of how late a "
         "fetch started after its source's next_fetch_at is at most PIPELINE_LATENESS_MAX_MINUTES "
-        "(`pipeline status` shows p50 and p95 per hour). An hour without fetches passes.",
+        "(`pipeline status` shows p50 and p95 per hour). An hour without fetches passes. When late, it "
+        "names the politeness groups whose sources ask for more fetches than their spacing allows "
+        "(`pipeline politeness list`), or says there are none: then the collectors are behind.",
     )
     def schedule_adherence(database: PipelineDatabase) -> dg.AssetCheckResult:
         limit = database.settings().lateness_max_minutes
         with database.engine.connect() as conn:
             found = health.lateness(conn, timedelta(hours=1))
-        p50, p95 = (None if s is None else round(s / 60, 2) for s in (found.p50_seconds, found.p95_seconds))
-        return dg.AssetCheckResult(
-            passed=p95 is None or p95 <= limit,
-            severity=dg.AssetCheckSeverity.WARN,
-            description=None if p95 is None else f"fetches started late by {p50} min (p50), {p95} min (p95); "
-            f"limit {limit}",
-            metadata={"fetches": found.fetches, "lateness_p50_minutes": p50 if p50 is not None else 0.0,
-                      "lateness_p95_minutes": p95 if p95 is not None else 0.0, "limit_minutes": limit},
-        )
+            p50, p95 = (None if s is None else round(s / 60, 2) for s in (found.p50_seconds, found.p95_seconds))
+            passed = p95 is None or p95 <= limit
+            # Late: is it the collectors, or groups that cannot start their sources' fetches
+            # in time however many collectors run? (Read only then: it reads every source.)
+            crowded = [] if passed else [g for g in politeness_groups.list_groups(conn) if g["over_capacity"]]
+        metadata: dict[str, Any] = {
+            "fetches": found.fetches, "lateness_p50_minutes": p50 if p50 is not None else 0.0,
+            "lateness_p95_minutes": p95 if p95 is not None else 0.0, "limit_minutes": limit,
+        }
+        said = [f"fetches started late by {p50} min (p50), {p95} min (p95); limit {limit}"]
+        if not passed:
+            metadata["groups_over_capacity"] = len(crowded)
+            if crowded:
+                said.append(f"politeness groups asking for more fetches than their spacing allows: {len(crowded)}"
+                            " (over_capacity)")
+                metadata["over_capacity"] = dg.MetadataValue.md(crowded_table(crowded))
+            else:
+                said.append("no politeness group asks for more fetches than its spacing allows: the collectors"
+                            " are behind, or a group's fetches in flight hold it")
+        description = None if p95 is None else "; ".join(said)
+        return dg.AssetCheckResult(passed=passed, severity=dg.AssetCheckSeverity.WARN, description=description,
+                                   metadata=metadata)
 
     return schedule_adherence
+
+
+SHOWN_CROWDED = 20  # the groups over capacity the check's table lists, the most crowded first
+
+
+def crowded_table(groups: list[dict[str, Any]]) -> str:
+    """The politeness groups over capacity as a Markdown table, most crowded first."""
+    def crowding(group: dict[str, Any]) -> float:
+        return float(group["asks_per_minute"]) / (spacing_allows_per_minute(group["min_interval_ms"]) or 1.0)
+
+    lines = ["| group | sources | fetches a minute asked | its spacing allows |", "|---|---|---|---|"]
+    for g in sorted(groups, key=crowding, reverse=True)[:SHOWN_CROWDED]:
+        lines.append(f"| {g['name']} | {g['sources']} | {g['asks_per_minute']:.3g} |"
+                     f" {spacing_allows_per_minute(g['min_interval_ms']):.3g} |")
+    return "\n".join(lines)
 
 
 ASSET_CHECKS = [

@@ -373,6 +373,26 @@ def test_politeness_set_refuses_a_group_no_source_names_unless_told_to_create_it
     assert run("politeness", "set", "*", "--max-in-flight", "3", env=env).returncode == 0, "the defaults always exist"
 
 
+def test_politeness_list_says_which_groups_ask_for_more_fetches_than_their_spacing_allows(engine, db_url):
+    """A group of three hourly sources started 30 minutes apart can fetch each every 90
+    minutes at best: the list says so, where it once showed only the limits and the
+    count, and an operator told to look there for "a group that cannot keep its
+    sources' cadence" had to work it out by hand for every group."""
+    with engine.begin() as conn:
+        for i in range(3):
+            add_source(conn, f"http://crowded.example/{i}", fetch_interval_minutes=60)
+        add_source(conn, "http://crowded.example/off", fetch_interval_minutes=15, enabled=False)  # asks nothing
+        add_source(conn, "http://roomy.example/feed", fetch_interval_minutes=60)
+    env = {"DATABASE_URL": db_url}
+    assert run("politeness", "set", "crowded.example", "--interval", "1800", env=env).returncode == 0
+    listed = run("politeness", "list", env=env)
+    assert listed.returncode == 0, listed.stderr
+    lines = {line.split()[0]: line for line in listed.stdout.splitlines()}
+    assert "4 sources, 0.05 fetches a minute asked of the 0.0333 its spacing allows: its sources start late" in (
+        lines["crowded.example"])
+    assert lines["roomy.example"].endswith("1 source, 0.0167 fetches a minute asked"), lines["roomy.example"]
+
+
 def test_counts_are_said_in_the_singular_for_one_and_each_bound_names_its_own_default(engine, db_url):
     env = {"DATABASE_URL": db_url}
     with engine.begin() as conn:

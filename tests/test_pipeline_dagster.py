@@ -19,7 +19,7 @@ from assets.backfills import refetch_sources_job, rematch_window_job, reprocess_
 from assets.policies import LINGER_TAG, STAGE_TAG, stage_kinds
 from assets.stages import LISTINGS, NOTIFICATIONS, STAGES_OP, Carried, Following, stage_assets
 from pipeline.catalogue import sources, users
-from pipeline.storage import schema
+from pipeline.storage import politeness_groups, schema
 from pipeline.storage.status import collect_status
 from resources import PipelineDatabase
 from sensors.pipeline_work import pending_notifications_sensor, unprocessed_listings_sensor
@@ -159,6 +159,16 @@ def test_the_schedule_check_warns_when_the_last_hours_p95_lateness_is_over_the_l
     second = adherence()
     assert not second.passed and second.severity == dg.AssetCheckSeverity.WARN
     assert (second.metadata["fetches"].value, second.metadata["lateness_p95_minutes"].value) == (20, 10.0)
+    # Late, and why: no group asks for more than its spacing allows, so the collectors
+    # are behind; then the source's group is spaced 2 hours apart for its hourly source.
+    assert second.metadata["groups_over_capacity"].value == 0
+    assert "the collectors are behind" in second.description
+    with engine.begin() as conn:
+        politeness_groups.set_limits(conn, "127.0.0.1", min_interval_seconds=7200)
+    third = adherence()
+    assert not third.passed and third.metadata["groups_over_capacity"].value == 1
+    assert "politeness groups asking for more fetches than their spacing allows: 1" in third.description
+    assert "| 127.0.0.1 | 1 | 0.0167 | 0.00833 |" in third.metadata["over_capacity"].value
 
 
 @conformance

@@ -313,7 +313,8 @@ def politeness_group() -> None:
 @politeness_group.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def politeness_list(as_json: bool) -> None:
-    """Every politeness group: its limits, sources, fetches in flight and deferral."""
+    """Every politeness group: its limits, sources, fetches in flight, the fetches a minute
+    its sources ask for (and whether its spacing allows them) and deferral."""
     with common.engine().connect() as conn:
         rows = politeness_groups.list_groups(conn)
     if as_json:
@@ -325,9 +326,14 @@ def politeness_list(as_json: bool) -> None:
             f", deferred until {row['next_request_at']:%Y-%m-%d %H:%M:%S} ({row['deferred_reason']})"
             if row["deferred_reason"] else ""
         )
+        asked = f", {row['asks_per_minute']:.3g} fetches a minute asked"
+        if row["over_capacity"]:
+            asked += (f" of the {politeness.spacing_allows_per_minute(row['min_interval_ms']):.3g} its spacing"
+                      " allows: its sources start late")
         click.echo(
             f"{row['name']:<32} {row['in_flight']}/{row['max_in_flight']} in flight,"
-            f" {row['min_interval_ms'] / 1000:g} s apart ({limits}), {row['sources']} sources{deferred}"
+            f" {row['min_interval_ms'] / 1000:g} s apart ({limits}), {common.counted(row['sources'], 'source')}"
+            f"{asked}{deferred}"
         )
 
 

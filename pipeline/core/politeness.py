@@ -60,6 +60,24 @@ def initial_limits(name: str) -> dict[str, int | None]:
     return {"max_in_flight": None, "min_interval_ms": None}
 
 
+def spacing_allows_per_minute(min_interval_ms: int | None) -> float | None:
+    """How many fetches a minute a group's spacing lets it start; None for a group
+    without spacing (its fetches in flight bound it, by how long each takes)."""
+    return 60_000 / min_interval_ms if min_interval_ms else None
+
+
+def over_capacity(asks_per_minute: float, min_interval_ms: int | None) -> bool:
+    """A group whose enabled sources ask for more fetches a minute (each its
+    ``fetch_interval_minutes``) than its spacing lets it start: however many collectors
+    run, a fixed-cadence source of it starts late by up to a round of the group (its
+    sources times its spacing), and every due source of it waits in the claim's way
+    (bench/RESULTS.md). Adaptive sources slow to the group's pace (the politeness floor,
+    pipeline/core/cadence.py); more room (`pipeline politeness set`) or longer intervals
+    mend it."""
+    allows = spacing_allows_per_minute(min_interval_ms)
+    return allows is not None and asks_per_minute > allows
+
+
 Candidate = Mapping[str, Any]
 
 

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 
 from pipeline.core.errors import SourceError
 from pipeline.core.inputs import NAME_CHARS, text_problem
-from pipeline.core.politeness import DEFAULT, initial_limits
+from pipeline.core.politeness import DEFAULT, initial_limits, over_capacity
 from pipeline.storage import schema
 from pipeline.storage.bulk import insert_ignoring_conflicts
 
@@ -68,7 +68,10 @@ def fetching(sources: sa.FromClause, now: sa.ColumnElement[datetime]) -> sa.Colu
 
 
 def list_groups(conn: Connection) -> list[dict[str, Any]]:
-    """Every group with its effective limits, its sources and its fetches in flight."""
+    """Every group with its effective limits, its sources, its fetches in flight, the
+    fetches a minute its enabled sources ask for (``asks_per_minute``: each one over its
+    ``fetch_interval_minutes``) and whether that is more than its spacing allows
+    (``over_capacity``, pipeline/core/politeness.py)."""
     g, d, s = _groups, _groups.alias("d"), _sources
     now = schema.now_sql(conn)
     counts = (
@@ -76,6 +79,7 @@ def list_groups(conn: Connection) -> list[dict[str, Any]]:
             s.c.politeness_group.label("name"),
             sa.func.count().label("sources"),
             sa.func.count(sa.case((fetching(s, now), 1))).label("in_flight"),  # MariaDB has no FILTER
+            sa.func.sum(sa.case((s.c.enabled, sa.literal(1.0) / s.c.fetch_interval_minutes), else_=0)).label("asks"),
         )
         .group_by(s.c.politeness_group)
         .subquery()
@@ -89,13 +93,21 @@ def list_groups(conn: Connection) -> list[dict[str, Any]]:
             g.c.next_request_at, g.c.deferred_reason,
             sa.func.coalesce(counts.c.sources, 0).label("sources"),
             sa.func.coalesce(counts.c.in_flight, 0).label("in_flight"),
+            counts.c.asks,
         )
         .select_from(g)
         .join(d, d.c.name == DEFAULT)
         .outerjoin(counts, counts.c.name == g.c.name)
         .order_by(g.c.name)
     )
-    return [dict(row) for row in conn.execute(query).mappings()]
+    groups = []
+    for row in conn.execute(query).mappings():
+        group = dict(row)
+        asks = float(group.pop("asks") or 0)  # PostgreSQL's and MariaDB's sums are decimals
+        group["asks_per_minute"] = asks
+        group["over_capacity"] = over_capacity(asks, group["min_interval_ms"])
+        groups.append(group)
+    return groups
 
 
 def cadence_floor_minutes(conn: Connection, name: str) -> float:
