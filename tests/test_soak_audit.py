@@ -118,3 +118,53 @@ def test_a_webhook_receiver_that_cannot_listen_stops_the_run_naming_the_port_and
         port = taken.getsockname()[1]
         with pytest.raises(SystemExit, match=f"127.0.0.1:{port}: OSError: .*[Aa]ddress already in use"):
             start_receiver(port, tmp_path / "received.jsonl")
+
+
+def test_an_answer_sent_after_the_client_gave_up_is_logged_as_given_up_not_as_listing_its_items() -> None:
+    """The simulator logs what the client saw: an answer whose latency outlasted the
+    client's deadline reached nobody and is logged as given up (status 0, as a held
+    answer is), not as a 200 that listed its feed's items. Logged as a 200, the hour at
+    100,000 sources counted lost an item whose only answer after it appeared came in
+    21.9 s, past the collector's 20 s deadline (its source then backing off past the
+    end). Starts the simulator on a loopback address and waits for its log of each
+    request (each answer waits its 1.5 s latency first): a state, not a moment."""
+    import asyncio
+    import io
+    import time
+
+    import httpx
+
+    from bench.internet import Internet, Log, Settings
+
+    with socket.socket() as probe:
+        probe.bind(("127.1.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = Settings(hosts=1, feeds_per_host=1, port=port, median_ms=1500.0, p99_ms=1501.0, error_rate=0.0,
+                        timeout_rate=0.0, limited_hosts=0.0, slow_hosts=0.0, oversized_hosts=0.0, history=2.0)
+    log = Log(io.StringIO())
+
+    async def ask(timeout: float) -> int | None:
+        """The status the client read (None: it gave up), once the simulator logged it."""
+        logged = log.requests
+        async with httpx.AsyncClient(timeout=timeout) as client:
+            try:
+                status: int | None = (await client.get(f"http://127.1.0.1:{port}/f/0.xml")).status_code
+            except httpx.TimeoutException:
+                status = None
+        deadline = time.monotonic() + 60
+        while log.requests == logged:
+            assert time.monotonic() < deadline, "the simulator never logged the request"
+            await asyncio.sleep(0.05)
+        return status
+
+    async def scenario() -> tuple[int | None, int | None]:
+        internet = Internet(settings, log)
+        await internet.start()
+        try:
+            return await ask(timeout=0.3), await ask(timeout=30.0)
+        finally:
+            await internet.stop()
+
+    assert asyncio.run(scenario()) == (None, 200)
+    records = [json.loads(line) for line in log.out.getvalue().splitlines()]
+    assert [r["status"] for r in records if r["kind"] == "request"] == [0, 200]
