@@ -388,9 +388,9 @@ def test_politeness_list_says_which_groups_ask_for_more_fetches_than_their_spaci
     listed = run("politeness", "list", env=env)
     assert listed.returncode == 0, listed.stderr
     lines = {line.split()[0]: line for line in listed.stdout.splitlines()}
-    assert "4 sources, 0.05 fetches a minute asked of the 0.0333 its spacing allows: its sources start late" in (
+    assert "4 sources, fetches asked a minute: 0.05 (its spacing allows 0.0333: its sources start late)" in (
         lines["crowded.example"])
-    assert lines["roomy.example"].endswith("1 source, 0.0167 fetches a minute asked"), lines["roomy.example"]
+    assert lines["roomy.example"].endswith("1 source, fetches asked a minute: 0.0167"), lines["roomy.example"]
 
 
 def test_counts_are_said_in_the_singular_for_one_and_each_bound_names_its_own_default(engine, db_url):
