@@ -141,19 +141,11 @@ def client_ports(pids: list[int], server_port: int) -> set[int]:
     return ports
 
 
-class Stack:
+class Stack(docker_stack.ComposeStack):
     """deploy/docker-compose.yaml's services on the data path, up under a project of its own."""
 
     def __init__(self, docker: docker_stack.Docker, env: dict[str, str], log: Path) -> None:
-        self.docker, self.log = docker, log
-        self.env = {**docker.env, **env}
-        self.project = f"plsoak{os.getpid()}"
-
-    def compose(self, *args: str, timeout: float = 600) -> None:
-        with self.log.open("ab") as log:
-            subprocess.run([*docker_stack.compose_command(), "-p", self.project, "-f",
-                            str(ROOT / "deploy" / "docker-compose.yaml"), *args],
-                           env=self.env, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=timeout)
+        super().__init__(docker, env, log, prefix="plsoak", timeout=600)
 
     def services(self) -> dict[str, str]:
         """Each service's container id (full)."""
@@ -164,19 +156,6 @@ class Stack:
     def run_containers(self) -> list[str]:
         """The run containers running (DockerRunLauncher labels each with its run id), full ids."""
         return self.docker("ps", "-q", "--no-trunc", "--filter", "label=dagster/run_id").split()
-
-    def keep_logs(self, folder: Path) -> None:
-        """The services' logs and every run container's (running or exited), into
-        ``folder``: what a run did at a moment the report cannot explain."""
-        folder.mkdir(parents=True, exist_ok=True)
-        with (folder / "services.log").open("wb") as log:
-            subprocess.run([*docker_stack.compose_command(), "-p", self.project, "-f",
-                            str(ROOT / "deploy" / "docker-compose.yaml"), "logs", "--no-color", "-t"],
-                           env=self.env, stdout=log, stderr=subprocess.STDOUT, check=False, timeout=600)
-        for container in self.docker("ps", "-aq", "--filter", "label=dagster/run_id").split():
-            with (folder / f"run-{container}.log").open("wb") as log:
-                subprocess.run(["docker", "logs", "-t", container], env=self.env, stdout=log,
-                               stderr=subprocess.STDOUT, check=False, timeout=600)
 
     def pids(self, container: str) -> list[int]:
         out = self.docker("top", container, "-eo", "pid", check=False)
@@ -499,7 +478,7 @@ def main() -> int:
     finally:
         if stack is not None:
             try:
-                stack.keep_logs(out / "logs")
+                stack.keep_logs(out / "logs", timeout=600, each=600)
             except (OSError, subprocess.SubprocessError) as exc:
                 print(f"the containers' logs were not kept: {exc}", flush=True)
             try:

@@ -264,3 +264,37 @@ def compose_command() -> list[str]:
         return ["docker", "compose"]
     raise NoDocker("neither docker-compose nor the docker compose plugin is installed "
                    "(Debian: apt-get install docker-compose)")
+
+
+class ComposeStack:
+    """deploy/docker-compose.yaml's services, up under a project name of their own
+    (``prefix`` and this process's id): compose's output goes to ``log``, each compose
+    command may take ``timeout`` seconds. tests/test_docker.py's stack and the hour's
+    (bench/soak_stack.py)."""
+
+    def __init__(self, docker: Docker, env: dict[str, str], log: Path, *, prefix: str, timeout: float) -> None:
+        self.docker, self.log, self.timeout = docker, log, timeout
+        self.env = {**docker.env, **env}
+        self.project = f"{prefix}{os.getpid()}"
+
+    def command(self, *args: str) -> list[str]:
+        """``docker compose ARGS`` for this stack (its project name and file)."""
+        return [*compose_command(), "-p", self.project, "-f", str(ROOT / "deploy" / "docker-compose.yaml"), *args]
+
+    def compose(self, *args: str) -> None:
+        with self.log.open("ab") as log:
+            subprocess.run(self.command(*args), env=self.env, stdout=log, stderr=subprocess.STDOUT, check=True,
+                           timeout=self.timeout)
+
+    def keep_logs(self, folder: Path, *, timeout: float, each: float) -> None:
+        """The services' logs (read within ``timeout`` seconds) and every run container's,
+        running or exited (``each`` seconds each), into ``folder``: what a run did at a
+        moment the caller cannot explain."""
+        folder.mkdir(parents=True, exist_ok=True)
+        with (folder / "services.log").open("wb") as log:
+            subprocess.run(self.command("logs", "--no-color", "-t"), env=self.env, stdout=log,
+                           stderr=subprocess.STDOUT, check=False, timeout=timeout)
+        for container in self.docker("ps", "-aq", "--filter", "label=dagster/run_id").split():
+            with (folder / f"run-{container}.log").open("wb") as log:
+                subprocess.run(["docker", "logs", "-t", container], env=self.env, stdout=log,
+                               stderr=subprocess.STDOUT, check=False, timeout=each)

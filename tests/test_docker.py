@@ -192,25 +192,6 @@ def tcp_url(url: str, proxy: FaultProxy | None, *, driver: str | None = None) ->
     return parsed.render_as_string(hide_password=False)
 
 
-class Stack:
-    """deploy/docker-compose.yaml, up under a project name of its own."""
-
-    def __init__(self, docker: Docker, env: dict[str, str], log: Path) -> None:
-        self.docker, self.log = docker, log
-        self.env = {**docker.env, **env}
-        self.project = f"pltest{os.getpid()}"
-
-    def command(self, *args: str) -> list[str]:
-        """``docker compose ARGS`` for this stack (its project name and file)."""
-        return [*docker_stack.compose_command(), "-p", self.project, "-f",
-                str(ROOT / "deploy" / "docker-compose.yaml"), *args]
-
-    def compose(self, *args: str) -> None:
-        with self.log.open("ab") as log:
-            subprocess.run(self.command(*args), env=self.env, stdout=log, stderr=subprocess.STDOUT, check=True,
-                           timeout=300)
-
-
 def running_run_containers(docker: Docker) -> list[str]:
     """The run containers (DockerRunLauncher labels each with its run id) still running."""
     return docker("ps", "-q", "--filter", "label=dagster/run_id").split()
@@ -271,7 +252,7 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
     subprocess.run([sys.executable, "-m", "pipeline.cli", "politeness", "set", "*", "--max-in-flight", "100",
                     "--interval", "0"], env={**os.environ, "DATABASE_URL": pipeline_db}, check=True)
     env["PIPELINE_PROMETHEUS_CONFIG"] = str(prometheus_config(tmp_path / "prometheus", metrics_port))
-    stack = Stack(docker, env, tmp_path / "compose.log")
+    stack = docker_stack.ComposeStack(docker, env, tmp_path / "compose.log", prefix="pltest", timeout=300)
     monkeypatch.setenv("DAGSTER_POSTGRES_URL", secrets["DAGSTER_POSTGRES_URL"])
     home = tmp_path / "dagster_home"
     home.mkdir()
@@ -398,7 +379,9 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
     finally:
         site.gates[0].set()
         site.gates[1].set()
-        keep_logs(docker, stack, tmp_path / "logs")
+        # What a failure is read from (pytest keeps the folders of its last runs).
+        stack.keep_logs(tmp_path / "logs", timeout=120, each=60)
+        print(f"the services' and run containers' logs: {tmp_path / 'logs'}")
         try:
             stack.compose("down", "-v", "-t", "30")
         finally:
@@ -417,20 +400,6 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
 def runs_now(instance: dg.DagsterInstance) -> str:
     """Every run of ``instance`` as ``describe`` tells it, one or a few lines each."""
     return "runs:\n" + "\n".join(describe(instance, record) for record in instance.get_run_records())
-
-
-def keep_logs(docker: Docker, stack: Stack, folder: Path) -> None:
-    """The services' and the run containers' logs, into ``folder`` before the stack goes
-    down (pytest keeps the folders of its last runs): what a failure is read from."""
-    folder.mkdir(exist_ok=True)
-    with (folder / "services.log").open("wb") as log:
-        subprocess.run(stack.command("logs", "--no-color", "-t"), env=stack.env, stdout=log, stderr=subprocess.STDOUT,
-                       check=False, timeout=120)
-    for container in docker("ps", "-aq", "--filter", "label=dagster/run_id").split():
-        with (folder / f"run-{container}.log").open("wb") as log:
-            subprocess.run(["docker", "logs", "-t", container], env=docker.env, stdout=log, stderr=subprocess.STDOUT,
-                           check=False, timeout=60)
-    print(f"the services' and run containers' logs: {folder}")
 
 
 def describe(instance: dg.DagsterInstance, record: dg.RunRecord) -> str:
