@@ -328,8 +328,7 @@ def politeness_list(as_json: bool) -> None:
         )
         asked = f", fetches asked a minute: {row['asks_per_minute']:.3g}"
         if row["over_capacity"]:
-            asked += (f" (its spacing allows {politeness.spacing_allows_per_minute(row['min_interval_ms']):.3g}:"
-                      " its sources start late)")
+            asked += f" (its spacing allows {row['allows_per_minute']:.3g}: its sources start late)"
         click.echo(
             f"{row['name']:<32} {row['in_flight']}/{row['max_in_flight']} in flight,"
             f" {row['min_interval_ms'] / 1000:g} s apart ({limits}), {common.counted(row['sources'], 'source')}"

@@ -14,7 +14,12 @@ from sqlalchemy.engine import Connection
 
 from pipeline.core.errors import SourceError
 from pipeline.core.inputs import NAME_CHARS, text_problem
-from pipeline.core.politeness import DEFAULT, initial_limits, over_capacity
+from pipeline.core.politeness import (
+    DEFAULT,
+    initial_limits,
+    over_capacity,
+    spacing_allows_per_minute,
+)
 from pipeline.storage import schema
 from pipeline.storage.bulk import insert_ignoring_conflicts
 
@@ -70,8 +75,9 @@ def fetching(sources: sa.FromClause, now: sa.ColumnElement[datetime]) -> sa.Colu
 def list_groups(conn: Connection) -> list[dict[str, Any]]:
     """Every group with its effective limits, its sources, its fetches in flight, the
     fetches a minute its enabled sources ask for (``asks_per_minute``: each one over its
-    ``fetch_interval_minutes``) and whether that is more than its spacing allows
-    (``over_capacity``, pipeline/core/politeness.py)."""
+    ``fetch_interval_minutes``), what its spacing allows (``allows_per_minute``, None
+    without spacing) and whether they ask for more (``over_capacity``, both by
+    pipeline/core/politeness.py)."""
     g, d, s = _groups, _groups.alias("d"), _sources
     now = schema.now_sql(conn)
     counts = (
@@ -105,6 +111,7 @@ def list_groups(conn: Connection) -> list[dict[str, Any]]:
         group = dict(row)
         asks = float(group.pop("asks") or 0)  # PostgreSQL's and MariaDB's sums are decimals
         group["asks_per_minute"] = asks
+        group["allows_per_minute"] = spacing_allows_per_minute(group["min_interval_ms"])
         group["over_capacity"] = over_capacity(asks, group["min_interval_ms"])
         groups.append(group)
     return groups
