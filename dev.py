@@ -59,6 +59,8 @@ retention:
 # In the dev instance's folder while the stack stops: its run launcher then starts no run
 # (sensors/shutdown.py), so none starts between the runs' termination and dagster dev's stop.
 STOP_FILE = "stopping"
+# The demo site's operator channel checks alerts with it (pipeline/demo/content.py).
+DEMO_OPERATOR_SECRET = "demo-operator-secret-not-for-production"
 
 
 def dev_instance(dagster_home: Path) -> str:
@@ -235,6 +237,11 @@ def up(args: list[str]) -> int:
         env.setdefault("PIPELINE_SENSOR_INTERVAL_SECONDS", "10")
         # The demo's job board is pushed by the demo site's WebSub hub to `pipeline serve`.
         env.setdefault("PIPELINE_WEBSUB_CALLBACK_URL", f"http://127.0.0.1:{env.get('PIPELINE_WEB_PORT', '8790')}")
+        # The operator's alerts (a failed run, a failing check) go to the demo site's
+        # page, unless an operator channel is set: nothing that needs a person is untold.
+        if "PIPELINE_OPERATOR_ALERT_URL" not in env:
+            env["PIPELINE_OPERATOR_ALERT_URL"] = f"http://127.0.0.1:{env.get('PIPELINE_DEMO_PORT', '8780')}/operator"
+            env["PIPELINE_OPERATOR_ALERT_SECRET"] = DEMO_OPERATOR_SECRET
     # The output feeds' web service (`pipeline serve`, http://127.0.0.1:8790/feeds/...),
     # and the WebSub callback: what a push brings, it processes and notifies at once.
     web = subprocess.Popen([str(BIN / "pipeline"), "serve"], cwd=ROOT, env=env)

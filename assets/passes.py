@@ -5,7 +5,6 @@ A run records one pass per stage it runs; a lingering ``ingest`` run (assets/sta
 records many, each as soon as it ends.
 """
 
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -14,6 +13,7 @@ import dagster as dg
 
 from assets.checks import ASSET_CHECKS
 from assets.policies import by_code, run_worker
+from pipeline.core import errors
 from pipeline.core.failures import DELIVERY_CODES, FailureReason
 from pipeline.fetching.collector import Collector
 from pipeline.listings.processor import Processor
@@ -123,34 +123,24 @@ def log(context: dg.AssetExecutionContext, chain: Sequence[Pass], database: Pipe
             context.log_event(dg.AssetObservation(asset_key=done.asset, metadata=dict(done.metadata)))
 
 
-# A run evaluates an asset's checks after it materialises the asset, and again after a
-# later materialisation once this long has passed (a lingering run materialises often).
-CHECKS_EVERY_SECONDS = 60.0
-_evaluated: dict[tuple[str, dg.AssetKey], float] = {}  # (run id, asset) -> when, monotonic
-
-
 def evaluate_checks(context: dg.AssetExecutionContext, database: PipelineDatabase, asset: dg.AssetKey) -> None:
-    """``asset``'s checks, evaluated in this run after its materialisation: Dagster's UI
-    shows a check's result for the latest materialisation only when it was evaluated in
-    the same run or after it, so checks evaluated only by ``health_checks`` every 15
-    minutes read "Not evaluated" beside each new materialisation. Each check is one
-    cheap query (assets/checks.py); one that raises is logged and left to
-    ``health_checks``, never failing the stage's step."""
-    key, now = (context.run.run_id, asset), time.monotonic()
-    if key in _evaluated and now - _evaluated[key] < CHECKS_EVERY_SECONDS:
-        return
-    if len(_evaluated) > 1000:  # a code server's process outlives many runs
-        _evaluated.clear()
-    _evaluated[key] = now
+    """``asset``'s checks, evaluated in this run after each of its materialisations:
+    Dagster's UI shows a check's result beside the latest materialisation only when it
+    was evaluated after it, so an asset whose checks were left out of one (a lingering
+    run evaluated them at most once a minute) showed green with "0 / N Passed" while
+    its latest result was failing. Each check is one cheap query (assets/checks.py);
+    one that raises is recorded failed, saying why (it could not say all is well),
+    never failing the stage's step."""
     for definition in ASSET_CHECKS:
         for check in definition.check_keys:
             if check.asset_key != asset:
                 continue
             try:
                 found = cast(dg.AssetCheckResult, definition(database=database))
-            except Exception as exc:  # noqa: BLE001 (a check's failure is logged, the pass stands)
-                context.log.warning(f"check {check.name} of {asset.to_user_string()} not evaluated: {exc}")
-                continue
+            except Exception as exc:  # noqa: BLE001 (a check that cannot run fails; the pass stands)
+                context.log.warning(f"check {check.name} of {asset.to_user_string()} could not run: {exc}")
+                found = dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
+                                            description=f"could not run: {errors.reason(exc)}")
             context.log_event(dg.AssetCheckEvaluation(
                 asset_key=asset, check_name=check.name, passed=found.passed, severity=found.severity,
                 description=found.description, metadata=found.metadata,

@@ -1,16 +1,23 @@
 """Sensors that tell the operator (pipeline/notify/operator.py).
 
-``run_failure_alert``: once per failed run of this code location, with the run's link and
-its steps' errors. ``check_alerts``: once when an asset check starts failing, and once
-when it passes again, with its description and the asset's link; a check failing on the
-sensor's first look counts as starting to fail. Without PIPELINE_OPERATOR_ALERT_URL both
-skip, saying so. A send that fails fails the tick, and the next tick sends again (under
-the same idempotency key, so a receiver drops what it had).
+``run_failure_alert``: once per failed run, with the run's link and its steps' errors.
+``check_alerts``: once when an asset check starts failing, and once when it passes
+again, with its description and the asset's link; a check failing on the sensor's first
+look counts as starting to fail.
+
+Neither moves past something it did not tell: a send that fails, or a failure with no
+PIPELINE_OPERATOR_ALERT_URL to tell it to, fails the tick (red in the sensor's tick
+list, with what went untold), and the next tick tries again (under the same idempotency
+key, so a receiver drops what it had). With nothing to tell they skip, and say so when
+no channel is set. Both read the instance through Dagster's readers that hold on every
+storage the project runs on: the run-sharded SQLite of ``dev.py up`` (whose event log
+refuses a plain event cursor) and PostgreSQL.
 """
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import dagster as dg
@@ -20,37 +27,89 @@ from pipeline.notify import operator
 from resources import PipelineDatabase
 
 NOT_CONFIGURED = "PIPELINE_OPERATOR_ALERT_URL is not set: there is nobody to tell"
-EVALUATIONS_PER_TICK = 1000
+RUNS_PER_TICK = 50  # failed runs told in one tick; more wait for the next
+# The first look (no cursor yet) tells the runs that failed this long before it: a run
+# that failed while the daemon started is not passed over.
+FIRST_LOOK_SECONDS = 24 * 3600
+# A check's latest executions read to find its latest result (one planned by a run in
+# flight has none yet).
+EXECUTIONS_READ = 10
 
 
-@dg.run_failure_sensor(
-    name="run_failure_alert", default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Tells the operator (PIPELINE_OPERATOR_ALERT_URL) of each failed run, once, with its link.",
+class NotTold(Exception):
+    """Something the operator must hear went untold this tick (no channel, or its send
+    failed): the tick fails, saying what, and the next tick tries again."""
+
+
+@dg.sensor(
+    name="run_failure_alert", minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Tells the operator (PIPELINE_OPERATOR_ALERT_URL) of each failed run, once, with its link; "
+    "a failure it could not tell fails the tick and is told at the next.",
 )
-def run_failure_alert(context: dg.RunFailureSensorContext, database: PipelineDatabase) -> dg.SkipReason | None:
+def run_failure_alert(context: dg.SensorEvaluationContext, database: PipelineDatabase) -> dg.SkipReason:
     settings = database.settings()
+    after = json.loads(context.cursor)["after"] if context.cursor else None
+    failures = failed_runs_after(context.instance, after, RUNS_PER_TICK)
+    if not failures:
+        said = "no run failed since the last look"
+        return dg.SkipReason(said if operator.configured(settings) else f"{said}; {NOT_CONFIGURED}")
     if not operator.configured(settings):
-        return dg.SkipReason(NOT_CONFIGURED)
-    operator.send(settings, run_failed(context, settings))
-    return None
+        raise NotTold(f"{NOT_CONFIGURED}: {len(failures)} failed runs untold ("
+                      + ", ".join(f"{f.job} {f.run_id}" for f in failures[:5]) + ")")
+    for failure in failures:
+        tell(settings, run_failed(failure, settings), f"the failure of run {failure.run_id}")
+        context.update_cursor(json.dumps({"after": failure.storage_id}))
+    return dg.SkipReason(f"{len(failures)} failed runs told")
 
 
-def run_failed(context: dg.RunFailureSensorContext, settings: Settings) -> operator.OperatorAlert:
-    """The alert of the run ``context`` tells of: its job, its failed steps and their errors."""
-    run = context.dagster_run
-    steps = {}
-    for event in context.get_step_failure_events():
-        error = event.step_failure_data.error
-        while error is not None and error.cause is not None:  # Dagster's wrapper, then what the code raised
-            error = error.cause
-        steps[str(event.step_key)] = error.message.strip() if error is not None else "no error recorded"
-    lines = [f"{step}: {message}" for step, message in steps.items()] or [context.failure_event.message or "failed"]
+@dataclass(frozen=True)
+class FailedRun:
+    """A run's failure, as the event log has it."""
+
+    storage_id: int
+    run_id: str
+    job: str
+    message: str
+    steps: Mapping[str, str]  # step key -> the error it raised
+
+
+def failed_runs_after(instance: dg.DagsterInstance, storage_id: int | None, limit: int) -> list[FailedRun]:
+    """The runs that failed after ``storage_id`` (in the last FIRST_LOOK_SECONDS, when
+    None), oldest first. ``fetch_run_status_changes`` reads the storage's index of run
+    status changes, whose ids are one sequence even where the event log is sharded by
+    run (the SQLite storage of ``dev.py up``)."""
+    if storage_id is None:
+        records_filter = dg.RunStatusChangeRecordsFilter(
+            event_type=dg.DagsterEventType.RUN_FAILURE, after_timestamp=time.time() - FIRST_LOOK_SECONDS)
+    else:
+        records_filter = dg.RunStatusChangeRecordsFilter(
+            event_type=dg.DagsterEventType.RUN_FAILURE, after_storage_id=storage_id)
+    found = []
+    for record in instance.fetch_run_status_changes(records_filter, limit=limit, ascending=True).records:
+        entry = record.event_log_entry
+        run = instance.get_run_by_id(entry.run_id)
+        steps = {}
+        for event in instance.all_logs(entry.run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
+            data = event.dagster_event.step_failure_data if event.dagster_event is not None else None
+            error = data.error if data is not None else None
+            while error is not None and error.cause is not None:  # Dagster's wrapper, then what the code raised
+                error = error.cause
+            steps[str(event.step_key)] = error.message.strip() if error is not None else "no error recorded"
+        message = entry.dagster_event.message if entry.dagster_event is not None else None
+        found.append(FailedRun(record.storage_id, entry.run_id, run.job_name if run else "(run deleted)",
+                               message or "failed", steps))
+    return found
+
+
+def run_failed(failure: FailedRun, settings: Settings) -> operator.OperatorAlert:
+    """The alert of a failed run: its job, its failed steps and their errors."""
+    lines = [f"{step}: {message}" for step, message in failure.steps.items()] or [failure.message]
     return operator.OperatorAlert(
-        key=f"run-failed-{run.run_id}", event=operator.RUN_FAILED,
-        title=f"Dagster run of {run.job_name} failed",
-        text=f"Run {run.run_id} of job {run.job_name} failed.\n" + "\n".join(lines),
-        link=f"{settings.ui_url}/runs/{run.run_id}",
-        details={"run_id": run.run_id, "job": run.job_name, "steps": steps},
+        key=f"run-failed-{failure.run_id}", event=operator.RUN_FAILED,
+        title=f"Dagster run of {failure.job} failed",
+        text=f"Run {failure.run_id} of job {failure.job} failed.\n" + "\n".join(lines),
+        link=f"{settings.ui_url}/runs/{failure.run_id}",
+        details={"run_id": failure.run_id, "job": failure.job, "steps": dict(failure.steps)},
     )
 
 
@@ -58,7 +117,7 @@ def run_failed(context: dg.RunFailureSensorContext, settings: Settings) -> opera
 class Evaluation:
     """One asset check's result, as the event log has it."""
 
-    storage_id: int
+    record_id: int
     check: str  # "asset:check_name"
     asset_path: tuple[str, ...]
     passed: bool
@@ -66,59 +125,70 @@ class Evaluation:
     description: str | None
 
 
-def evaluations_after(instance: dg.DagsterInstance, storage_id: int | None, limit: int) -> list[Evaluation]:
-    """The asset check results recorded after ``storage_id`` (all, when None), oldest first.
-    Dagster's one public reader of them is ``get_event_records`` (deprecated for 2.0,
-    when ``fetch_*`` readers take its place): wrapped here, and only here."""
-    import warnings
-
-    records_filter = dg.EventRecordsFilter(event_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION,
-                                           after_cursor=storage_id)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        records = instance.get_event_records(records_filter, limit=limit, ascending=True)
-    found = []
-    for record in records:
-        event = record.event_log_entry.dagster_event
-        data = event.event_specific_data if event is not None else None
-        if not isinstance(data, dg.AssetCheckEvaluation):
-            continue
-        key = data.asset_check_key
-        found.append(Evaluation(
-            record.storage_id, f"{key.asset_key.to_user_string()}:{key.name}", tuple(key.asset_key.path),
-            bool(data.passed), data.severity.value, data.description,
-        ))
+def latest_evaluations(instance: dg.DagsterInstance, keys: Iterable[dg.AssetCheckKey]) -> dict[str, Evaluation]:
+    """Each check's latest result, by "asset:check_name"; a check never evaluated is left
+    out. Read from the instance's record of check executions (an index every storage
+    keeps, run-sharded SQLite too), newest first, past executions planned by a run that
+    has not evaluated them yet."""
+    found = {}
+    for key in keys:
+        history = instance.event_log_storage.get_asset_check_execution_history(key, limit=EXECUTIONS_READ)
+        for record in history:
+            event = record.event.dagster_event if record.event is not None else None
+            data = event.event_specific_data if event is not None else None
+            if isinstance(data, dg.AssetCheckEvaluation):
+                name = f"{key.asset_key.to_user_string()}:{key.name}"
+                found[name] = Evaluation(record.id, name, tuple(key.asset_key.path), bool(data.passed),
+                                         data.severity.value, data.description)
+                break
     return found
 
 
-def changes(failing: Sequence[str], evaluations: Sequence[Evaluation]) -> list[Evaluation]:
-    """The evaluations that change a check's state (failing or not), each check's last one
-    of ``evaluations``, given the checks ``failing`` before them."""
-    last = {e.check: e for e in evaluations}
-    return [e for e in last.values() if e.passed == (e.check in failing)]
+def changes(failing: Iterable[str], latest: Mapping[str, Evaluation]) -> list[Evaluation]:
+    """The latest results that change what the operator was last told of their check
+    (the checks told ``failing``): each failing check not told so, each passing check
+    told failing."""
+    told = set(failing)
+    return [e for name, e in sorted(latest.items()) if e.passed == (name in told)]
+
+
+def check_keys(context: dg.SensorEvaluationContext) -> list[dg.AssetCheckKey]:
+    """The asset checks of the sensor's code location."""
+    repository = context.repository_def
+    return sorted(repository.asset_graph.asset_check_keys, key=str) if repository is not None else []
 
 
 @dg.sensor(
     name="check_alerts", minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
     description="Tells the operator (PIPELINE_OPERATOR_ALERT_URL) once when an asset check starts "
-    "failing and once when it passes again.",
+    "failing and once when it passes again; a change it could not tell fails the tick and is told at the next.",
 )
 def check_alerts(context: dg.SensorEvaluationContext, database: PipelineDatabase) -> dg.SkipReason:
     settings = database.settings()
-    if not operator.configured(settings):
-        return dg.SkipReason(NOT_CONFIGURED)
-    state = json.loads(context.cursor) if context.cursor else {"after": None, "failing": []}
-    evaluations = evaluations_after(context.instance, state["after"], EVALUATIONS_PER_TICK)
-    if not evaluations:
-        return dg.SkipReason("no asset check evaluated since the last look")
-    changed = changes(state["failing"], evaluations)
-    failing = set(state["failing"])
-    for evaluation in changed:  # a send that fails fails the tick: the cursor stays
-        operator.send(settings, check_alert(evaluation, settings))
-        (failing.add if not evaluation.passed else failing.discard)(evaluation.check)
-    context.update_cursor(json.dumps({"after": evaluations[-1].storage_id, "failing": sorted(failing)}))
-    return dg.SkipReason(f"{len(evaluations)} check results read, {len(changed)} alerts sent;"
-                         f" failing now: {', '.join(sorted(failing)) or 'none'}")
+    state = json.loads(context.cursor) if context.cursor else {"failing": []}
+    latest = latest_evaluations(context.instance, check_keys(context))
+    failing = set(state["failing"]) & set(latest)  # a check no longer defined is forgotten
+    changed = changes(failing, latest)
+    if changed and not operator.configured(settings):
+        raise NotTold(f"{NOT_CONFIGURED}: untold: " + ", ".join(
+            f"{e.check} {'passes again' if e.passed else 'is failing'}" for e in changed))
+    for evaluation in changed:
+        tell(settings, check_alert(evaluation, settings),
+             f"that {evaluation.check} {'passes again' if evaluation.passed else 'is failing'}")
+        (failing.discard if evaluation.passed else failing.add)(evaluation.check)
+        context.update_cursor(json.dumps({"failing": sorted(failing)}))
+    if context.cursor is None:
+        context.update_cursor(json.dumps({"failing": sorted(failing)}))
+    said = (f"{len(latest)} checks read, {len(changed)} alerts sent; failing now: {', '.join(sorted(failing)) or 'none'}")
+    return dg.SkipReason(said if operator.configured(settings) else f"{said}; {NOT_CONFIGURED}")
+
+
+def tell(settings: Settings, alert: operator.OperatorAlert, what: str) -> None:
+    """Send ``alert``; a send that fails raises NotTold, naming ``what`` went untold."""
+    try:
+        operator.send(settings, alert)
+    except Exception as exc:  # noqa: BLE001 (any send failure fails the tick the same way)
+        raise NotTold(f"the operator was not told {what}: {exc}") from exc
 
 
 def check_alert(evaluation: Evaluation, settings: Settings) -> operator.OperatorAlert:
@@ -127,10 +197,9 @@ def check_alert(evaluation: Evaluation, settings: Settings) -> operator.Operator
     else:
         event, title = operator.CHECK_FAILING, f"Asset check {evaluation.check} is failing ({evaluation.severity})"
     return operator.OperatorAlert(
-        key=f"check-{evaluation.check}-{evaluation.storage_id}", event=event, title=title,
+        key=f"check-{evaluation.check}-{evaluation.record_id}", event=event, title=title,
         text=f"{title}: {evaluation.description}" if evaluation.description else title,
         link=f"{settings.ui_url}/assets/{'/'.join(evaluation.asset_path)}?view=checks",
         details={"check": evaluation.check, "passed": evaluation.passed, "severity": evaluation.severity,
                  "description": evaluation.description},
     )
-

@@ -1,18 +1,24 @@
 """The operator hears when the pipeline needs a person (sensors/alerts.py,
 pipeline/notify/operator.py): a failed run once, with its link and error; an asset check
 once when it starts failing and once when it passes again; through a signed webhook or
-Apprise, served here by a local receiver; nothing without a configured channel."""
+Apprise, served here by a local receiver. Nothing is passed over: with no channel, or a
+send that fails, the tick fails naming what went untold, and the next tells it.
+
+Each runs on the Dagster storages the project runs on: the run-sharded SQLite that
+``dev.py up`` makes (whose event log refuses a plain event cursor) and PostgreSQL."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
 import dagster as dg
 import pytest
 
-from pipeline.core.errors import DeliveryError
 from pipeline.notify.delivery import verify
-from sensors.alerts import NOT_CONFIGURED, check_alerts, run_failure_alert
+from pipeline.storage import db
+from sensors.alerts import NOT_CONFIGURED, NotTold, check_alerts, run_failure_alert
 from tests.test_pipeline_dagster import resources
 
 SECRET = "operator-shared-secret-0123"
@@ -39,10 +45,36 @@ def broken() -> None:
     breaks()
 
 
-def tick(instance: dg.DagsterInstance, db_url: str, cursor: str | None = None) -> tuple[dg.SkipReason, str | None]:
-    """One tick of ``check_alerts``: its skip reason (it never requests a run) and cursor."""
-    with dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources(db_url)) as context:
-        return check_alerts(context), context.cursor
+DEFINITIONS = dg.Definitions(assets=[watched], asset_checks=[healthy], jobs=[broken])
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def instance(request, tmp_path: Path) -> Iterator[dg.DagsterInstance]:
+    """A Dagster instance on each storage the project runs on: SQLite as ``dev.py up``
+    makes it (run-sharded), and PostgreSQL, in a database of its own that this test
+    creates (dagster-postgres makes its tables in it)."""
+    if request.param == "sqlite":
+        with dg.DagsterInstance.local_temp(str(tmp_path)) as made:
+            assert made.event_log_storage.is_run_sharded, "as dev.py up's storage is"
+            yield made
+        return
+    databases = request.getfixturevalue("pg_databases")
+    name = databases.create()
+    url = db.parse_url(databases.url(name)).set(drivername="postgresql+psycopg2")
+    (tmp_path / "dagster.yaml").write_text(
+        "storage:\n  postgres:\n    postgres_url: " + json.dumps(url.render_as_string(hide_password=False)) + "\n")
+    try:
+        with dg.DagsterInstance.from_config(str(tmp_path)) as made:
+            yield made
+    finally:
+        databases.drop(name)
+
+
+def tick(sensor, instance: dg.DagsterInstance, db_url: str, cursor: str | None = None) -> tuple[dg.SkipReason, str | None]:
+    """One tick of ``sensor``: its skip reason (it never requests a run) and cursor."""
+    with dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources(db_url),
+                                 definitions=DEFINITIONS) as context:
+        return sensor(context), context.cursor
 
 
 def evaluate(instance: dg.DagsterInstance, passed: bool) -> None:
@@ -68,52 +100,74 @@ def operator_webhook(receiver, monkeypatch):
     return receiver
 
 
-def test_a_check_alerts_once_when_it_starts_failing_and_once_when_it_passes_again(db_url, operator_webhook):
+def test_a_check_alerts_once_when_it_starts_failing_and_once_when_it_passes_again(instance, db_url, operator_webhook):
     receiver = operator_webhook
-    with dg.DagsterInstance.ephemeral() as instance:
-        evaluate(instance, passed=False)
-        result, cursor = tick(instance, db_url)
-        [failing] = alerts(receiver)
-        assert (failing["event"], failing["title"]) == ("check_failing", "Asset check watched:healthy is failing (ERROR)")
-        assert "3 sources failing" in failing["text"] and failing["link"] == "http://ui.example:3000/assets/watched?view=checks"
-        assert "failing now: watched:healthy" in result.skip_message
-        evaluate(instance, passed=False)
-        result, cursor = tick(instance, db_url, cursor)
+    evaluate(instance, passed=False)
+    result, cursor = tick(check_alerts, instance, db_url)
+    [failing] = alerts(receiver)
+    assert (failing["event"], failing["title"]) == ("check_failing", "Asset check watched:healthy is failing (ERROR)")
+    assert "3 sources failing" in failing["text"] and failing["link"] == "http://ui.example:3000/assets/watched?view=checks"
+    assert "failing now: watched:healthy" in result.skip_message
+    for _ in range(2):  # a second tick on the same result, and a new result failing still
+        result, cursor = tick(check_alerts, instance, db_url, cursor)
         assert len(receiver.requests) == 1, "still failing: nothing more"
-        receiver.routes["/hook"] = lambda h: h.reply(503, b"down")
-        evaluate(instance, passed=True)
-        with pytest.raises(DeliveryError):  # the tick fails; its cursor stays where it was
-            tick(instance, db_url, cursor)
-        receiver.routes["/hook"] = lambda h: h.reply(204)
-        result, cursor = tick(instance, db_url, cursor)
-        refused, passing = alerts(receiver)[1:]
-        assert refused == passing and passing["event"] == "check_passing", "sent again, under the same key"
-        assert "failing now: none" in result.skip_message
-        result, _ = tick(instance, db_url, cursor)
-        assert result.skip_message == "no asset check evaluated since the last look" and len(receiver.requests) == 3
+        evaluate(instance, passed=False)
+    receiver.routes["/hook"] = lambda h: h.reply(503, b"down")
+    evaluate(instance, passed=True)
+    with pytest.raises(NotTold, match="not told that watched:healthy passes again"):  # the cursor stays
+        tick(check_alerts, instance, db_url, cursor)
+    receiver.routes["/hook"] = lambda h: h.reply(204)
+    result, cursor = tick(check_alerts, instance, db_url, cursor)
+    refused, passing = alerts(receiver)[1:]
+    assert refused == passing and passing["event"] == "check_passing", "sent again, under the same key"
+    assert "failing now: none" in result.skip_message
+    result, _ = tick(check_alerts, instance, db_url, cursor)
+    assert "0 alerts sent" in result.skip_message and len(receiver.requests) == 3
 
 
-def test_a_failed_run_alerts_once_with_its_link_and_error(db_url, operator_webhook):
+def test_a_failed_run_alerts_once_with_its_link_and_error(instance, db_url, operator_webhook):
     receiver = operator_webhook
-    with dg.DagsterInstance.ephemeral() as instance:
-        run = broken.execute_in_process(instance=instance, raise_on_error=False)
-        [failure] = [e for e in run.all_events if e.event_type == dg.DagsterEventType.RUN_FAILURE]
-        with dg.build_run_status_sensor_context(
-            sensor_name="run_failure_alert", dagster_event=failure, dagster_instance=instance,
-            dagster_run=instance.get_run_by_id(run.run_id), resources=resources(db_url),
-        ) as context:
-            assert run_failure_alert(context.for_run_failure()) is None
+    result, cursor = tick(run_failure_alert, instance, db_url)
+    assert result.skip_message == "no run failed since the last look" and cursor is None
+    run = broken.execute_in_process(instance=instance, raise_on_error=False)
+    result, cursor = tick(run_failure_alert, instance, db_url, cursor)
     [alert] = alerts(receiver)
     assert (alert["event"], alert["title"], alert["idempotency_key"]) == (
         "run_failed", "Dagster run of broken failed", f"run-failed-{run.run_id}")
     assert alert["link"] == f"http://ui.example:3000/runs/{run.run_id}"
     assert "RuntimeError: the feed parser fell over" in alert["details"]["steps"]["breaks"]
-    assert "breaks: " in alert["text"]
+    assert "breaks: " in alert["text"] and result.skip_message == "1 failed runs told"
+    result, cursor = tick(run_failure_alert, instance, db_url, cursor)
+    assert result.skip_message == "no run failed since the last look" and len(receiver.requests) == 1
+    # A send that fails fails the tick and keeps the failure for the next.
+    receiver.routes["/hook"] = lambda h: h.reply(503, b"down")
+    again = broken.execute_in_process(instance=instance, raise_on_error=False)
+    with pytest.raises(NotTold, match=f"not told the failure of run {again.run_id}"):
+        tick(run_failure_alert, instance, db_url, cursor)
+    receiver.routes["/hook"] = lambda h: h.reply(204)
+    tick(run_failure_alert, instance, db_url, cursor)
+    assert [a["details"]["run_id"] for a in alerts(receiver)] == [run.run_id, again.run_id, again.run_id]
 
 
-def test_without_a_channel_the_alert_sensors_skip_saying_why(db_url, monkeypatch):
+def test_without_a_channel_a_failure_fails_the_tick_and_is_told_once_there_is_one(
+    instance, db_url, receiver, monkeypatch
+):
+    """No channel: nothing to tell skips saying so; something to tell fails every tick,
+    naming it, and moves past nothing, so a channel set later hears it all."""
     monkeypatch.delenv("PIPELINE_OPERATOR_ALERT_URL", raising=False)
-    with dg.DagsterInstance.ephemeral() as instance:
-        evaluate(instance, passed=False)
-        result, cursor = tick(instance, db_url)
-        assert result.skip_message == NOT_CONFIGURED and cursor is None
+    result, check_cursor = tick(check_alerts, instance, db_url)
+    assert result.skip_message.endswith(NOT_CONFIGURED)
+    _, run_cursor = tick(run_failure_alert, instance, db_url)
+    evaluate(instance, passed=False)
+    run = broken.execute_in_process(instance=instance, raise_on_error=False)
+    for _ in range(2):
+        with pytest.raises(NotTold, match="untold: watched:healthy is failing"):
+            tick(check_alerts, instance, db_url, check_cursor)
+        with pytest.raises(NotTold, match=f"1 failed runs untold \\(broken {run.run_id}\\)"):
+            tick(run_failure_alert, instance, db_url, run_cursor)
+    monkeypatch.setenv("PIPELINE_OPERATOR_ALERT_URL", receiver.url("/hook"))
+    monkeypatch.setenv("PIPELINE_OPERATOR_ALERT_SECRET", SECRET)
+    monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
+    tick(check_alerts, instance, db_url, check_cursor)
+    tick(run_failure_alert, instance, db_url, run_cursor)
+    assert sorted(a["event"] for a in alerts(receiver)) == ["check_failing", "run_failed"]

@@ -152,6 +152,32 @@ def test_the_receiver_refuses_a_bad_signature_and_drops_a_repeat(site):
     assert (got["total"], got["repeats_dropped"]) == (1, 1)
 
 
+def test_operator_alerts_sent_as_dev_py_configures_them_reach_the_demo_page(site, monkeypatch):
+    """``dev.py up`` makes the demo site the operator's channel: an alert the pipeline
+    sends (signed with dev.py's secret, which the site checks) shows on its page; one
+    signed otherwise is refused. dev.py cannot import the project: the two secrets are
+    held equal here."""
+    import dev
+    from pipeline.core.errors import DeliveryError
+    from pipeline.notify import operator
+
+    assert dev.DEMO_OPERATOR_SECRET == content.DEMO_OPERATOR_SECRET
+    monkeypatch.setenv("PIPELINE_ALLOW_NETWORKS", "127.0.0.1/32")
+    monkeypatch.setenv("PIPELINE_OPERATOR_ALERT_URL", f"{site.url}/operator")
+    monkeypatch.setenv("PIPELINE_OPERATOR_ALERT_SECRET", dev.DEMO_OPERATOR_SECRET)
+    alert = operator.OperatorAlert(key="run-failed-r1", event=operator.RUN_FAILED, title="Dagster run of ingest failed",
+                                   text="Run r1 failed.", link="http://127.0.0.1:3000/runs/r1")
+    operator.send(Settings.from_env(), alert)
+    monkeypatch.setenv("PIPELINE_OPERATOR_ALERT_SECRET", "not-the-demo-secret")
+    with pytest.raises(DeliveryError):
+        operator.send(Settings.from_env(), alert)
+    with urllib.request.urlopen(f"{site.url}/operator-alerts.json", timeout=5) as response:
+        told = json.loads(response.read())
+    assert told["total"] == 1 and told["received"][0]["title"] == "Dagster run of ingest failed"
+    with urllib.request.urlopen(f"{site.url}/", timeout=5) as response:
+        assert "Dagster run of ingest failed" in response.read().decode()
+
+
 @pytest.mark.parametrize("url", ["http://10.0.0.1:8780", "https://127.0.0.1:8780", "http://127.0.0.1:8780/feeds"])
 def test_the_demo_site_must_be_a_loopback_root(url):
     with pytest.raises(ValueError, match="demo site"):

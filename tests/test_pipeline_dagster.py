@@ -19,7 +19,7 @@ from assets.backfills import refetch_sources_job, rematch_window_job, reprocess_
 from assets.policies import LINGER_TAG, STAGE_TAG, stage_kinds
 from assets.stages import LISTINGS, NOTIFICATIONS, STAGES_OP, Carried, Following, stage_assets
 from pipeline.catalogue import sources, users
-from pipeline.storage import politeness_groups, schema
+from pipeline.storage import health, politeness_groups, schema
 from pipeline.storage.status import collect_status
 from resources import PipelineDatabase
 from sensors.pipeline_work import pending_notifications_sensor, unprocessed_listings_sensor
@@ -377,6 +377,37 @@ def test_failing_sources_counts_what_status_counts_from_the_first_failure(engine
     assert collect_status(engine).failing == {"timeout": 1}
 
 
+def unchecked_materialisations(result: dg.ExecuteInProcessResult) -> list[tuple[str, int]]:
+    """The materialisations of ``result`` (asset, its nth) that are not followed by an
+    evaluation of each of their asset's checks before the asset's next materialisation."""
+    checks: dict[str, set[str]] = {}
+    for definition in ASSET_CHECKS:
+        for key in definition.check_keys:
+            checks.setdefault(key.asset_key.to_user_string(), set()).add(key.name)
+    missing: list[tuple[str, int]] = []
+    open_: dict[str, tuple[int, set[str]]] = {}  # asset -> (its nth materialisation, checks evaluated since)
+    made_so_far: dict[str, int] = {}
+
+    def close(asset: str) -> None:
+        if asset in open_ and open_[asset][1] != checks.get(asset, set()):
+            missing.append((asset, open_[asset][0]))
+
+    for event in result.all_events:
+        if event.event_type == dg.DagsterEventType.ASSET_MATERIALIZATION:
+            asset = event.asset_key.to_user_string()
+            close(asset)
+            made_so_far[asset] = made_so_far.get(asset, 0) + 1
+            open_[asset] = (made_so_far[asset], set())
+        elif event.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION:
+            data = event.event_specific_data
+            asset = data.asset_key.to_user_string()
+            if asset in open_:
+                open_[asset][1].add(data.check_name)
+    for asset in list(open_):
+        close(asset)
+    return missing
+
+
 def test_a_stage_run_evaluates_its_asset_s_checks_after_materialising_it(engine, db_url):
     """Dagster's UI shows a check's result beside the latest materialisation only when the
     check ran in the same run or after it: evaluated by `health_checks` alone every 15
@@ -398,6 +429,25 @@ def test_a_stage_run_evaluates_its_asset_s_checks_after_materialising_it(engine,
                                      "listings:given_up_raw_rows": True}
         idle = materialize(db_url, "listings", instance=instance)
         assert not idle.get_asset_check_evaluations() and not made(idle, "listings")
+
+
+def test_a_check_that_cannot_run_after_a_materialisation_is_recorded_failed_saying_why(engine, db_url, monkeypatch):
+    """A check that raises is recorded failed with its reason, not left out: left out,
+    the materialisation read "0 / 3 Passed" and green, and nobody was told."""
+    with engine.begin() as conn:
+        source = add_source(conn, "http://127.0.0.1:9/x")
+        conn.execute(sa.insert(schema.listings_raw).values(
+            source_id=source, source_item_id="a", url="http://x/a", raw_json={"title": "A", "url": "http://x/a"},
+            content_hash="h"))
+
+    def cannot(*args, **kwargs):
+        raise sa.exc.OperationalError("SELECT", {}, Exception("the database system is starting up\nDETAIL: x"))
+
+    monkeypatch.setattr(health, "stale_leases", cannot)
+    worked = materialize(db_url, "listings")
+    [evaluation] = [e for e in worked.get_asset_check_evaluations() if e.check_name == "expired_leases_reclaimed"]
+    assert not evaluation.passed and evaluation.description == "could not run: the database system is starting up"
+    assert checks_of(worked)["listings:freshness"], "the other checks ran"
 
 
 def test_the_failing_sources_check_says_which_since_when_and_why(engine, db_url):
@@ -547,6 +597,9 @@ def test_a_lingering_ingest_run_takes_sources_as_they_come_due(engine, db_url, s
     assert result.success
     materialized = [e.asset_key.to_user_string() for e in result.get_asset_materialization_events()]
     assert materialized == ["listings_raw", "listings", "notifications"] * 2, "a pass each, then the chain"
+    assert unchecked_materialisations(result) == [], (
+        "every materialisation has its asset's checks evaluated after it: a lingering run evaluated them at most"
+        " once a minute, and the UI showed a green asset with '0 / 4 Passed' beside a failing check")
     assert len(full_loads) == 1, (
         "the run's notifier passes keep its filters between them: each made a notifier that read and compiled"
         " every filter again (at 30,000 filters, most of a core when a lingering run's follow-ups ran every"

@@ -109,3 +109,12 @@ class NotPlainFeed(PipelineError):
     """A feed document outside what pipeline/fetching/quickfeed.py reads exactly as
     feedparser does; the message names what. Never leaves the parser: feedparser then
     reads the document."""
+
+
+def reason(exc: BaseException) -> str:
+    """What ``exc`` says, on one line, for a log, a check or an operator: a database
+    error's driver message (its first line only: later lines, such as PostgreSQL's
+    CONTEXT, can quote a bound value, and the statement never shows), else the
+    exception's text, or its type when it has none; a URL's password never shows."""
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return redact.userinfo(text.splitlines()[0] if text else type(exc).__name__)

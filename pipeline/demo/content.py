@@ -23,6 +23,9 @@ CHANNEL_ID = "UCdemoChannel0000000000A"  # 24 characters, as YouTube's are
 # The demo user's webhook secret: the demo receiver checks signatures with it. A demo
 # value, public on purpose; real users get a generated one (`pipeline users add`).
 DEMO_SECRET = "demo-webhook-secret-not-for-production"
+# The operator alerts' secret, as dev.py up sets PIPELINE_OPERATOR_ALERT_SECRET (dev.py
+# runs before the project is installed and cannot import it: a test holds the two equal).
+DEMO_OPERATOR_SECRET = "demo-operator-secret-not-for-production"
 DEMO_USER = "demo"
 # A second user at the same receiver, with a daily digest (08:00 UTC) of a phrase.
 DIGEST_USER, DIGEST_AT, DIGEST_FILTER = "demo-digest", "daily@08:00", '"data engineer" OR "machine learning"'

@@ -1,5 +1,6 @@
 """The demo site: its feeds over HTTP on 127.0.0.1, a WebSub hub that pushes its job
-board, and a webhook receiver whose home page lists the signed deliveries it received."""
+board, and a webhook receiver whose home page lists the signed deliveries it received
+and the operator alerts (``/operator``: what ``dev.py up`` sets as the operator's channel)."""
 
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 from pipeline.core.settings import DEFAULT_DEMO_PORT
 from pipeline.demo.content import (
     CHANNEL_ID,
+    DEMO_OPERATOR_SECRET,
     DEMO_SECRET,
     DEMO_USER,
     FEEDS,
@@ -29,6 +31,9 @@ from pipeline.demo.content import (
     Feed,
 )
 from pipeline.notify.delivery import IDEMPOTENCY_HEADER, headline, verify
+
+OPERATOR_PATH = "/operator"  # the operator's channel, as dev.py up sets it
+OPERATOR_ALERTS_FILE = "operator-alerts.jsonl"  # beside the deliveries' file
 
 
 class Deliveries:
@@ -77,6 +82,11 @@ class _Handler(BaseHTTPRequestHandler):
                         "total": len(self.server.deliveries.received),
                         "repeats_dropped": self.server.deliveries.repeats}
             self._reply(200, json.dumps(body).encode(), "application/json")
+        elif parts.path == "/operator-alerts.json":
+            with self.server.operator_alerts.lock:
+                body = {"received": self.server.operator_alerts.received[-200:],
+                        "total": len(self.server.operator_alerts.received)}
+            self._reply(200, json.dumps(body).encode(), "application/json")
         elif parts.path == "/":
             self._reply(200, self._home(), "text/html; charset=utf-8")
         else:
@@ -88,6 +98,9 @@ class _Handler(BaseHTTPRequestHandler):
             status = self.server.hub.request({k: v[-1] for k, v in parse_qs(body.decode("utf-8", "replace")).items()},
                                              self.server.url)
             self._reply(status, b"", "text/plain")
+            return
+        if urlsplit(self.path).path == OPERATOR_PATH:
+            self._operator_alert(body)
             return
         if urlsplit(self.path).path != "/hook":
             self._reply(404, b"not found", "text/plain")
@@ -111,6 +124,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.deliveries.add(record)
         self._reply(204, b"", "text/plain")
 
+    def _operator_alert(self, body: bytes) -> None:
+        """An operator alert (pipeline/notify/operator.py), signed with the demo's operator secret."""
+        if not verify(DEMO_OPERATOR_SECRET, body, dict(self.headers)):
+            self._reply(401, b"bad signature or stale timestamp", "text/plain")
+            return
+        alert = json.loads(body)
+        self.server.operator_alerts.add({
+            "received_at": datetime.now(UTC).isoformat(timespec="seconds"), "key": self.headers.get(IDEMPOTENCY_HEADER),
+            "event": alert.get("event", ""), "title": alert.get("title", ""), "link": alert.get("link") or ""})
+        self._reply(204, b"", "text/plain")
+
     def _feed(self, feed: Feed, site: str) -> None:
         now = self.server.clock()
         latest, etag = feed.latest(now), feed.etag(now)
@@ -131,6 +155,11 @@ class _Handler(BaseHTTPRequestHandler):
             f"<td><a href=\"{html.escape(r['url'])}\">{html.escape(r['title'])}</a></td></tr>"
             for r in recent
         )
+        with self.server.operator_alerts.lock:
+            told = list(reversed(self.server.operator_alerts.received[-10:]))
+        alerts = "".join(
+            f"<li>{html.escape(a['received_at'])} <a href=\"{html.escape(a['link'])}\">{html.escape(a['title'])}</a></li>"
+            for a in told) or "<li>none: nothing has needed a person</li>"
         feeds = "".join(f'<li><a href="{p}">{p}</a></li>' for p in FEEDS)
         return (
             "<!doctype html><html><head><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"5\">"
@@ -140,7 +169,9 @@ class _Handler(BaseHTTPRequestHandler):
             f"<p>{total} received, signatures verified; {repeats} repeats dropped by Idempotency-Key."
             " This page refreshes every 5 seconds.</p>"
             "<table><tr><th>received (UTC)</th><th>user</th><th>notification</th><th>filter</th><th>listing</th></tr>"
-            f"{rows}</table><h2>Feeds served</h2><ul>{feeds}</ul></body></html>"
+            f"{rows}</table><h2>Operator alerts</h2><p>What the pipeline told its operator (a failed run, a"
+            " check that started failing or passes again), newest first:</p>"
+            f"<ul>{alerts}</ul><h2>Feeds served</h2><ul>{feeds}</ul></body></html>"
         ).encode()
 
     def _reply(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
@@ -229,6 +260,7 @@ class DemoSite(ThreadingHTTPServer):
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         super().__init__(("127.0.0.1", port), _Handler)
         self.deliveries = Deliveries(deliveries_file)
+        self.operator_alerts = Deliveries(deliveries_file.with_name(OPERATOR_ALERTS_FILE))
         self.clock = clock  # what the feeds show is a function of it (content.Feed)
         self.hub = Hub(self)
         threading.Thread(target=self.hub.run, name="demo-hub", daemon=True).start()
