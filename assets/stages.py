@@ -23,6 +23,7 @@ import dagster as dg
 
 from assets import passes
 from assets.policies import LINGER_TAG, STEP_RETRY, ends_when_terminated, stage_kinds
+from pipeline.backends import log_failure
 from pipeline.notify.notifier import FilterCatalogue
 from pipeline.storage.status import next_due_in
 from resources import PipelineDatabase
@@ -244,8 +245,8 @@ class Following:
             began = self.clock()
             try:
                 done = stage()
-            except Exception:  # tried again next round; the run's own follow-up reports one that lasts
-                _logger.warning("a follow-up pass during the collector's failed; trying again", exc_info=True)
+            except Exception as exc:  # tried again next round; the run's own follow-up reports one that lasts
+                log_failure(_logger, exc, "a follow-up pass during the collector's failed; trying again")
                 stop.wait(self.every)
                 continue
             if done.worked:

@@ -686,6 +686,30 @@ def test_a_source_whose_write_the_database_refuses_fails_alone(engine, server, m
     assert "the database refused this source's items" in completed_events(engine)[poison]["details"]["error"]
 
 
+def test_a_database_that_cannot_take_the_write_now_fails_the_pass_and_blames_no_source(engine, db_url, server):
+    """The database could not do the write for now (a lock held past its timeout, as a
+    restart, a cut connection or a full disk are): the pass fails, to be retried, and
+    no source is recorded as failing. Taken for the source's own data being refused,
+    each source of the batch was written again alone and recorded as a parse error."""
+    from pipeline.storage import db
+
+    serve(server, "/feed", rss([("a", "A"), ("b", "B")]))
+    with engine.begin() as conn:
+        ids = [add_source(conn, server.url(f"/feed?{i}")) for i in range(2)]
+    impatient = db.create_engine(db_url, connect_args={"options": "-c lock_timeout=200"})
+    try:
+        with engine.connect() as holder:
+            holder.exec_driver_sql("SET idle_in_transaction_session_timeout = 0")  # held while the pass fetches
+            holder.exec_driver_sql("LOCK TABLE listings_raw IN ACCESS EXCLUSIVE MODE")
+            with pytest.raises(sa.exc.OperationalError, match="lock timeout"):
+                collector(impatient).run()
+            holder.rollback()
+    finally:
+        impatient.dispose()
+    by_id = {r["id"]: r for r in rows(engine, schema.sources)}
+    assert [(by_id[i]["last_failure_reason"], by_id[i]["consecutive_failures"]) for i in ids] == [(None, 0)] * 2
+
+
 def test_items_are_made_storable_whatever_the_feed_holds(engine, server):
     long_guid = "g" * 5000
     serve(server, "/feed", rss([(long_guid, "Long id"), ("short", "Short id")]))

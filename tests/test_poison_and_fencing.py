@@ -258,11 +258,13 @@ def test_a_fetch_that_outlives_its_lease_keeps_it_while_it_runs(engine, receiver
     assert len(started) == 1
 
 
-def test_a_lease_outlives_a_database_outage_shorter_than_it(pg_databases):
+def test_a_lease_outlives_a_database_outage_shorter_than_it(pg_databases, caplog):
     """A heartbeat whose extensions fail (the database's sessions ended and refused, as a
     restart or a cut looks to a client) tries again within seconds once it is back: the
     rows it holds are still its own. It waited a whole beat (a third of the lease)
-    instead, so two failed beats lost the lease. A database of its own (it refuses
+    instead, so two failed beats lost the lease. Each failed beat is one line with the
+    database's reason: with its traceback, a worker printed 465 lines of stderr at a
+    restart before the one line it ends with. A database of its own (it refuses
     sessions for a while); sessions are allowed again once two extensions have failed:
     a state, not a moment."""
     from pipeline.queue.heartbeat import Heartbeat
@@ -294,6 +296,9 @@ def test_a_lease_outlives_a_database_outage_shorter_than_it(pg_databases):
         # An extension, unlike a completion, finds a lease that ran out (nobody has
         # claimed the row since, but it may already be counted as free).
         assert queue.extend(claim).done == claim.ids, "the lease was lost to a short outage"
+        failed = [r for r in caplog.records if r.name == "pipeline.queue.heartbeat"]
+        assert len(failed) >= 2 and all(r.exc_info is None and "\n" not in r.getMessage() for r in failed)
+        assert "lease extension of sources rows failed: the database cannot be reached:" in failed[0].getMessage()
     finally:
         engine.dispose()
         pg_databases.drop(name)

@@ -319,3 +319,28 @@ def test_a_run_reads_its_sources_and_their_boilerplate_once_not_once_a_batch(eng
     assert stats.inserted == 10
     assert sorted(reads) == ["source_words", "sources"], reads
     assert {tuple(row["categories"]) for row in listings(engine).values()} == {("Remote",)}
+
+
+def test_a_database_that_cannot_take_the_write_now_fails_the_pass_and_blames_no_row(engine, db_url, source_id):
+    """The database could not write the listings for now (a lock held past its timeout,
+    as a restart, a cut connection or a full disk are): the pass fails, to be retried,
+    and no raw row is marked refused. Taken for the rows' own data, each row was
+    written again alone and marked "the database refused this row's listing", on its
+    way to being given up."""
+    from pipeline.storage import db
+
+    with engine.begin() as conn:
+        raw = [add_raw(conn, source_id, f"i{n}") for n in range(2)]
+    impatient = db.create_engine(db_url, connect_args={"options": "-c lock_timeout=200"})
+    try:
+        with engine.connect() as holder:
+            holder.exec_driver_sql("SET idle_in_transaction_session_timeout = 0")  # held while the pass runs
+            holder.exec_driver_sql("LOCK TABLE listings IN ACCESS EXCLUSIVE MODE")
+            with pytest.raises(sa.exc.OperationalError, match="lock timeout"):
+                processor(impatient).run()
+            holder.rollback()
+    finally:
+        impatient.dispose()
+    rows = raw_rows(engine)
+    assert [(rows[i]["last_error"], rows[i]["processed_at"]) for i in raw] == [(None, None)] * 2
+    assert processor(engine).run().claimed == 0, "the failed pass's rows wait out their lease"

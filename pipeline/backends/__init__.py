@@ -26,10 +26,11 @@ from pipeline.backends.claim_mariadb import MariaDBClaim
 from pipeline.backends.claim_postgresql import PostgreSQLClaim
 from pipeline.backends.claim_sqlite import SQLiteClaim
 from pipeline.backends.claiming import PortableClaim
-from pipeline.backends.mariadb import MARIADB, MariaDB
+from pipeline.backends.mariadb import MARIADB, MariaDB, refuses_the_data
 from pipeline.backends.portable import Backend, Bind, Portable
 from pipeline.backends.postgresql import PostgreSQL
 from pipeline.backends.sqlite import SQLite
+from pipeline.core import errors
 
 # By SQLAlchemy's dialect names.
 _BACKENDS: dict[str, Backend] = {"postgresql": PostgreSQL(), "sqlite": SQLite(), **dict.fromkeys(MARIADB, MariaDB())}
@@ -86,8 +87,7 @@ def in_transaction(engine: Engine, work: Callable[[Connection], T], *, outlast: 
         except sa.exc.DBAPIError as exc:
             if not unreachable(exc) or waited + pause > outlast:
                 raise
-            log.warning("the database cannot be reached (%s); writing again in %.1f s",
-                        str(exc.orig or exc).strip().splitlines()[0], pause)
+            log.warning("the database cannot be reached (%s); writing again in %.1f s", errors.reason(exc), pause)
             time.sleep(pause)
             waited, pause = waited + pause, min(pause * 2, REACH_AGAIN_LONGEST)
 
@@ -96,8 +96,23 @@ def unreachable(exc: sa.exc.DBAPIError) -> bool:
     """``exc`` says the database could not be reached or ended the session (a restart, a
     connection cut, sessions refused), or could not do the work for now (a deadlock, a
     statement cancelled): the DB-API's operational and interface errors. Not that it
-    refused the work itself (a constraint, a value it cannot store)."""
-    return exc.connection_invalidated or isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError))
+    refused the work itself (a constraint, a value it cannot store), whatever class the
+    driver gave that (MariaDB's CHECK constraints come as operational errors)."""
+    if exc.connection_invalidated:
+        return True
+    return isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)) and not refuses_the_data(exc.orig)
 
 
-__all__ = ["Backend", "backend_for", "backend_named", "claiming_for", "in_transaction", "unreachable"]
+def log_failure(logger: logging.Logger, exc: BaseException, message: str, *args: object) -> None:
+    """Log that ``message`` (%-formatted with ``args``) failed with ``exc``: in one line,
+    with the driver's reason, when the database could not be reached (an outage is
+    logged once a retry, and a traceback each time buried the one line a worker ends
+    with: 465 lines of stderr from one worker at a PostgreSQL restart); with its
+    traceback otherwise (a bug to find)."""
+    if isinstance(exc, sa.exc.DBAPIError) and unreachable(exc):
+        logger.warning(f"{message}: the database cannot be reached: %s", *args, errors.reason(exc))
+    else:
+        logger.error(message, *args, exc_info=exc)
+
+
+__all__ = ["Backend", "backend_for", "backend_named", "claiming_for", "in_transaction", "log_failure", "unreachable"]

@@ -27,6 +27,19 @@ log = logging.getLogger(__name__)
 MARIADB = ("mysql", "mariadb")
 # InnoDB's "deadlock found" and "lock wait timeout": it rolled the transaction back.
 _INNODB_ROLLED_BACK = (1213, 1205)
+# The server refused the data itself, though the driver (PyMySQL, which calls every
+# server error it has not listed an OperationalError) says "operational": a CHECK
+# constraint (MariaDB 4025, MySQL 3819), a string the column's charset cannot hold
+# (1366), JSON that does not parse (3140, MariaDB 4038).
+_DATA_REFUSED = frozenset({4025, 3819, 1366, 3140, 4038})
+
+
+def refuses_the_data(orig: BaseException | None) -> bool:
+    """``orig`` (a driver's error) is the MariaDB server refusing the values it was sent,
+    whatever class the driver gave it: not the database being away."""
+    if orig is None or type(orig).__module__.split(".")[0] not in ("pymysql", "MySQLdb"):
+        return False
+    return bool(orig.args) and orig.args[0] in _DATA_REFUSED
 _TRIES = 8
 MIN_MARIADB_VERSION = (10, 6)  # FOR UPDATE SKIP LOCKED
 T = TypeVar("T")

@@ -13,7 +13,7 @@ import click
 import sqlalchemy as sa
 
 from pipeline.cli import common, database, demo, metrics, sources, stages, users, web
-from pipeline.core import redact
+from pipeline.core import errors, redact
 from pipeline.core.errors import PipelineError
 from pipeline.storage.status import collect_status, status_as_json, status_as_text
 
@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         # The server's own message, its first line only: later lines (PostgreSQL's
         # CONTEXT) can quote a bound value, and the statement's parameters never show.
         diag = getattr(exc.orig, "diag", None)
-        reason = getattr(diag, "message_primary", None) or str(exc.orig or exc).strip().splitlines()[0]
-        click.echo(f"pipeline: database error: {_one_line(redact.userinfo(reason))}", err=True)
+        reason = redact.userinfo(getattr(diag, "message_primary", None) or "") or errors.reason(exc)
+        click.echo(f"pipeline: database error: {_one_line(reason)}", err=True)
         return 1
     except click.ClickException as exc:
         exc.show()

@@ -30,13 +30,14 @@ from typing import Any, cast
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from pipeline.backends import backend_for
+from pipeline.backends import backend_for, unreachable
 from pipeline.backends.changed import JSONValue, StoreChanged
 from pipeline.core import heap
 from pipeline.core.backoff import (
     BackoffPolicy,
     clamp_retry_after,
 )
+from pipeline.core import errors
 from pipeline.core.errors import FetchError
 from pipeline.core.failures import FailureReason
 from pipeline.core.kinds import SourceType
@@ -247,8 +248,10 @@ class Collector:
         try:
             events = self._write(queue, batch)
         except sa.exc.StatementError as exc:
-            if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
-                raise  # the database is gone, not this batch's data: fail the step
+            if isinstance(exc, sa.exc.DBAPIError) and unreachable(exc):
+                # The database is gone or cannot do it now (a restart, a lost connection,
+                # a full disk, a lock), not this batch's data: fail the step, blame no source.
+                raise
             if len(batch) > 1:
                 for one in batch:
                     self._store_now(queue, [one], stats)
@@ -256,7 +259,7 @@ class Collector:
             # This source's own data was refused (a value the database cannot store):
             # it fails like a broken document, so it backs off instead of failing again.
             [fetched] = batch
-            reason = str(exc.orig or exc).strip().splitlines()[0]
+            reason = errors.reason(exc)
             log.warning("the database refused the items of source %s: %s", fetched.source["id"], reason)
             fetched.outcome = None
             fetched.error = FetchError(

@@ -43,6 +43,7 @@ from urllib.parse import urlencode, urljoin
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from pipeline.backends import log_failure
 from pipeline.core.errors import FetchError
 from pipeline.core.kinds import WebSubState
 from pipeline.core.settings import Settings
@@ -174,8 +175,8 @@ def ask_due(engine: Engine, settings: Settings, fetcher: Fetcher, worker: str, *
             for row in claim.rows:
                 try:
                     _ask(engine, settings, fetcher, queue, claim, row, heartbeat)
-                except Exception:  # one hub's trouble never stops the others
-                    log.exception("asking the hub %s for subscription %s failed", row["hub"], row["id"])
+                except Exception as exc:  # one hub's trouble never stops the others
+                    log_failure(log, exc, "asking the hub %s for subscription %s failed", row["hub"], row["id"])
                 finally:
                     heartbeat.drop(claim, [row["id"]])
     return taken

@@ -25,9 +25,9 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from pipeline.backends import backend_for
+from pipeline.backends import backend_for, unreachable
 from pipeline.backends.upsert import ForwardUpsert
-from pipeline.core import heap
+from pipeline.core import errors, heap
 from pipeline.core.errors import NormaliseError
 from pipeline.core.settings import Settings
 from pipeline.core.urls import item_key
@@ -158,12 +158,14 @@ class Processor:
                 self._record_failures(conn, queue, claim, bad, now, stats)
                 _count(conn, counted, stats)
         except sa.exc.StatementError as exc:
-            if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
-                raise  # the database is gone, not this batch's data: fail the step
+            if isinstance(exc, sa.exc.DBAPIError) and unreachable(exc):
+                # The database is gone or cannot do it now (a restart, a lost connection,
+                # a full disk, a lock), not this batch's data: fail the step, blame no row.
+                raise
             for name, value in counted.items():  # nothing of the batch was written
                 setattr(stats, name, value)
             log.warning("the database refused a batch of %d raw rows; writing them one by one: %s",
-                        len(claim), str(exc.orig or exc).strip().splitlines()[0])
+                        len(claim), errors.reason(exc))
             for one in good:
                 counted = asdict(stats)
                 try:
@@ -171,11 +173,11 @@ class Processor:
                         self._write(conn, queue, claim, existing, [one], now, stats)
                         _count(conn, counted, stats)
                 except sa.exc.StatementError as one_exc:
-                    if isinstance(one_exc, sa.exc.DBAPIError) and one_exc.connection_invalidated:
+                    if isinstance(one_exc, sa.exc.DBAPIError) and unreachable(one_exc):
                         raise
                     for name, value in counted.items():
                         setattr(stats, name, value)
-                    reason = str(one_exc.orig or one_exc).strip().splitlines()[0]
+                    reason = errors.reason(one_exc)
                     bad.append((one[0], f"the database refused this row's listing: {reason}"))
             counted = asdict(stats)
             with self.engine.begin() as conn:

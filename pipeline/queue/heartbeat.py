@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from pipeline.backends import REACH_AGAIN_FIRST
+from pipeline.backends import REACH_AGAIN_FIRST, log_failure
 from pipeline.queue.spec import Claim
 
 if TYPE_CHECKING:
@@ -78,9 +78,9 @@ class Heartbeat:
             try:
                 self.beat()
                 pause, retry = self.every, None
-            except Exception:  # the database is away: the leases may run out, work goes on
+            except Exception as exc:  # the database is away: the leases may run out, work goes on
                 self.failures += 1
-                log.warning("lease extension of %s rows failed", self.queue.spec.name, exc_info=True)
+                log_failure(log, exc, "lease extension of %s rows failed", self.queue.spec.table.name)
                 # Tried again soon, not a third of a lease later, as every write that
                 # waits for the database does: one back after a short outage (a
                 # restart, a cut) finds the leases still running.

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 
 from pipeline.backends import backend_named
-from pipeline.core import redact
+from pipeline.core import errors, redact
 from pipeline.core.errors import ConfigError, DatabaseUnavailable
 
 
@@ -62,5 +62,5 @@ def check_connection(engine: Engine) -> None:
         with engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
     except OperationalError as exc:
-        reason = str(exc.orig or exc).strip().splitlines()[0]
+        reason = errors.reason(exc)
         raise DatabaseUnavailable(f"cannot connect to {display_url(engine.url)}: {reason}") from None

@@ -18,6 +18,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from pipeline.backends import log_failure
 from pipeline.core.kinds import NotificationStatus
 from pipeline.core.settings import Settings
 from pipeline.listings.processor import Processor
@@ -63,8 +64,8 @@ class AfterPush:
                          processed.inserted + processed.updated, notified.sent)
                 if notified.sent:
                     self._observe(pushed)
-            except Exception:  # the stages' runs take what this round could not
-                log.exception("processing a push failed; the stages' next runs take it")
+            except Exception as exc:  # the stages' runs take what this round could not
+                log_failure(log, exc, "processing a push failed; the stages' next runs take it")
             self.rounds += 1
 
     def _observe(self, pushed: dict[int, datetime]) -> None:
