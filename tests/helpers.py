@@ -109,6 +109,26 @@ def round_trips(lines: Sequence[str]) -> int:
     return sum(1 for line in lines if "\tReadyForQuery" in line)
 
 
+@contextmanager
+def locked_against(engine: sa.Engine, db_url: str, table: sa.Table) -> Iterator[sa.Engine]:
+    """An engine on ``db_url`` (PostgreSQL) whose statements give up after 200 ms waiting
+    for a lock, while a session of ``engine`` holds ``table`` locked: a database that
+    cannot take a write now, as a restart, a cut connection or a full disk look to the
+    pipeline (an operational error, the connection intact). The holder's idle timeout is
+    off: it is held while the work runs."""
+    from pipeline.storage import db
+
+    impatient = db.create_engine(db_url, connect_args={"options": "-c lock_timeout=200"})
+    try:
+        with engine.connect() as holder:
+            holder.exec_driver_sql("SET idle_in_transaction_session_timeout = 0")
+            holder.exec_driver_sql(f"LOCK TABLE {table.name} IN ACCESS EXCLUSIVE MODE")
+            yield impatient
+            holder.rollback()
+    finally:
+        impatient.dispose()
+
+
 def expire_leases(engine: sa.Engine, table: sa.Table, ids: Sequence[int] | None = None) -> None:
     """End the leases on ``table``'s rows (those of ``ids``, else every leased row) as
     if their time had run out: ``locked_until`` an hour in the past. Tests move the

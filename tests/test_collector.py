@@ -19,7 +19,7 @@ from pipeline.listings.normalize import html_to_text, normalise
 from pipeline.listings.processor import Processor
 from pipeline.storage import schema
 from tests.conftest import conformance
-from tests.helpers import add_source, expire_leases, now, wait_until
+from tests.helpers import add_source, expire_leases, locked_against, now, wait_until
 from tests.http_server import Handler, InFlight, LocalServer
 from tests.test_cli import run
 
@@ -691,21 +691,12 @@ def test_a_database_that_cannot_take_the_write_now_fails_the_pass_and_blames_no_
     restart, a cut connection or a full disk are): the pass fails, to be retried, and
     no source is recorded as failing. Taken for the source's own data being refused,
     each source of the batch was written again alone and recorded as a parse error."""
-    from pipeline.storage import db
-
     serve(server, "/feed", rss([("a", "A"), ("b", "B")]))
     with engine.begin() as conn:
         ids = [add_source(conn, server.url(f"/feed?{i}")) for i in range(2)]
-    impatient = db.create_engine(db_url, connect_args={"options": "-c lock_timeout=200"})
-    try:
-        with engine.connect() as holder:
-            holder.exec_driver_sql("SET idle_in_transaction_session_timeout = 0")  # held while the pass fetches
-            holder.exec_driver_sql("LOCK TABLE listings_raw IN ACCESS EXCLUSIVE MODE")
-            with pytest.raises(sa.exc.OperationalError, match="lock timeout"):
-                collector(impatient).run()
-            holder.rollback()
-    finally:
-        impatient.dispose()
+    with locked_against(engine, db_url, schema.listings_raw) as impatient:
+        with pytest.raises(sa.exc.OperationalError, match="lock timeout"):
+            collector(impatient).run()
     by_id = {r["id"]: r for r in rows(engine, schema.sources)}
     assert [(by_id[i]["last_failure_reason"], by_id[i]["consecutive_failures"]) for i in ids] == [(None, 0)] * 2
 

@@ -19,7 +19,7 @@ from pipeline.queue.claim import WorkQueue
 from pipeline.storage import schema
 from tests.claim_workers import process_one_batch
 from tests.conftest import conformance
-from tests.helpers import add_source, expire_leases, now, wait_until, worker_processes
+from tests.helpers import add_source, expire_leases, locked_against, now, wait_until, worker_processes
 
 _item_hashes = iter(range(10**9))
 
@@ -327,20 +327,11 @@ def test_a_database_that_cannot_take_the_write_now_fails_the_pass_and_blames_no_
     and no raw row is marked refused. Taken for the rows' own data, each row was
     written again alone and marked "the database refused this row's listing", on its
     way to being given up."""
-    from pipeline.storage import db
-
     with engine.begin() as conn:
         raw = [add_raw(conn, source_id, f"i{n}") for n in range(2)]
-    impatient = db.create_engine(db_url, connect_args={"options": "-c lock_timeout=200"})
-    try:
-        with engine.connect() as holder:
-            holder.exec_driver_sql("SET idle_in_transaction_session_timeout = 0")  # held while the pass runs
-            holder.exec_driver_sql("LOCK TABLE listings IN ACCESS EXCLUSIVE MODE")
-            with pytest.raises(sa.exc.OperationalError, match="lock timeout"):
-                processor(impatient).run()
-            holder.rollback()
-    finally:
-        impatient.dispose()
+    with locked_against(engine, db_url, schema.listings) as impatient:
+        with pytest.raises(sa.exc.OperationalError, match="lock timeout"):
+            processor(impatient).run()
     rows = raw_rows(engine)
     assert [(rows[i]["last_error"], rows[i]["processed_at"]) for i in raw] == [(None, None)] * 2
     assert processor(engine).run().claimed == 0, "the failed pass's rows wait out their lease"
