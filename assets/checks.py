@@ -7,7 +7,7 @@ PIPELINE_FRESHNESS_MAX_MINUTES (60), PIPELINE_LATENESS_MAX_MINUTES (15).
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import dagster as dg
@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from assets.policies import by_code
 from pipeline.core.failures import FailureReason
+from pipeline.core.kinds import PUSH_TROUBLE
 from pipeline.queue.spec import QueueSpec
 from pipeline.storage import health, politeness_groups, schema
 from pipeline.storage.status import waited_seconds
@@ -108,19 +109,21 @@ def _failing_sources() -> dg.AssetChecksDefinition:
 SHOWN_FAILING = 20  # the failing sources the check's table lists, the longest failing first
 
 
+def _cell(text: object) -> str:
+    """``text`` as one cell of a Markdown table: one line, no column break, 200 characters."""
+    return " ".join(str(text).split()).replace("|", "\\|")[:200]
+
+
 def failing_table(which: list[health.FailingSource]) -> str:
     """The failing sources as a Markdown table: which, since when, why."""
     if not which:
         return "No source is failing."
 
-    def cell(text: object) -> str:
-        return " ".join(str(text).split()).replace("|", "\\|")[:200]
-
     lines = ["| id | source | failing since | failures | code | last error |", "|---|---|---|---|---|---|"]
     for s in which:
         since = f"{s.since:%Y-%m-%d %H:%M} UTC" if s.since else "never fetched well"
         state = f"{s.failures} (disabled)" if s.disabled else str(s.failures)
-        lines.append(f"| {s.id} | {cell(s.name)} | {since} | {state} | {s.reason or ''} | {cell(s.error or '')} |")
+        lines.append(f"| {s.id} | {_cell(s.name)} | {since} | {state} | {s.reason or ''} | {_cell(s.error or '')} |")
     return "\n".join(lines)
 
 
@@ -163,6 +166,41 @@ def _schedule_adherence() -> dg.AssetChecksDefinition:
     return schedule_adherence
 
 
+def _push_health() -> dg.AssetChecksDefinition:
+    @dg.asset_check(
+        asset="listings_raw", name="push_health", blocking=False,
+        description="Every WebSub subscription can be trusted: none whose safety poll found items its hub"
+        " never pushed with no push since (polled at its cadence and asked again meanwhile), expired,"
+        " not verified within the hour, or denied (`pipeline sources show ID` says which; docs/runbook.md,"
+        " Push). Sources without a hub pass.",
+    )
+    def push_health(database: PipelineDatabase) -> dg.AssetCheckResult:
+        now = datetime.now(UTC)
+        with database.engine.connect() as conn:
+            counts = health.push_health_counts(conn, now)
+            trouble = sum(counts[str(h)] for h in PUSH_TROUBLE)
+            which = health.push_trouble(conn, now) if trouble else []
+        return dg.AssetCheckResult(
+            passed=trouble == 0, severity=dg.AssetCheckSeverity.WARN,
+            description=(f"{trouble} subscriptions in trouble: " + ", ".join(
+                f"{counts[str(h)]} {h}" for h in PUSH_TROUBLE if counts[str(h)])) if trouble else None,
+            metadata={**{f"push_{name}": n for name, n in counts.items()},
+                      **({"which": dg.MetadataValue.md(push_table(which))} if which else {})},
+        )
+
+    return push_health
+
+
+def push_table(which: list[health.PushTrouble]) -> str:
+    """The subscriptions in trouble as a Markdown table."""
+    lines = ["| source | health | items no push brought | last push | hub | last error |", "|---|---|---|---|---|---|"]
+    for p in which:
+        source = f"{p.source_id} {_cell(p.name or '')}" if p.source_id is not None else "(removed)"
+        last = f"{p.last_push_at:%Y-%m-%d %H:%M} UTC" if p.last_push_at else "never"
+        lines.append(f"| {source} | {p.health} | {p.missed} | {last} | {_cell(p.hub)} | {_cell(p.last_error or '')} |")
+    return "\n".join(lines)
+
+
 SHOWN_CROWDED = 20  # the groups over capacity the check's table lists, the most crowded first
 
 
@@ -190,6 +228,7 @@ ASSET_CHECKS = [
                   "(`pipeline status` counts them; docs/runbook.md, Processing, says what to do)."),
     _failing_sources(),
     _schedule_adherence(),
+    _push_health(),
     _none_counted("notifications", "failing_filters", "filters failing", health.failing_filters,
                   "No enabled filter was left out of matching within the last day because its query"
                   " did not compile or matching it raised; the other filters were matched all along"

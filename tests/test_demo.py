@@ -249,3 +249,50 @@ def test_the_demo_hub_pushes_each_new_job_and_the_service_alerts_at_once(engine,
             told = conn.execute(sa.select(n.c.status).join(listings, listings.c.id == n.c.listing_id).where(
                 listings.c.source_id == board_id, listings.c.source_item_id.in_(pushed_jobs))).scalars().all()
         assert told and "pending" not in told and received(site)["total"] - before == told.count("sent"), told
+
+
+def test_the_demo_hub_keeps_its_subscribers_across_a_restart_and_drops_one_that_answers_gone(site, tmp_path):
+    """A hub with storage: a subscriber verified before a restart is pushed to after it
+    (the demo hub kept them in memory, and after `dev.py up` was stopped and started
+    again 13 jobs were published over 13 minutes and none pushed); one whose callback
+    answers 410 Gone is pushed to no more. Waits for states (the verification, a push)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from tests.helpers import wait_until
+    from tests.http_server import LocalServer
+
+    subscriber = LocalServer().start()
+    pushes: list[bytes] = []
+    subscriber.routes["/cb"] = lambda h: h.reply(
+        200, parse_qs(urlsplit(h.path).query)["hub.challenge"][0].encode(), {"Content-Type": "text/plain"})
+    try:
+        callback, topic = subscriber.url("/cb"), f"{site.url}{content.JOBS_PATH}"
+        assert site.hub.request({"hub.mode": "subscribe", "hub.topic": topic, "hub.callback": callback,
+                                 "hub.secret": "s" * 32}, site.url) == 202
+        wait_until("the verification", lambda: callback in site.hub.subscribers, timeout=60, every=0.05)
+        site.shutdown()
+        site.server_close()
+        clock = [SITE_NOW]
+        again = DemoSite(0, tmp_path / "deliveries.jsonl", clock=lambda: clock[0])
+        thread = threading.Thread(target=again.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+        thread.start()
+        try:
+            assert again.hub.subscribers == {callback: "s" * 32}, "remembered across the restart"
+            assert oct((tmp_path / "hub-subscribers.json").stat().st_mode & 0o777) == "0o600", "it holds secrets"
+
+            def took(h) -> None:
+                pushes.append(h.body)
+                h.reply(202)
+
+            subscriber.routes["/cb"] = took
+            clock[0] = SITE_NOW + 2 * content.JOBS.period
+            wait_until("a push after the restart", lambda: pushes, timeout=60, every=0.05)
+            subscriber.routes["/cb"] = lambda h: h.reply(410)
+            clock[0] = SITE_NOW + 4 * content.JOBS.period
+            wait_until("the subscriber that answered 410 dropped", lambda: not again.hub.subscribers,
+                       timeout=60, every=0.05)
+        finally:
+            again.shutdown()
+            again.server_close()
+    finally:
+        subscriber.stop()

@@ -114,9 +114,14 @@ def test_the_checks_fail_when_something_is_wrong(engine, db_url):
                                                             status="dead", attempts=8, last_error="HTTP 500"))
         conn.execute(sa.insert(schema.filters).values(user_id=user, keywords=["python"], query="python",
                                                       error="its query does not compile", failed_at=now()))
+        conn.execute(sa.insert(schema.websub_subscriptions).values(  # verified once; its lease ran out
+            source_id=source, hub="http://127.0.0.1:9/hub", topic="http://127.0.0.1:9/x", callback_token="c" * 43,
+            secret="s" * 43, state="active", requested_at=now() - timedelta(days=8),
+            verified_at=now() - timedelta(days=8), lease_until=now() - timedelta(days=1)))
     result = dg.materialize(ASSET_CHECKS, resources=resources(db_url), selection=dg.AssetSelection.all_asset_checks())
     checks = checks_of(result)
     assert checks == {
+        "listings_raw:push_health": False,
         "listings_raw:expired_leases_reclaimed": False, "listings:expired_leases_reclaimed": True,
         "notifications:expired_leases_reclaimed": True, "listings:freshness": False,
         "listings_raw:failing_sources": False, "notifications:dead_notifications": False,
@@ -127,6 +132,9 @@ def test_the_checks_fail_when_something_is_wrong(engine, db_url):
     [raw_freshness] = [e for e in result.get_asset_check_evaluations()
                        if (e.asset_key.to_user_string(), e.check_name) == ("listings", "freshness")]
     assert 299 <= raw_freshness.metadata["unprocessed_rows_oldest_minutes"].value <= 301
+    [push] = [e for e in result.get_asset_check_evaluations() if e.check_name == "push_health"]
+    assert push.description == "1 subscriptions in trouble: 1 expired" and push.metadata["push_expired"].value == 1
+    assert "| 1 http://127.0.0.1:9/x | expired | 0 | never | http://127.0.0.1:9/hub |" in push.metadata["which"].value
 
 
 @conformance

@@ -80,6 +80,8 @@ FIRING = {
         series("pipeline_notification_delivery_latency_seconds_bucket", "0+2x80", le="900"),
         series("pipeline_notification_delivery_latency_seconds_bucket", "0+10x80", le="3600"),
         series("pipeline_notification_delivery_latency_seconds_bucket", "0+10x80", le="+Inf"),
+        series("pipeline_websub_subscriptions", "1x40", health="missed"),
+        series("pipeline_websub_subscriptions", "9x40", health="pushed"),
     ],
     "alert_rule_test": [
         quiet("PipelineMetricsDown", "4m"),
@@ -92,6 +94,8 @@ FIRING = {
         fires("PipelineDeadNotifications", "2m", **JOB, status="dead"),
         fires("PipelineFetchesFailing", "30m"),
         fires("PipelineDeliveriesSlow", "80m"),
+        quiet("PipelinePushMissing", "29m"),
+        fires("PipelinePushMissing", "31m"),
     ],
 }
 HEALTHY = {
@@ -106,6 +110,8 @@ HEALTHY = {
         series("pipeline_sources_fetched_total", "0+99x80", result="new_items"),
         series("pipeline_notification_delivery_latency_seconds_bucket", "0+10x80", le="60"),
         series("pipeline_notification_delivery_latency_seconds_bucket", "0+10x80", le="+Inf"),
+        series("pipeline_websub_subscriptions", "0x80", health="missed"),
+        series("pipeline_websub_subscriptions", "9x80", health="pushed"),
     ],
     "alert_rule_test": [quiet(alert, "80m") for alert in (r["alert"] for r in rules())],
 }
@@ -114,7 +120,7 @@ HEALTHY = {
 def test_the_prometheus_config_and_the_alert_rules_are_valid():
     """Processes: promtool."""
     assert "SUCCESS" in promtool("check", "config", "prometheus.yml")
-    assert "SUCCESS: 7 rules found" in promtool("check", "rules", "alerts.yml")
+    assert "SUCCESS: 8 rules found" in promtool("check", "rules", "alerts.yml")
 
 
 def test_each_alert_fires_when_it_should_and_not_otherwise(tmp_path):

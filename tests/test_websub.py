@@ -181,7 +181,8 @@ def test_a_feed_with_a_hub_is_subscribed_verified_and_pushed_to_once(engine, hub
     assert polled.items_new == 0 and len(raw_titles(engine)) == 5
     with engine.connect() as conn:
         next_fetch = conn.execute(sa.select(schema.sources.c.next_fetch_at)).scalar_one()
-    assert next_fetch > datetime.now(UTC) + timedelta(hours=5), "pushed: polled every 6 hours"
+    assert timedelta(hours=3.9) < next_fetch - datetime.now(UTC) <= timedelta(hours=4), (
+        "pushed: polled every 4 of its intervals (hourly here), at most every 6 hours")
     assert len(requests_to_hub(hub)) == 1, "verified and leased: not asked again"
     shown = run("sources", "show", str(source_id), env={"DATABASE_URL": engine.url.render_as_string(False)})
     assert f"WebSub: pushed by {hub_url} until " in shown.stdout and "(pushes: 4, the last " in shown.stdout
@@ -251,6 +252,72 @@ def test_what_a_hub_is_asked_is_claimed_work_retried_renewed_and_lapsing_to_the_
         next_fetch = conn.execute(sa.select(schema.sources.c.next_fetch_at)).scalar_one()
         assert not websub.pushed(conn, [source_id], datetime.now(UTC))
     assert next_fetch < datetime.now(UTC) + timedelta(hours=2), "not pushed: its own hourly cadence"
+
+
+def test_a_hub_that_forgets_its_subscriber_is_found_out_by_the_next_poll_and_asked_again(engine, hub, callback):
+    """Push cannot go silent: the hub forgot the subscription (a restart without storage)
+    and pushes nothing while the feed publishes. The safety poll, four of the source's
+    intervals on (not a fixed 6 hours), finds an item no push brought: counted as
+    missed by push, the hub asked again at once, the source polled at its own cadence
+    until a push comes; `sources show`, `status`, the metric and the `push_health`
+    check say so, and a push puts it back to the safety cadence. A subscription that
+    has heard no push for long is asked again too."""
+    from assets.checks import ASSET_CHECKS
+    from pipeline.storage.metrics import registry
+    from resources import PipelineDatabase
+
+    topic, hub_url = hub.url("/feed"), hub.url("/hub")
+    source_id, asked = subscribed(engine, hub, callback, verify=True)
+    env = {"DATABASE_URL": engine.url.render_as_string(False)}
+
+    def poll(items: list[tuple[str, str]]) -> timedelta:
+        """A poll (made due now) of the feed listing ``items``; how far off the next is."""
+        hub.routes["/feed"] = lambda h: h.reply(200, feed(hub_url, topic, items), {"Content-Type": "application/rss+xml"})
+        with engine.begin() as conn:
+            conn.execute(sa.update(schema.sources).values(next_fetch_at=None))
+        assert collector(engine, callback).run().succeeded == 1
+        with engine.connect() as conn:
+            return conn.execute(sa.select(schema.sources.c.next_fetch_at)).scalar_one() - datetime.now(UTC)
+
+    def push_check() -> tuple[bool, str | None]:
+        [definition] = [d for d in ASSET_CHECKS if any(k.name == "push_health" for k in d.check_keys)]
+        found = definition(database=PipelineDatabase(database_url=env["DATABASE_URL"]))
+        return found.passed, found.description
+
+    assert timedelta(hours=3.9) < poll([("a", "First")]) <= timedelta(hours=4), "pushed: the safety cadence"
+    assert push_check() == (True, None)
+    # The hub forgot us; the feed publishes two items that no push brings.
+    assert poll([("c", "Third"), ("b", "Second"), ("a", "First")]) <= timedelta(hours=1), "its own cadence"
+    row = subscription(engine)
+    assert (row.missed, row.state) == (2, "active")
+    assert requests_to_hub(hub) == [asked, asked], "asked again at once, in the same run: the same callback and secret"
+    assert {label: v for (_, label), v in _totals(engine, counters.WEBSUB_MISSED_ITEMS.name).items()} == {"": 2}
+    shown = run("sources", "show", str(source_id), env=env).stdout
+    assert "push health: missed: polled at its own cadence, the hub asked again, until a push comes;" \
+           " 2 items found by polls that no push brought" in shown, shown
+    assert "push trouble   1 missing pushes" in run("status", env=env).stdout
+    scraped = run("metrics", env=env).stdout
+    assert 'pipeline_websub_subscriptions{health="missed"} 1.0' in scraped and \
+           "pipeline_websub_missed_items_total 2.0" in scraped
+    assert push_check() == (False, "1 subscriptions in trouble: 1 missed")
+    assert poll([("c", "Third"), ("b", "Second"), ("a", "First")]) <= timedelta(hours=1), "no push yet: own cadence"
+
+    # The hub verifies again and pushes: trusted again, polled at the safety cadence.
+    body = feed(hub_url, topic, [("d", "Fourth")])
+    assert httpx.post(asked["hub.callback"], content=body, headers={
+        "Content-Type": "application/rss+xml", "X-Hub-Signature": signature(asked["hub.secret"], body)}).status_code == 202
+    assert push_check() == (True, None)
+    assert poll([("d", "Fourth"), ("c", "Third")]) > timedelta(hours=3.9)
+    assert "push health: pushed;" in run("sources", "show", str(source_id), env=env).stdout
+
+    # Silent for long (no push for over a day, its source hourly): the hub is asked again.
+    with engine.begin() as conn:
+        conn.execute(sa.update(schema.websub_subscriptions).values(
+            missed_at=datetime.now(UTC) - timedelta(days=3), last_push_at=datetime.now(UTC) - timedelta(days=2),
+            verified_at=datetime.now(UTC) - timedelta(days=2)))
+    asked_before = len(requests_to_hub(hub))
+    poll([("d", "Fourth"), ("c", "Third")])
+    assert len(requests_to_hub(hub)) == asked_before + 1, "silent for long: asked again"
 
 
 def test_a_hub_that_refuses_a_request_is_asked_again_later_and_others_are_asked_meanwhile(engine, hub, callback):

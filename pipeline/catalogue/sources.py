@@ -14,6 +14,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -35,7 +36,7 @@ from pipeline.fetching.registry import adapter_for
 from pipeline.queue.spec import UNCLAIMED
 from pipeline.storage import owners, politeness_groups, schema
 from pipeline.storage.bulk import insert_ignoring_conflicts
-from pipeline.storage.health import fetch_error
+from pipeline.storage.health import fetch_error, push_health
 
 # Bounds on an entry's adapter options (the other fields: pipeline/core/inputs.py).
 CONFIG_CHARS = 64 * 1024
@@ -623,7 +624,8 @@ def show_source(conn: sa.Connection, source_id: int) -> dict[str, Any]:
     source["owner"] = owner_of(conn, source_id)
     w = schema.websub_subscriptions
     pushed = conn.execute(sa.select(w.c.hub, w.c.state, w.c.lease_until, w.c.due_at, w.c.pushes, w.c.last_push_at,
-                                    w.c.last_error)
+                                    w.c.missed, w.c.missed_at, w.c.last_error,
+                                    push_health(w, datetime.now(UTC)).label("health"))
                           .where(w.c.source_id == source_id)).mappings().first()
     source["websub"] = None if pushed is None else dict(pushed)
     return source

@@ -11,7 +11,7 @@ from pipeline.catalogue import sources
 from pipeline.cli import common
 from pipeline.core import politeness, redact
 from pipeline.core.errors import SourceError
-from pipeline.core.kinds import SourceType, WebSubState
+from pipeline.core.kinds import PushHealth, SourceType, WebSubState
 from pipeline.core.settings import Settings
 from pipeline.storage import politeness_groups, schema
 
@@ -206,6 +206,11 @@ def sources_show(source_id: int, as_json: bool) -> None:
         last = f", the last {at(pushed['last_push_at'])}" if pushed["last_push_at"] else ""
         error = f"; {pushed['last_error']}" if pushed["last_error"] else ""
         click.echo(f"  WebSub: {state} (pushes: {pushed['pushes']:,}{last}){error}")
+        missed = (f"; {common.counted(pushed['missed'], 'item')} found by polls that no push brought, the last"
+                  f" {at(pushed['missed_at'])}" if pushed["missed"] else "")
+        lapsed = (": polled at its own cadence, the hub asked again, until a push comes"
+                  if pushed["health"] == PushHealth.MISSED else "")
+        click.echo(f"  push health: {pushed['health']}{lapsed}{missed}")
     click.echo(f"  {common.counted(source['listings'], 'listing')}" + (", the latest:" if source["listings"] else ""))
     for listing in source["recent_listings"]:
         click.echo(f"    {at(listing['ingested_at'])}  {listing['title']}  {listing['url'] or '(no link)'}")

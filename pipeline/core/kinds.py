@@ -42,6 +42,22 @@ class WebSubState(StrEnum):
     UNSUBSCRIBING = "unsubscribing"  # its source was disabled or removed: the hub is asked to stop
 
 
+class PushHealth(StrEnum):
+    """Whether a source's pushes can be trusted (pipeline/fetching/websub.py ``health``)."""
+
+    PUSHED = "pushed"  # verified, its lease running, no poll found what a push did not bring
+    MISSED = "missed"  # a poll found items no push brought, no push since: polled at its cadence, asked again
+    EXPIRED = "expired"  # verified once, its lease ran out
+    REQUESTED = "requested"  # asked of the hub, its verification awaited
+    UNVERIFIED = "unverified"  # asked of the hub, not verified within the hour: asked again
+    DENIED = "denied"  # the hub refused it
+    ENDING = "ending"  # its source was disabled or removed
+
+
+# The push states that need a person's eye or the machine's repair (the push_health check).
+PUSH_TROUBLE = (PushHealth.MISSED, PushHealth.EXPIRED, PushHealth.UNVERIFIED, PushHealth.DENIED)
+
+
 class ChannelKind(StrEnum):
     """How a user is notified (``users.channel``, ``notifications.channel``)."""
 

@@ -11,6 +11,7 @@ import html
 import json
 import secrets
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -34,6 +35,7 @@ from pipeline.notify.delivery import IDEMPOTENCY_HEADER, headline, verify
 
 OPERATOR_PATH = "/operator"  # the operator's channel, as dev.py up sets it
 OPERATOR_ALERTS_FILE = "operator-alerts.jsonl"  # beside the deliveries' file
+HUB_SUBSCRIBERS_FILE = "hub-subscribers.json"  # the hub's verified subscribers, beside it too
 
 
 class Deliveries:
@@ -194,12 +196,17 @@ class Hub:
     (a GET of the callback, which must echo the challenge); each new job is then pushed
     to every verified subscriber within a second of its appearing, signed
     ``X-Hub-Signature: sha256=...`` with the subscriber's secret. Loopback only, as the
-    whole demo: a callback elsewhere is refused."""
+    whole demo: a callback elsewhere is refused. Its subscribers are kept in ``store``
+    (a JSON file, owner-only: it holds their secrets), so a restart forgets none, as a
+    hub with storage does; one whose callback answers 410 Gone is dropped."""
 
-    def __init__(self, site: DemoSite) -> None:
+    def __init__(self, site: DemoSite, store: Path | None = None) -> None:
         self.site = site
         self.lock = threading.Lock()
+        self.store = store
         self.subscribers: dict[str, str] = {}  # callback -> secret, once verified
+        if store is not None and store.exists():
+            self.subscribers = {str(k): str(v) for k, v in json.loads(store.read_text(encoding="utf-8")).items()}
         # The newest job pushed: a hub pushes what is published after it starts, never the past.
         self.published = FEEDS[JOBS_PATH].latest(site.clock())
         self.pushes = 0
@@ -225,6 +232,17 @@ class Hub:
         if verified:
             with self.lock:
                 self.subscribers[callback] = secret
+                self._save()
+
+    def _save(self) -> None:
+        """Write the subscribers to ``store`` (with the lock held): whole, then renamed."""
+        if self.store is None:
+            return
+        self.store.parent.mkdir(parents=True, exist_ok=True)
+        written = self.store.with_suffix(".tmp")
+        written.write_text(json.dumps(self.subscribers), encoding="utf-8")
+        written.chmod(0o600)
+        written.replace(self.store)
 
     def run(self) -> None:
         """Push each new job to the verified subscribers (a thread of the site's)."""
@@ -246,6 +264,11 @@ class Hub:
                 try:
                     with urllib.request.urlopen(request, timeout=10):  # noqa: S310 (loopback)
                         self.pushes += 1
+                except urllib.error.HTTPError as exc:
+                    if exc.code == 410:  # the subscriber ended it (section 7): pushed to no more
+                        with self.lock:
+                            self.subscribers.pop(callback, None)
+                            self._save()
                 except OSError:  # a subscriber that is away misses this push; polling has it
                     pass
 
@@ -262,7 +285,7 @@ class DemoSite(ThreadingHTTPServer):
         self.deliveries = Deliveries(deliveries_file)
         self.operator_alerts = Deliveries(deliveries_file.with_name(OPERATOR_ALERTS_FILE))
         self.clock = clock  # what the feeds show is a function of it (content.Feed)
-        self.hub = Hub(self)
+        self.hub = Hub(self, deliveries_file.with_name(HUB_SUBSCRIBERS_FILE))
         threading.Thread(target=self.hub.run, name="demo-hub", daemon=True).start()
 
     def server_close(self) -> None:

@@ -278,12 +278,8 @@ class Collector:
             for fetched in batch:
                 self._cap_items(conn, fetched)
                 decisions[fetched.source["id"]] = self._decide(conn, fetched)
-            if self._pushed:  # a pushed source is polled as a safety net only
-                floor = timedelta(hours=self.settings.websub_safety_hours)
-                for source_id in websub.pushed(conn, list(decisions), datetime.now(UTC)):
-                    d = decisions[source_id]
-                    if d.failure is None and d.next_fetch_at < d.fetched_at + floor:
-                        decisions[source_id] = dataclasses.replace(d, next_fetch_at=d.fetched_at + floor)
+            if self._pushed:  # a pushed source is polled as a safety net only, unless pushes went missing
+                self._after_polls(conn, batch, decisions)
             completions = {source_id: decision.values() for source_id, decision in decisions.items()}
             fenced = queue.complete_each(
                 [RowCompletion(f.claim, f.source["id"], completions[f.source["id"]]) for f in batch],
@@ -310,6 +306,23 @@ class Collector:
             insert_rows(conn, schema.ingestion_events, events)
             counters.add(conn, counters.fetch_counts(events))  # last: see pipeline/storage/counters.py
         return events
+
+    def _after_polls(self, conn: sa.Connection, batch: list[Fetched], decisions: dict[int, SourceDecision]) -> None:
+        """What this batch's good polls say of their sources' subscriptions
+        (``websub.after_poll``: items no push brought are missed by push); a source
+        still pushed to is polled again at its safety cadence, not its own."""
+        good = {f.source["id"]: f for f in batch if decisions[f.source["id"]].failure is None}
+        cadences = {i: decisions[i].next_fetch_at - decisions[i].fetched_at for i in good}
+
+        def unpushed(source_id: int) -> int:  # asked of the sources pushed to only
+            outcome = good[source_id].outcome
+            rows = _store_rows([(source_id, outcome.items if outcome is not None else [])])
+            return len(backend_for(conn).unstored(conn, STORE_ITEMS, rows))
+
+        for source_id in websub.after_poll(conn, cadences, unpushed, datetime.now(UTC)):
+            d = decisions[source_id]
+            safety = websub.safety_poll(d.next_fetch_at - d.fetched_at, self.settings.websub_safety_hours)
+            decisions[source_id] = dataclasses.replace(d, next_fetch_at=max(d.next_fetch_at, d.fetched_at + safety))
 
     def _cap_items(self, conn: sa.Connection, fetched: Fetched) -> None:
         """Keep at most ``max_items_per_fetch`` new or changed items; the rest are left for

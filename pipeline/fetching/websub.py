@@ -22,9 +22,17 @@ seconds after it publishes, and polled only as a safety net (docs/runbook.md, "P
   is acknowledged (202) and dropped, as the Recommendation asks (a forger learns
   nothing). The body is read by the feed adapter and stored by the collector's own
   ``store_items``: a pushed item and the next poll are one item, never two alerts.
-* **Safety cadence**: an actively pushed source is polled at most every
-  ``PIPELINE_WEBSUB_SAFETY_HOURS`` (6); a lapsed or refused subscription leaves it on its
-  own cadence.
+* **Push that cannot go silent** (``after_poll``): a source pushed to is
+  still polled, every ``SAFETY_CADENCES`` of its own intervals (at most
+  ``PIPELINE_WEBSUB_SAFETY_HOURS``). Hubs forget subscriptions (a restart, lost storage,
+  a lease dropped early) and say nothing: a poll that finds items no push brought
+  counts them (``missed``, ``pipeline_websub_missed_items_total``), asks the hub again
+  at once and leaves the source on its own cadence until a push comes back; a
+  subscription that has heard no push for ``SILENT_CADENCES`` of its source's
+  intervals (a day at least) is asked again too. An expired, unverified, denied or
+  missing subscription leaves its source on its own cadence; ``push_health``
+  (pipeline/storage/health.py) says which
+  (``sources show``, ``status``, the ``push_health`` check, a metric).
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import hmac
 import logging
 import re
 import secrets
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -45,13 +53,14 @@ from sqlalchemy.engine import Engine
 
 from pipeline.backends import log_failure
 from pipeline.core.errors import FetchError
-from pipeline.core.kinds import WebSubState
+from pipeline.core.kinds import PushHealth, WebSubState
 from pipeline.core.settings import Settings
 from pipeline.net.http import Fetcher, FetchResult
 from pipeline.queue.claim import WorkQueue
 from pipeline.queue.heartbeat import Heartbeat
 from pipeline.queue.spec import UNCLAIMED, Claim
 from pipeline.storage import counters, schema
+from pipeline.storage.health import VERIFY_WITHIN, push_health
 from pipeline.storage.rows import SubscriptionRow
 
 log = logging.getLogger(__name__)
@@ -59,11 +68,16 @@ log = logging.getLogger(__name__)
 REQUESTED, ACTIVE, DENIED, UNSUBSCRIBING = (WebSubState.REQUESTED, WebSubState.ACTIVE, WebSubState.DENIED,
                                             WebSubState.UNSUBSCRIBING)
 LEASE = timedelta(days=7)  # asked for; the hub's answer (hub.lease_seconds) is what holds
-VERIFY_WITHIN = timedelta(hours=1)  # asked, and not verified by then: ask again (doubling)
 RENEW_BEFORE = timedelta(days=1)  # a lease is renewed this long before it ends (a fifth of a short one)
 ASK_DENIED_AGAIN = timedelta(days=1)  # a denied subscription is asked again; the longest wait
 MAX_UNSUBSCRIBE_ATTEMPTS = 5  # a hub that never verifies an ending: the row goes (pushes get 410)
 BATCH = 16  # subscriptions claimed at once
+# A pushed source is polled every this many of its own intervals (at most
+# PIPELINE_WEBSUB_SAFETY_HOURS): a hub that stopped pushing is found out within them.
+SAFETY_CADENCES = 4
+# A subscription that has heard no push for this many of its source's intervals, and at
+# least SILENT_AT_LEAST, is asked of its hub again (a hub that dropped it says nothing).
+SILENT_CADENCES, SILENT_AT_LEAST = 8, timedelta(days=1)
 CALLBACK_PATH = "/websub/"
 SIGNATURES = {"sha1": hashlib.sha1, "sha256": hashlib.sha256, "sha384": hashlib.sha384, "sha512": hashlib.sha512}
 _LINK = re.compile(rb"<(?:atom:)?link\b[^>]*>", re.IGNORECASE)
@@ -270,13 +284,60 @@ def signed(secret: str, body: bytes, header: str | None) -> bool:
     return hmac.compare_digest(expected, digest.strip().lower())
 
 
+def safety_poll(cadence: timedelta, safety_hours: int) -> timedelta:
+    """How long after a poll a source its hub pushes to is polled again: ``SAFETY_CADENCES``
+    of its own interval ``cadence``, at most ``safety_hours``, never less than ``cadence``."""
+    return max(cadence, min(cadence * SAFETY_CADENCES, timedelta(hours=safety_hours)))
+
+
+def after_poll(conn: sa.Connection, cadences: Mapping[int, timedelta], unpushed: Callable[[int], int],
+               now: datetime) -> set[int]:
+    """Take what good polls of sources (``cadences``: each one's interval, by source id)
+    say of their subscriptions; the sources still pushed to, to be polled at the safety
+    cadence only. ``unpushed(source_id)``: the items the poll stores that no push
+    brought (new or changed), asked of the sources pushed to only. A poll that found
+    such items: counted as missed by push, the hub asked again at once, the source left
+    on its own cadence until a push comes. A subscription that has heard no push for
+    long (``SILENT_CADENCES``): the hub asked again."""
+    t = schema.websub_subscriptions
+    if not cadences:
+        return set()
+    rows = conn.execute(sa.select(t.c.id, t.c.source_id, t.c.verified_at, t.c.last_push_at,
+                                  push_health(t, now).label("health"))
+                        .where(t.c.source_id.in_(list(cadences)))).all()
+    pushed, missed, silent = set(), {}, []
+    for row in rows:
+        if row.health != PushHealth.PUSHED:
+            continue
+        if n := unpushed(row.source_id):
+            missed[row.id] = (row.source_id, n)
+            continue
+        pushed.add(row.source_id)
+        heard = max((when for when in (row.verified_at, row.last_push_at) if when is not None), default=now)
+        if now - heard > max(cadences[row.source_id] * SILENT_CADENCES, SILENT_AT_LEAST):
+            silent.append(row.id)
+    if missed:
+        counts = counters.tally()
+        for sub_id, (source_id, n) in missed.items():
+            log.warning("source %s: a poll found %d items its hub never pushed; asking the hub again and polling"
+                        " at the source's own cadence until pushes come back", source_id, n)
+            conn.execute(sa.update(t).where(t.c.id == sub_id).values(
+                missed=t.c.missed + n, missed_at=now, due_at=now, attempts=0, **UNCLAIMED))
+            counters.WEBSUB_MISSED_ITEMS.count(counts, n)
+        counters.add(conn, counts)
+    if silent:
+        log.info("%d subscriptions heard no push for long: asking their hubs again", len(silent))
+        conn.execute(sa.update(t).where(t.c.id.in_(silent)).values(due_at=now, attempts=0, **UNCLAIMED))
+    return pushed
+
+
 def pushed(conn: sa.Connection, source_ids: Collection[int], now: datetime) -> set[int]:
-    """The sources of ``source_ids`` pushed to now (verified, the lease running)."""
+    """The sources of ``source_ids`` whose pushes are trusted now (``health``: pushed)."""
     t = schema.websub_subscriptions
     if not source_ids:
         return set()
     return set(conn.execute(sa.select(t.c.source_id).where(
-        t.c.source_id.in_(source_ids), t.c.state == ACTIVE, t.c.lease_until > now)).scalars())
+        t.c.source_id.in_(list(source_ids)), push_health(t, now) == PushHealth.PUSHED.value)).scalars())
 
 
 def any_subscribed(conn: sa.Connection) -> bool:

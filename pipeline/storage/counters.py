@@ -176,9 +176,16 @@ WEBSUB_HUB_REQUESTS = Counter(
     label="outcome", known=HUB_REQUEST_OUTCOMES,
 )
 
+WEBSUB_MISSED_ITEMS = Counter(
+    "pipeline_websub_missed_items_total",
+    "Items a poll of a pushed source found that its hub never pushed (the hub forgot the subscription,"
+    " or stopped pushing): each time, the hub is asked again and the source polled at its own cadence"
+    " until a push comes back.",
+)
+
 COUNTERS = (SOURCES_CLAIMED, SOURCES_FETCHED, SOURCES_FETCH_ERRORS, ITEMS_STORED, RAW_ROWS_PROCESSED,
             LISTINGS_MATCHED, NOTIFICATIONS_CREATED, NOTIFICATIONS_BATCHED, FILTER_FAILURES, DELIVERIES,
-            WEBSUB_PUSHES, WEBSUB_VERIFICATIONS, WEBSUB_HUB_REQUESTS)
+            WEBSUB_PUSHES, WEBSUB_VERIFICATIONS, WEBSUB_HUB_REQUESTS, WEBSUB_MISSED_ITEMS)
 HISTOGRAMS = (FETCH_DURATION, DELIVERY_LATENCY, PUSH_TO_DELIVERY)
 
 

@@ -16,12 +16,15 @@ import sqlalchemy as sa
 from pipeline.backends import backend_for
 from pipeline.core.backoff import BackoffPolicy
 from pipeline.core.failures import PERMANENT
-from pipeline.core.kinds import NotificationStatus
+from pipeline.core.kinds import PUSH_TROUBLE, NotificationStatus, PushHealth, WebSubState
 from pipeline.core.redact import userinfo
 from pipeline.queue.spec import QueueSpec
 from pipeline.storage import schema
 
 DEFAULT_POLICY = BackoffPolicy()
+# A subscription asked of its hub and not verified by then is asked again (doubling; the
+# WebSub client, pipeline/fetching/websub.py) and, meanwhile, ``unverified``.
+VERIFY_WITHIN = timedelta(hours=1)
 
 
 def stale_leases(conn: sa.Connection, queues: tuple[QueueSpec, ...], older_than: timedelta) -> dict[str, int]:
@@ -188,3 +191,54 @@ def failing_filters(conn: sa.Connection, span: timedelta = FILTER_FAILURE_SPAN) 
     return int(conn.execute(
         sa.select(sa.func.count()).select_from(f).where(f.c.enabled, f.c.failed_at >= since)
     ).scalar_one())
+
+
+def push_health(t: sa.Table, now: datetime) -> sa.ColumnElement[str]:
+    """A WebSub subscription's ``PushHealth`` at ``now``, as SQL over ``t``
+    (``websub_subscriptions``): the one home of the rule, read by the collector's polls
+    (pipeline/fetching/websub.py), ``sources show``, ``status``, the ``push_health``
+    check and the metric."""
+    h, state = PushHealth, WebSubState
+    lapsed = sa.and_(t.c.missed_at.is_not(None), sa.or_(t.c.last_push_at.is_(None), t.c.last_push_at < t.c.missed_at))
+    return sa.case(
+        (t.c.state == state.UNSUBSCRIBING.value, h.ENDING.value),
+        (t.c.state == state.DENIED.value, h.DENIED.value),
+        (sa.and_(t.c.state == state.REQUESTED.value, t.c.requested_at < now - VERIFY_WITHIN), h.UNVERIFIED.value),
+        (t.c.state == state.REQUESTED.value, h.REQUESTED.value),
+        (sa.or_(t.c.lease_until.is_(None), t.c.lease_until <= now), h.EXPIRED.value),
+        (lapsed, h.MISSED.value),
+        else_=h.PUSHED.value,
+    )
+
+
+def push_health_counts(conn: sa.Connection, now: datetime) -> dict[str, int]:
+    """WebSub subscriptions by ``push_health``, every one named (0 when none)."""
+    t = schema.websub_subscriptions
+    health = push_health(t, now)
+    counts: dict[str, int] = dict(conn.execute(sa.select(health, sa.func.count()).group_by(health)).all())
+    return {str(h): int(counts.get(h, 0)) for h in PushHealth}
+
+
+@dataclass(frozen=True)
+class PushTrouble:
+    """A source whose pushes cannot be trusted now (``PUSH_TROUBLE``)."""
+
+    source_id: int | None
+    name: str | None
+    health: str
+    hub: str
+    missed: int  # items polls found that no push brought, all told
+    last_push_at: datetime | None
+    last_error: str | None
+
+
+def push_trouble(conn: sa.Connection, now: datetime, limit: int = 20) -> list[PushTrouble]:
+    """The subscriptions in trouble (``PUSH_TROUBLE``), the most missed items first."""
+    t, s = schema.websub_subscriptions, schema.sources
+    health = push_health(t, now)
+    rows = conn.execute(
+        sa.select(t.c.source_id, s.c.name, health.label("health"), t.c.hub, t.c.missed, t.c.last_push_at, t.c.last_error)
+        .select_from(t.outerjoin(s, s.c.id == t.c.source_id))
+        .where(health.in_([h.value for h in PUSH_TROUBLE]))
+        .order_by(t.c.missed.desc(), t.c.id).limit(limit))
+    return [PushTrouble(*row) for row in rows]

@@ -13,7 +13,7 @@ Gauges, each from one cheap query (the queues' partial indexes, the telemetry's
   started after their due time over the last hour, ``pipeline_fetch_lateness_fetches``
   the fetches counted.
 * ``pipeline_sources{state}``, ``pipeline_sources_failing{reason}``,
-  ``pipeline_notifications{status}`` (unsent ones).
+  ``pipeline_notifications{status}`` (unsent ones), ``pipeline_websub_subscriptions{health}``.
 
 Counters and histograms of the work done (fetches, raw rows, matches, deliveries), as
 the transactions that did it added them (pipeline/storage/counters.py, which names and
@@ -23,7 +23,7 @@ describes each).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
 from prometheus_client.core import (
@@ -76,6 +76,7 @@ class DatabaseCollector(Collector):
                 sa.select(s.c.enabled, sa.func.count()).group_by(s.c.enabled))}
             unsent = {str(status): int(count) for status, count in conn.execute(
                 sa.select(n.c.status, sa.func.count()).where(n.c.status.in_(UNSENT)).group_by(n.c.status))}
+            pushes = health.push_health_counts(conn, datetime.now(UTC))
             totals = counters.totals(conn)
         yield from gauges.values()
         lateness = GaugeMetricFamily("pipeline_fetch_lateness_seconds",
@@ -105,6 +106,14 @@ class DatabaseCollector(Collector):
         for status in UNSENT:
             notifications.add_metric([str(status)], unsent.get(status, 0))
         yield notifications
+        subscriptions = GaugeMetricFamily(
+            "pipeline_websub_subscriptions",
+            "WebSub subscriptions by health: pushed, requested, ending; in trouble: missed (a poll found items"
+            " its hub never pushed, no push since), expired, unverified (not verified within the hour), denied.",
+            labels=["health"])
+        for name, count in pushes.items():
+            subscriptions.add_metric([name], count)
+        yield subscriptions
         yield from _counters(totals)
 
 

@@ -133,6 +133,8 @@ class SubscriptionRow(TypedDict):
     lease_until: datetime | None
     pushes: int
     last_push_at: datetime | None
+    missed: int
+    missed_at: datetime | None
     last_error: str | None
     due_at: datetime | None
     attempts: int

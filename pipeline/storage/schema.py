@@ -528,6 +528,9 @@ websub_subscriptions = sa.Table(
     sa.Column("lease_until", UTCDateTime()),
     sa.Column("pushes", sa.Integer(), nullable=False, server_default=sa.text("0")),
     sa.Column("last_push_at", UTCDateTime()),
+    # Items a safety poll found that no push brought, and when last (websub.py).
+    sa.Column("missed", sa.Integer(), nullable=False, server_default=sa.text("0")),
+    sa.Column("missed_at", UTCDateTime()),
     sa.Column("last_error", sa.Text()),
     sa.Column("due_at", UTCDateTime()),
     sa.Column("attempts", sa.Integer(), nullable=False, server_default=sa.text("0")),

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine
 
 from pipeline.backends import backend_for
 from pipeline.backends.types import UTCDateTime
-from pipeline.core.kinds import NotificationStatus, WebSubState
+from pipeline.core.kinds import PUSH_TROUBLE, NotificationStatus, WebSubState
 from pipeline.queue.spec import QueueSpec
 from pipeline.storage import counters, db, health, schema
 
@@ -223,12 +223,10 @@ def collect_status(engine: Engine) -> PipelineStatus:
 
 
 def _pushed(conn: sa.Connection) -> dict[str, Any]:
-    """WebSub subscriptions by state (pipeline/fetching/websub.py), and the first active
-    lease's end."""
+    """WebSub subscriptions by health, and the first active lease's end."""
     t = schema.websub_subscriptions
-    counts: dict[str, int] = dict(conn.execute(sa.select(t.c.state, sa.func.count()).group_by(t.c.state)).all())
     first = conn.execute(sa.select(sa.func.min(t.c.lease_until)).where(t.c.state == WebSubState.ACTIVE)).scalar()
-    return {"pushed": {str(state): int(counts.get(state, 0)) for state in WebSubState}, "first_lease_end": first}
+    return {"pushed": health.push_health_counts(conn, datetime.now(UTC)), "first_lease_end": first}
 
 
 def status_as_json(status: PipelineStatus) -> dict[str, Any]:
@@ -300,10 +298,14 @@ def status_as_text(status: PipelineStatus) -> str:
         (f"notifications  {sent}{notes['pending']:,} pending, {notes['failed']:,} retrying,"
          f" {notes['dead']:,} dead, {notes['held']:,} held for digests, quiet hours or alert limits"
          f" ({status.batched:,} held past users' alert limits so far)"),
-        *([f"pushed         {status.pushed['active']:,} by their hubs (WebSub; the first lease ends"
+        *([f"pushed         {status.pushed['pushed']:,} by their hubs (WebSub; the first lease ends"
            f" {_ago(status.first_lease_end, now)}), {status.pushed['requested']:,} awaiting verification,"
-           f" {status.pushed['denied']:,} denied, {status.pushed['unsubscribing']:,} being ended"]
+           f" {status.pushed['ending']:,} being ended"]
           if any(status.pushed.values()) else []),
+        *([f"push trouble   {status.pushed['missed']:,} missing pushes (a poll found items no push brought:"
+           f" polled at their cadence, hubs asked again), {status.pushed['expired']:,} expired,"
+           f" {status.pushed['unverified']:,} not verified within the hour, {status.pushed['denied']:,} denied"]
+          if any(status.pushed[str(h)] for h in PUSH_TROUBLE) else []),
         *([f"filters        {status.failing_filters:,} left out of matching in the last day: they failed"
            " (`pipeline filters list` shows why); every other filter was matched"]
           if status.failing_filters else []),
