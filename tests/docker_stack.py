@@ -230,6 +230,7 @@ def build_image(docker: Docker, base: str) -> float:
 # machine's Debian binaries on the base image, there being no registry to pull from.
 PROMETHEUS_IMAGE = "listings-pipeline-prometheus:test"
 CADDY_IMAGE = "listings-pipeline-caddy:test"
+ALERTMANAGER_IMAGE = "listings-pipeline-alertmanager:test"
 
 
 def prometheus_image(docker: Docker, base: str) -> str:
@@ -237,21 +238,33 @@ def prometheus_image(docker: Docker, base: str) -> str:
                            'RUN mkdir -p /prometheus\nENTRYPOINT ["/bin/prometheus"]\n')
 
 
+def alertmanager_image(docker: Docker, base: str) -> str:
+    # Debian's binary reads its default notification templates from its package's folder.
+    return _binaries_image(docker, base, ALERTMANAGER_IMAGE, "prometheus-alertmanager", ["prometheus-alertmanager"],
+                           'RUN mkdir -p /alertmanager\nENTRYPOINT ["/bin/prometheus-alertmanager"]\n',
+                           folders=["/usr/share/prometheus/alertmanager"])
+
+
 def caddy_image(docker: Docker, base: str) -> str:
     return _binaries_image(docker, base, CADDY_IMAGE, "caddy", ["caddy"], "")
 
 
-def _binaries_image(docker: Docker, base: str, tag: str, package: str, binaries: list[str], tail: str) -> str:
+def _binaries_image(docker: Docker, base: str, tag: str, package: str, binaries: list[str], tail: str,
+                    *, folders: list[str] | None = None) -> str:
     """``tag``: ``base`` with this machine's ``binaries`` (of Debian's ``package``, which
-    CI installs) in /bin."""
+    CI installs) in /bin, and its ``folders`` where they are here."""
     found = [shutil.which(name) for name in binaries]
-    if None in found:
+    if None in found or not all(Path(folder).is_dir() for folder in folders or []):
         raise NoDocker(f"the image {tag} is built from this machine's {', '.join(binaries)}, which are "
                        f"not installed (Debian: apt-get install {package})")
     with tempfile.TemporaryDirectory() as context:
         for binary in found:
             shutil.copy(str(binary), context)
-        Path(context, "Dockerfile").write_text(f"FROM {base}\nCOPY {' '.join(binaries)} /bin/\n{tail}")
+        copies = ""
+        for n, folder in enumerate(folders or []):
+            shutil.copytree(folder, Path(context, f"folder{n}"), ignore_dangling_symlinks=True)
+            copies += f"COPY folder{n} {folder}\n"
+        Path(context, "Dockerfile").write_text(f"FROM {base}\nCOPY {' '.join(binaries)} /bin/\n{copies}{tail}")
         docker("build", "--quiet", "--network", "host", "-t", tag, context, timeout=600)
     return tag
 

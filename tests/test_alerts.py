@@ -171,3 +171,52 @@ def test_without_a_channel_a_failure_fails_the_tick_and_is_told_once_there_is_on
     tick(check_alerts, instance, db_url, check_cursor)
     tick(run_failure_alert, instance, db_url, run_cursor)
     assert sorted(a["event"] for a in alerts(receiver)) == ["check_failing", "run_failed"]
+
+
+ALERTMANAGER_MESSAGE = {  # Alertmanager's webhook body (version 4), as deploy/alertmanager sends it
+    "version": "4", "status": "firing", "receiver": "operator", "externalURL": "http://127.0.0.1:9093",
+    "groupKey": "{}:{alertname=\"PipelineDeadNotifications\"}",
+    "alerts": [{
+        "status": "firing", "fingerprint": "6a1f00c1b2e3d4f5", "startsAt": "2026-12-02T01:00:00Z",
+        "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "http://127.0.0.1:9090/graph?g0.expr=x",
+        "labels": {"alertname": "PipelineDeadNotifications", "severity": "warn", "status": "dead"},
+        "annotations": {"summary": "3 notifications gave up", "description": "pipeline notifications list"},
+    }],
+}
+
+
+def test_alertmanager_s_alerts_reach_the_operator_s_channel_through_pipeline_serve(engine, operator_webhook,
+                                                                                  monkeypatch):
+    """Prometheus's alerts do not fire into the void: Alertmanager's webhook to `pipeline
+    serve`'s /alertmanager (its bearer token checked) is told to the operator's channel,
+    signed as every operator alert is; a channel that fails answers 503, so Alertmanager
+    sends again. Without PIPELINE_ALERTMANAGER_TOKEN the path does not exist."""
+    import httpx
+
+    from pipeline.core.settings import Settings
+    from pipeline.web.app import FeedApp
+    from tests.helpers import served
+
+    receiver = operator_webhook
+    with served(FeedApp(engine, settings=Settings.from_env())) as url:
+        assert httpx.post(f"{url}/alertmanager", json=ALERTMANAGER_MESSAGE).status_code == 405, "not set up: none"
+    monkeypatch.setenv("PIPELINE_ALERTMANAGER_TOKEN", "am-token-0123456789")
+    with served(FeedApp(engine, settings=Settings.from_env())) as url:
+        def post(body: object, token: str = "am-token-0123456789") -> httpx.Response:
+            return httpx.post(f"{url}/alertmanager", json=body,
+                              headers={"Authorization": f"Bearer {token}".encode()})  # bytes: UTF-8 as sent
+
+        assert post(ALERTMANAGER_MESSAGE, token="wrong").status_code == 401
+        assert post(ALERTMANAGER_MESSAGE, token="wrōng").status_code == 401, "non-ASCII: refused, not a 500"
+        assert post({"alerts": "no"}).status_code == 400
+        assert post(ALERTMANAGER_MESSAGE).status_code == 200
+        [alert] = alerts(receiver)
+        assert (alert["event"], alert["title"]) == (
+            "alert_firing", "Prometheus alert PipelineDeadNotifications (warn): 3 notifications gave up")
+        assert alert["link"] == "http://127.0.0.1:9090/graph?g0.expr=x" and "status=dead" in alert["text"]
+        receiver.routes["/hook"] = lambda h: h.reply(503, b"down")
+        resolved = {**ALERTMANAGER_MESSAGE, "alerts": [{**ALERTMANAGER_MESSAGE["alerts"][0], "status": "resolved"}]}
+        assert post(resolved).status_code == 503, "not told: Alertmanager sends it again"
+        receiver.routes["/hook"] = lambda h: h.reply(204)
+        assert post(resolved).status_code == 200
+        assert [a["event"] for a in alerts(receiver)] == ["alert_firing", "alert_resolved", "alert_resolved"]

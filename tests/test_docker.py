@@ -58,6 +58,7 @@ MAX_RUNS = 3
 LEASE_SECONDS = 15
 CONCURRENCY = 4  # fetches at once per run: 600 sources keep three runs busy
 LOGIN = ("operator", "the-ui-password")  # the proxy's (deploy/proxy/Caddyfile)
+OPERATOR_SECRET = "the-operator-alerts-secret-0123"  # signs what the operator is told
 
 
 @pytest.fixture(scope="module")
@@ -89,10 +90,11 @@ def image(docker: Docker) -> str:
 
 @pytest.fixture(scope="module")
 def service_images(docker: Docker, image: str) -> dict[str, str]:
-    """The images of the prometheus and proxy services (tests/docker_stack.py)."""
+    """The images of the prometheus, alertmanager and proxy services (tests/docker_stack.py)."""
     base = docker_stack.base_image(docker)[0]
     try:
         return {"PIPELINE_PROMETHEUS_IMAGE": docker_stack.prometheus_image(docker, base),
+                "PIPELINE_ALERTMANAGER_IMAGE": docker_stack.alertmanager_image(docker, base),
                 "PIPELINE_PROXY_IMAGE": docker_stack.caddy_image(docker, base)}
     except NoDocker as e:
         if os.environ.get("PIPELINE_REQUIRE_DOCKER") == "1":
@@ -100,16 +102,60 @@ def service_images(docker: Docker, image: str) -> dict[str, str]:
         pytest.skip(str(e))
 
 
-def prometheus_config(folder: Path, metrics_port: int) -> Path:
-    """deploy/prometheus, its scrape target on ``metrics_port`` (what
-    PIPELINE_PROMETHEUS_CONFIG is for)."""
+def prometheus_config(folder: Path, metrics_port: int, alertmanager_port: int) -> Path:
+    """deploy/prometheus, its scrape target on ``metrics_port`` and its Alertmanager on
+    ``alertmanager_port`` (what PIPELINE_PROMETHEUS_CONFIG is for), scraping and
+    evaluating every 5 s: an alert's path is waited for, not 30 s of intervals twice."""
     folder.mkdir()
     source = ROOT / "deploy" / "prometheus"
     (folder / "alerts.yml").write_text((source / "alerts.yml").read_text())
     config = (source / "prometheus.yml").read_text()
-    assert '"127.0.0.1:9464"' in config
-    (folder / "prometheus.yml").write_text(config.replace('"127.0.0.1:9464"', f'"127.0.0.1:{metrics_port}"'))
+    for old, new in (('"127.0.0.1:9464"', f'"127.0.0.1:{metrics_port}"'),
+                     ('"127.0.0.1:9093"', f'"127.0.0.1:{alertmanager_port}"'),
+                     ("scrape_interval: 30s", "scrape_interval: 5s"), ("evaluation_interval: 30s", "evaluation_interval: 5s")):
+        assert old in config, old
+        config = config.replace(old, new)
+    (folder / "prometheus.yml").write_text(config)
     return folder
+
+
+def alertmanager_config(folder: Path, web_port: int) -> Path:
+    """deploy/alertmanager, its webhook to the web service on ``web_port`` (what
+    PIPELINE_ALERTMANAGER_CONFIG is for), a group sent 2 s after its first alert."""
+    folder.mkdir()
+    config = (ROOT / "deploy" / "alertmanager" / "alertmanager.yml").read_text()
+    for old, new in (("http://127.0.0.1:8790/", f"http://127.0.0.1:{web_port}/"), ("group_wait: 30s", "group_wait: 2s")):
+        assert old in config, old
+        config = config.replace(old, new)
+    (folder / "alertmanager.yml").write_text(config)
+    return folder
+
+
+def operator_alerts(site: Site) -> list[dict[str, Any]]:
+    """What the operator's channel (the site's /operator) was told, each signed."""
+    from pipeline.notify.delivery import verify
+
+    found = []
+    for request in list(site.server.requests):
+        if request["path"] == "/operator":
+            assert verify(OPERATOR_SECRET, request["body"], request["headers"]), "signed with the operator's secret"
+            found.append(json.loads(request["body"]))
+    return found
+
+
+def dead_notification(engine: sa.Engine) -> list[int]:
+    """A notification that gave up, on a listing of its own (already matched): what fires
+    PipelineDeadNotifications. The ids of the rows made (listing, notification)."""
+    with engine.begin() as conn:
+        user = conn.execute(sa.select(schema.users.c.id).limit(1)).scalar_one()
+        source = conn.execute(sa.select(schema.sources.c.id).limit(1)).scalar_one()
+        listing = conn.execute(sa.insert(schema.listings).values(
+            source_id=source, source_item_id="dead-one", url="http://127.0.0.1/dead", content_hash="h",
+            matched_at=sa.func.now()).returning(schema.listings.c.id)).scalar_one()
+        note = conn.execute(sa.insert(schema.notifications).values(
+            user_id=user, listing_id=listing, cluster_id=listing, channel="webhook", status="dead", attempts=8,
+            last_error="HTTP 500").returning(schema.notifications.c.id)).scalar_one()
+    return [listing, note]
 
 
 # How long a request to a service of the stack may take to be answered: a bound for an
@@ -219,8 +265,12 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
     seed(engine, site, SOURCES)
     # The secrets are files in a folder of their own (deploy/docker-compose.yaml), never
     # the containers' environment.
+    site.server.routes["/operator"] = lambda h: h.reply(204)  # the operator's channel
     secrets = {"DATABASE_URL": tcp_url(pipeline_db, proxy),
-               "DAGSTER_POSTGRES_URL": tcp_url(dagster_db, proxy, driver="postgresql+psycopg2")}
+               "DAGSTER_POSTGRES_URL": tcp_url(dagster_db, proxy, driver="postgresql+psycopg2"),
+               "PIPELINE_OPERATOR_ALERT_URL": site.server.url("/operator"),
+               "PIPELINE_OPERATOR_ALERT_SECRET": OPERATOR_SECRET,
+               "PIPELINE_ALERTMANAGER_TOKEN": "the-alertmanager-token-0123456789"}
     (tmp_path / "secrets").mkdir(mode=0o700)
     for name, value in secrets.items():
         (tmp_path / "secrets" / name).write_text(value + "\n")
@@ -238,7 +288,8 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
             ["caddy", "hash-password", "--plaintext", LOGIN[1]], capture_output=True, text=True, check=True).stdout.strip(),
         "PIPELINE_PROMETHEUS_PORT": str(prometheus_port := free_port()),
         "PIPELINE_METRICS_PORT": str(metrics_port := free_port()),
-        "PIPELINE_WEB_PORT": str(free_port()),
+        "PIPELINE_WEB_PORT": str(web_port := free_port()),
+        "PIPELINE_ALERTMANAGER_PORT": str(alertmanager_port := free_port()),
         "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32",
         **UNLIMITED,  # every delivery counted one by one (tests/test_chaos.py)
         "PIPELINE_SENSOR_INTERVAL_SECONDS": "5",
@@ -251,7 +302,8 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
     # Every source is on 127.0.0.1, one politeness group: let it take all three runs' fetches.
     subprocess.run([sys.executable, "-m", "pipeline.cli", "politeness", "set", "*", "--max-in-flight", "100",
                     "--interval", "0"], env={**os.environ, "DATABASE_URL": pipeline_db}, check=True)
-    env["PIPELINE_PROMETHEUS_CONFIG"] = str(prometheus_config(tmp_path / "prometheus", metrics_port))
+    env["PIPELINE_PROMETHEUS_CONFIG"] = str(prometheus_config(tmp_path / "prometheus", metrics_port, alertmanager_port))
+    env["PIPELINE_ALERTMANAGER_CONFIG"] = str(alertmanager_config(tmp_path / "alertmanager", web_port))
     stack = docker_stack.ComposeStack(docker, env, tmp_path / "compose.log", prefix="pltest", timeout=300)
     monkeypatch.setenv("DAGSTER_POSTGRES_URL", secrets["DAGSTER_POSTGRES_URL"])
     home = tmp_path / "dagster_home"
@@ -276,7 +328,18 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
         [target] = prometheus_api(prometheus_port, "targets")["activeTargets"]
         assert target["health"] == "up" and target["labels"]["job"] == "listings-pipeline"
         loaded = {rule["name"] for group in prometheus_api(prometheus_port, "rules")["groups"] for rule in group["rules"]}
-        assert len(loaded) == 7 and "PipelineCollectorsBehind" in loaded, loaded
+        assert len(loaded) == 8 and "PipelineCollectorsBehind" in loaded, loaded
+        # An alert's path to a person: a notification gives up, Prometheus fires
+        # PipelineDeadNotifications, Alertmanager sends it to the web service, which tells
+        # the operator's channel, signed (the rules fired into the void before).
+        made = dead_notification(engine)
+        [told] = wait_until("the operator told of the dead notification by Alertmanager", lambda: [
+            a for a in operator_alerts(site) if a["event"] == "alert_firing"
+            and a["details"]["labels"]["alertname"] == "PipelineDeadNotifications"][:1], 300, every=2)
+        assert told["title"].startswith("Prometheus alert PipelineDeadNotifications (warn): ")
+        with engine.begin() as conn:  # gone again: the rest counts notifications exactly
+            conn.execute(sa.delete(schema.notifications).where(schema.notifications.c.id == made[1]))
+            conn.execute(sa.delete(schema.listings).where(schema.listings.c.id == made[0]))
         # The UI: on loopback only, and through the proxy with the login only.
         assert listening_addresses(int(env["PIPELINE_UI_PORT"])) == {"127.0.0.1"}
         [proxy] = docker("ps", "-q", "--filter", f"label=com.docker.compose.project={stack.project}",

@@ -68,7 +68,7 @@ def test_the_settings_passed_to_services_and_run_containers_are_the_pipelines():
     assert set(launcher["env_vars"]) <= set(environment)
     for name, service in compose["services"].items():
         assert service["network_mode"] == "host"
-        if name not in ("prometheus", "proxy"):
+        if name not in ("prometheus", "alertmanager", "proxy"):
             assert service["image"] == "${PIPELINE_IMAGE:-listings-pipeline:latest}"
     assert launcher["container_kwargs"]["network_mode"] == "host"
 
@@ -112,6 +112,9 @@ def test_every_service_listens_on_loopback_has_a_healthcheck_and_waits_for_what_
             assert service["depends_on"][needed] == {"condition": "service_healthy"}, (name, needed)
     assert set(services["webserver"]["depends_on"]) == set(services["daemon"]["depends_on"]) == {"code"}
     assert set(services["prometheus"]["depends_on"]) == {"metrics"}
+    # Alertmanager: no cluster port (it would listen on every address), the web service first.
+    assert "--cluster.listen-address=" in services["alertmanager"]["command"]
+    assert set(services["alertmanager"]["depends_on"]) == {"web"}
     # The proxy is the one door from the network: it listens where its site says, and
     # only with a login (its password hash is required) and TLS.
     assert set(services["proxy"]["depends_on"]) == {"webserver", "web"}

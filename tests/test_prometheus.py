@@ -27,14 +27,15 @@ PROMETHEUS = Path(__file__).resolve().parent.parent / "deploy" / "prometheus"
 JOB = {"job": "listings-pipeline", "instance": "127.0.0.1:9464"}
 
 
-def promtool(*args: str, cwd: Path = PROMETHEUS) -> str:
-    """promtool's output; fails the test with it when promtool fails."""
-    tool = shutil.which("promtool")
-    if tool is None:
+def promtool(*args: str, cwd: Path = PROMETHEUS, tool: str = "promtool", package: str = "prometheus") -> str:
+    """promtool's output (or another ``tool`` of Debian's ``package``: amtool); fails the
+    test with it when it fails."""
+    found = shutil.which(tool)
+    if found is None:
         if os.environ.get("PIPELINE_REQUIRE_PROMTOOL") == "1":
-            pytest.fail("PIPELINE_REQUIRE_PROMTOOL=1 but no promtool (apt-get install prometheus)")
-        pytest.skip("no promtool here (apt-get install prometheus)")
-    done = subprocess.run([tool, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+            pytest.fail(f"PIPELINE_REQUIRE_PROMTOOL=1 but no {tool} (apt-get install {package})")
+        pytest.skip(f"no {tool} here (apt-get install {package})")
+    done = subprocess.run([found, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -121,6 +122,31 @@ def test_the_prometheus_config_and_the_alert_rules_are_valid():
     """Processes: promtool."""
     assert "SUCCESS" in promtool("check", "config", "prometheus.yml")
     assert "SUCCESS: 8 rules found" in promtool("check", "rules", "alerts.yml")
+
+
+def test_the_alertmanager_config_is_valid_and_routes_every_alert_to_the_operator_s_channel():
+    """Processes: amtool (Debian's prometheus-alertmanager, as promtool). Prometheus sends
+    what fires to the Compose file's Alertmanager, which sends it to `pipeline serve`'s
+    /alertmanager with the secrets folder's token: the alerts reach a person (they fired
+    into the void before)."""
+    from pipeline.core import secret_files
+    from pipeline.notify.operator import ALERTS_PER_MESSAGE
+    from pipeline.web.app import ALERTMANAGER_PATH
+
+    folder = PROMETHEUS.parent / "alertmanager"
+    assert "SUCCESS" in promtool("check-config", "alertmanager.yml", cwd=folder, tool="amtool",
+                                 package="prometheus-alertmanager")
+    config = yaml.safe_load((folder / "alertmanager.yml").read_text())
+    assert config["route"]["receiver"] == "operator" and "routes" not in config["route"]
+    [receiver] = config["receivers"]
+    [hook] = receiver["webhook_configs"]
+    assert hook["url"] == f"http://127.0.0.1:8790{ALERTMANAGER_PATH}" and hook["send_resolved"]
+    assert hook["max_alerts"] == ALERTS_PER_MESSAGE
+    assert hook["http_config"]["authorization"]["credentials_file"] == (
+        f"{secret_files.MOUNT}/PIPELINE_ALERTMANAGER_TOKEN")
+    assert "PIPELINE_ALERTMANAGER_TOKEN" in secret_files.SECRETS
+    sent_to = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())["alerting"]["alertmanagers"]
+    assert sent_to == [{"static_configs": [{"targets": ["127.0.0.1:9093"]}]}]
 
 
 def test_each_alert_fires_when_it_should_and_not_otherwise(tmp_path):

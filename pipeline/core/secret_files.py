@@ -31,12 +31,14 @@ from pipeline.core.errors import ConfigError
 
 FOLDER_SETTING = "PIPELINE_SECRETS_DIR"
 # The settings that hold credentials: database URLs with their passwords, the operator
-# alert channel (Apprise URLs carry tokens) and its signing secret.
+# alert channel (Apprise URLs carry tokens), its signing secret, and the token Alertmanager
+# brings to it.
 SECRETS = (
     "DATABASE_URL",
     "DAGSTER_POSTGRES_URL",
     "PIPELINE_OPERATOR_ALERT_URL",
     "PIPELINE_OPERATOR_ALERT_SECRET",
+    "PIPELINE_ALERTMANAGER_TOKEN",
 )
 REQUIRED = ("DATABASE_URL",)
 # Where the Compose stack mounts the folder in every container, run containers too.

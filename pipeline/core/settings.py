@@ -178,6 +178,10 @@ class Settings:
     # an http(s) URL is a webhook signed under the secret, any other an Apprise URL; None: nowhere.
     operator_alert_url: str | None = field(default=None, repr=False)  # may hold a token
     operator_alert_secret: str | None = field(default=None, repr=False)
+    # The bearer token Alertmanager's webhook brings to `pipeline serve`'s /alertmanager,
+    # which tells the operator's channel its alerts (pipeline/notify/operator.py); None:
+    # that path answers 404.
+    alertmanager_token: str | None = field(default=None, repr=False)
     ui_url: str = DEFAULT_UI_URL  # the Dagster UI, for the links in those alerts
     # Where readers reach `pipeline serve` (its output feeds' URLs start with it); None:
     # the address it listens on, or, in a feed, the request's own host.
@@ -250,6 +254,7 @@ class Settings:
             owner_alert_failures=_int_env("PIPELINE_OWNER_ALERT_FAILURES", DEFAULT_OWNER_ALERT_FAILURES),
             operator_alert_url=os.environ.get("PIPELINE_OPERATOR_ALERT_URL", "").strip() or None,
             operator_alert_secret=os.environ.get("PIPELINE_OPERATOR_ALERT_SECRET", "").strip() or None,
+            alertmanager_token=os.environ.get("PIPELINE_ALERTMANAGER_TOKEN", "").strip() or None,
             ui_url=(os.environ.get("PIPELINE_UI_URL", "").strip() or DEFAULT_UI_URL).rstrip("/"),
             public_url=_url_env("PIPELINE_PUBLIC_URL"),
             websub_callback_url=_url_env("PIPELINE_WEBSUB_CALLBACK_URL"),

@@ -1,5 +1,7 @@
 """Telling the operator when the pipeline needs a person: a Dagster run failed, an asset
-check started failing, or a failing one passes again (sensors/alerts.py decides when).
+check started failing, or a failing one passes again (sensors/alerts.py decides when), or
+a Prometheus alert fires or resolves (Alertmanager's webhook to `pipeline serve`,
+``from_alertmanager``).
 
 Alerts go to ``PIPELINE_OPERATOR_ALERT_URL``: an ``http(s)://`` URL is a webhook, sent
 the JSON body of ``OperatorAlert.body`` and signed as users' webhooks are (Standard
@@ -16,19 +18,22 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from pipeline.core.errors import DeliveryError
+from pipeline.core.errors import DeliveryError, UserError
 from pipeline.core.failures import FailureReason
 from pipeline.core.settings import Settings
 from pipeline.net.http import Fetcher
 from pipeline.notify.delivery import AppriseChannel, WebhookChannel, json_body
 
 RUN_FAILED, CHECK_FAILING, CHECK_PASSING = "run_failed", "check_failing", "check_passing"
+# A Prometheus alert (deploy/prometheus/alerts.yml) as Alertmanager sends it on.
+ALERT_FIRING, ALERT_RESOLVED = "alert_firing", "alert_resolved"
+ALERTS_PER_MESSAGE = 100  # an Alertmanager message holds at most this many alerts told
 
 
 @dataclass(frozen=True)
 class OperatorAlert:
     key: str  # the idempotency key: the same for every send of this alert
-    event: str  # RUN_FAILED, CHECK_FAILING or CHECK_PASSING
+    event: str  # RUN_FAILED, CHECK_FAILING, CHECK_PASSING, ALERT_FIRING or ALERT_RESOLVED
     title: str
     text: str  # plain text
     link: str | None = None  # where the UI shows it
@@ -62,3 +67,38 @@ def send(settings: Settings, alert: OperatorAlert) -> None:
             WebhookChannel(fetcher).post(url, alert.body(), alert.key, [settings.operator_alert_secret])
         else:
             AppriseChannel(fetcher.guard).notify(url, alert.title, alert.message())
+
+
+def from_alertmanager(message: Any) -> list[OperatorAlert]:
+    """The alerts of an Alertmanager webhook ``message`` (its JSON, version 4), each
+    firing or resolved, as operator alerts; UserError (a PipelineError) names what is
+    malformed. An alert's key is its fingerprint, status and start: the same alert told
+    again (Alertmanager repeats) is dropped by a receiver that keeps the key."""
+    if not isinstance(message, dict) or not isinstance(message.get("alerts"), list):
+        raise UserError("not an Alertmanager message: no list of alerts")
+    if len(message["alerts"]) > ALERTS_PER_MESSAGE:
+        raise UserError(f"an Alertmanager message of {len(message['alerts'])} alerts: at most {ALERTS_PER_MESSAGE}")
+    told = []
+    for alert in message["alerts"]:
+        if not isinstance(alert, dict):
+            raise UserError("an alert that is not an object")
+        labels, notes = alert.get("labels") or {}, alert.get("annotations") or {}
+        if not isinstance(labels, dict) or not isinstance(notes, dict):
+            raise UserError("an alert whose labels or annotations are not objects")
+        name, status = str(labels.get("alertname", "an alert")), str(alert.get("status", ""))
+        if status not in ("firing", "resolved"):
+            raise UserError(f"an alert whose status is {status[:40]!r}, not firing or resolved")
+        summary = str(notes.get("summary") or name)
+        firing = status == "firing"
+        title = (f"Prometheus alert {name} ({labels.get('severity', 'no severity')}): {summary}" if firing
+                 else f"Prometheus alert {name} resolved: {summary}")
+        text = "\n".join(str(part) for part in (title, notes.get("description"),
+                                                  ", ".join(f"{k}={v}" for k, v in sorted(labels.items()))) if part)
+        key = f"alert-{alert.get('fingerprint', name)}-{status}-{alert.get('startsAt', '')}"
+        told.append(OperatorAlert(
+            key=key[:200], event=ALERT_FIRING if firing else ALERT_RESOLVED, title=title[:500], text=text[:4000],
+            link=str(alert.get("generatorURL") or message.get("externalURL") or "") or None,
+            details={"labels": {str(k): str(v) for k, v in labels.items()}, "status": status,
+                     "starts_at": alert.get("startsAt"), "ends_at": alert.get("endsAt")},
+        ))
+    return told

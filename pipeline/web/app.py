@@ -11,6 +11,8 @@ URL: ``Cache-Control: private``, and no request is logged (its path holds the to
 A body over 1 KB is gzipped for a client that accepts it (each encoding its own
 ETag). ``GET /healthz`` says whether the database answers. ``/websub/<token>`` is the
 WebSub callback: a hub's verification (GET) and pushes (POST), pipeline/fetching/websub.py.
+``POST /alertmanager`` takes Alertmanager's webhook (with PIPELINE_ALERTMANAGER_TOKEN only)
+and tells its alerts to the operator's channel.
 A database that does not answer is 503 with Retry-After, never a traceback.
 """
 
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import hmac
+import json
 import logging
 import re
 import time
@@ -34,14 +38,18 @@ from limits import RateLimitItemPerMinute, storage, strategies
 from sqlalchemy.engine import Engine
 
 from pipeline.catalogue import feeds as catalogue
+from pipeline.core import errors
+from pipeline.core.errors import PipelineError, UserError
 from pipeline.core.settings import Settings
 from pipeline.fetching import push, websub
+from pipeline.notify import operator
 from pipeline.web.after_push import AfterPush
 from pipeline.web.feeds import ATOM_TYPE, JSON_FEED_TYPE, Document, atom, json_feed
 
 log = logging.getLogger(__name__)
 
 _FEED_PATH = re.compile(r"/feeds/([^/.]+)\.(atom|json)")
+ALERTMANAGER_PATH = "/alertmanager"  # Alertmanager's webhook (deploy/alertmanager/alertmanager.yml)
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{20,100}")  # a WebSub callback's (secrets.token_urlsafe(32))
 FORMATS: dict[str, tuple[str, Callable[[Document], bytes]]] = {
     "atom": (f"{ATOM_TYPE}; charset=utf-8", atom),
@@ -82,6 +90,8 @@ class FeedApp:
         try:
             if path.startswith(websub.CALLBACK_PATH):
                 return self._websub(environ, start_response, path.removeprefix(websub.CALLBACK_PATH), method)
+            if path == ALERTMANAGER_PATH and self.settings.alertmanager_token:
+                return self._alertmanager(environ, start_response, method)
             if method not in ("GET", "HEAD"):
                 return _plain(start_response, "405 Method Not Allowed", "only GET and HEAD\n",
                               [("Allow", "GET, HEAD")])
@@ -160,6 +170,41 @@ class FeedApp:
         if got.stored and got.source_id is not None:
             self.after_push.wake(got.source_id, received)
         return _plain(start_response, f"{got.status} {HTTPStatus(got.status).phrase}", got.reason + "\n")
+
+    def _alertmanager(self, environ: dict[str, Any], start_response: StartResponse, method: str) -> Iterable[bytes]:
+        """Alertmanager's webhook (deploy/alertmanager): its alerts, told to the operator's
+        channel as the sensors' are. Only with PIPELINE_ALERTMANAGER_TOKEN, brought as a
+        bearer token; an alert that cannot be told now answers 503, and Alertmanager
+        sends it again."""
+        if method != "POST":
+            return _plain(start_response, "405 Method Not Allowed", "POST\n", [("Allow", "POST")])
+        token = self.settings.alertmanager_token or ""
+        given = environ.get("HTTP_AUTHORIZATION", "").encode("latin-1", "replace")
+        if not hmac.compare_digest(given, f"Bearer {token}".encode()):
+            return _plain(start_response, "401 Unauthorized", "a bearer token is needed\n",
+                          [("WWW-Authenticate", "Bearer")])
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = -1
+        if not 0 < length <= self.settings.max_response_bytes:
+            return _plain(start_response, "413 Content Too Large", "the body is empty or too large\n")
+        try:
+            alerts = operator.from_alertmanager(json.loads(environ["wsgi.input"].read(length)))
+        except (ValueError, RecursionError, UserError) as exc:
+            return _plain(start_response, "400 Bad Request", f"{errors.reason(exc)[:200]}\n")
+        if not operator.configured(self.settings):
+            log.warning("%d alerts from Alertmanager and nobody to tell: PIPELINE_OPERATOR_ALERT_URL is not set",
+                        len(alerts))
+            return _plain(start_response, "503 Service Unavailable", "PIPELINE_OPERATOR_ALERT_URL is not set\n")
+        for alert in alerts:
+            try:
+                operator.send(self.settings, alert)
+            except PipelineError as exc:  # a DeliveryError, or the guard refusing the channel
+                log.warning("the operator was not told %s: %s", alert.title, errors.reason(exc))
+                return _plain(start_response, "503 Service Unavailable", "the operator's channel failed\n",
+                              [("Retry-After", str(RETRY_AFTER_SECONDS))])
+        return _plain(start_response, "200 OK", f"{len(alerts)} alerts told\n")
 
 
 def _accepts_gzip(header: str) -> bool:
