@@ -166,6 +166,36 @@ def _schedule_adherence() -> dg.AssetChecksDefinition:
     return schedule_adherence
 
 
+def _failing_channels() -> dg.AssetChecksDefinition:
+    @dg.asset_check(
+        asset="notifications", name="failing_channels", blocking=False,
+        description="No user's channel keeps failing: none of their notifications waits to be tried again"
+        " after failing twice or more in a row (a receiver down, gone or refusing; dead ones are"
+        " dead_notifications). Their notifications are retried with backoff meanwhile"
+        " (`pipeline notifications list --user U --status failed` says why).",
+    )
+    def failing_channels(database: PipelineDatabase) -> dg.AssetCheckResult:
+        with database.engine.connect() as conn:
+            which = health.failing_channels(conn)
+        retrying = sum(c.retrying for c in which)
+        return dg.AssetCheckResult(
+            passed=not which, severity=dg.AssetCheckSeverity.WARN,
+            description=(f"{len(which)} users' channels failing: {retrying} notifications retrying after"
+                         f" {health.CHANNEL_FAILED_ATTEMPTS} or more failed attempts") if which else None,
+            metadata={"channels_failing": len(which), "notifications_retrying": retrying,
+                      **({"which": dg.MetadataValue.md(channels_table(which))} if which else {})},
+        )
+
+    return failing_channels
+
+
+def channels_table(which: list[health.FailingChannel]) -> str:
+    """The users whose channel keeps failing, as a Markdown table."""
+    lines = ["| user | notifications retrying | last error |", "|---|---|---|"]
+    lines += [f"| {_cell(c.user)} | {c.retrying} | {_cell(c.error or '')} |" for c in which]
+    return "\n".join(lines)
+
+
 def _push_health() -> dg.AssetChecksDefinition:
     @dg.asset_check(
         asset="listings_raw", name="push_health", blocking=False,
@@ -233,6 +263,7 @@ ASSET_CHECKS = [
                   "No enabled filter was left out of matching within the last day because its query"
                   " did not compile or matching it raised; the other filters were matched all along"
                   " (`pipeline filters list` shows each one's error)."),
+    _failing_channels(),
     _none_counted("notifications", "dead_notifications", "dead notifications", health.dead_notifications,
                   "No notification gave up after PIPELINE_DELIVERY_MAX_ATTEMPTS "
                   "(`pipeline notifications requeue --dead` retries them once fixed)."),

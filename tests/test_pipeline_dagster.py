@@ -112,6 +112,12 @@ def test_the_checks_fail_when_something_is_wrong(engine, db_url):
         conn.execute(sa.insert(schema.notifications).values(user_id=user, listing_id=listing, cluster_id=listing,
                                                             channel="webhook",
                                                             status="dead", attempts=8, last_error="HTTP 500"))
+        retried = conn.execute(sa.insert(schema.listings).values(  # its channel failed it twice: retrying
+            source_id=source, source_item_id="r", url="http://x/r", content_hash="h", matched_at=now()
+        ).returning(schema.listings.c.id)).scalar()
+        conn.execute(sa.insert(schema.notifications).values(
+            user_id=user, listing_id=retried, cluster_id=retried, channel="webhook", status="failed", attempts=2,
+            next_attempt_at=now() + timedelta(minutes=2), last_error="HTTP 410 from http://a:b@hook.example/x"))
         conn.execute(sa.insert(schema.filters).values(user_id=user, keywords=["python"], query="python",
                                                       error="its query does not compile", failed_at=now()))
         conn.execute(sa.insert(schema.websub_subscriptions).values(  # verified once; its lease ran out
@@ -121,7 +127,7 @@ def test_the_checks_fail_when_something_is_wrong(engine, db_url):
     result = dg.materialize(ASSET_CHECKS, resources=resources(db_url), selection=dg.AssetSelection.all_asset_checks())
     checks = checks_of(result)
     assert checks == {
-        "listings_raw:push_health": False,
+        "listings_raw:push_health": False, "notifications:failing_channels": False,
         "listings_raw:expired_leases_reclaimed": False, "listings:expired_leases_reclaimed": True,
         "notifications:expired_leases_reclaimed": True, "listings:freshness": False,
         "listings_raw:failing_sources": False, "notifications:dead_notifications": False,
@@ -132,6 +138,9 @@ def test_the_checks_fail_when_something_is_wrong(engine, db_url):
     [raw_freshness] = [e for e in result.get_asset_check_evaluations()
                        if (e.asset_key.to_user_string(), e.check_name) == ("listings", "freshness")]
     assert 299 <= raw_freshness.metadata["unprocessed_rows_oldest_minutes"].value <= 301
+    [channels] = [e for e in result.get_asset_check_evaluations() if e.check_name == "failing_channels"]
+    assert channels.description == "1 users' channels failing: 1 notifications retrying after 2 or more failed attempts"
+    assert channels.metadata["which"].value.endswith("| alice | 1 | HTTP 410 from http://***@hook.example/x |")
     [push] = [e for e in result.get_asset_check_evaluations() if e.check_name == "push_health"]
     assert push.description == "1 subscriptions in trouble: 1 expired" and push.metadata["push_expired"].value == 1
     assert "| 1 http://127.0.0.1:9/x | expired | 0 | never | http://127.0.0.1:9/hub |" in push.metadata["which"].value

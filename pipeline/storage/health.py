@@ -182,6 +182,35 @@ def _lateness(conn: sa.Connection, span: timedelta, *, by_hour: bool) -> list[La
 FILTER_FAILURE_SPAN = timedelta(days=1)
 
 
+# A notification that failed this many attempts in a row, and waits to be tried again,
+# says its channel is failing (a receiver down, gone, or refusing): the failing_channels check.
+CHANNEL_FAILED_ATTEMPTS = 2
+
+
+@dataclass(frozen=True)
+class FailingChannel:
+    """A user whose notifications keep failing: how many are waiting to be tried again
+    after CHANNEL_FAILED_ATTEMPTS or more failed attempts, and the last error of one."""
+
+    user: str
+    retrying: int
+    error: str | None
+
+
+def failing_channels(conn: sa.Connection, limit: int = 20) -> list[FailingChannel]:
+    """The users whose channel failed a notification CHANNEL_FAILED_ATTEMPTS times in a
+    row or more, that notification waiting to be tried again (dead ones are the
+    dead_notifications check's), the most such first. Failed notifications are few: the
+    read is of them alone."""
+    n, u = schema.notifications, schema.users
+    rows = conn.execute(
+        sa.select(u.c.name, sa.func.count(), sa.func.max(n.c.last_error))
+        .join(u, u.c.id == n.c.user_id)
+        .where(n.c.status == NotificationStatus.FAILED, n.c.attempts >= CHANNEL_FAILED_ATTEMPTS)
+        .group_by(u.c.name).order_by(sa.func.count().desc(), u.c.name).limit(limit))
+    return [FailingChannel(str(name), int(count), userinfo(error) if error else None) for name, count, error in rows]
+
+
 def failing_filters(conn: sa.Connection, span: timedelta = FILTER_FAILURE_SPAN) -> int:
     """Enabled filters the notifier left out within ``span`` because they failed (their
     query no longer compiles, or matching them raised: ``filters.error``); every other
