@@ -245,7 +245,7 @@ class Following:
             began = self.clock()
             try:
                 done = stage()
-            except Exception as exc:  # tried again next round; the run's own follow-up reports one that lasts
+            except Exception as exc:  # noqa: BLE001 (tried again next round; the run's own follow-up reports one that lasts)
                 log_failure(_logger, exc, "a follow-up pass during the collector's failed; trying again")
                 stop.wait(self.every)
                 continue

@@ -187,7 +187,7 @@ def tell(settings: Settings, alert: operator.OperatorAlert, what: str) -> None:
     """Send ``alert``; a send that fails raises NotTold, naming ``what`` went untold."""
     try:
         operator.send(settings, alert)
-    except Exception as exc:  # noqa: BLE001 (any send failure fails the tick the same way)
+    except Exception as exc:  # any send failure fails the tick the same way
         raise NotTold(f"the operator was not told {what}: {exc}") from exc
 
 

@@ -694,9 +694,9 @@ def test_a_database_that_cannot_take_the_write_now_fails_the_pass_and_blames_no_
     serve(server, "/feed", rss([("a", "A"), ("b", "B")]))
     with engine.begin() as conn:
         ids = [add_source(conn, server.url(f"/feed?{i}")) for i in range(2)]
-    with locked_against(engine, db_url, schema.listings_raw) as impatient:
-        with pytest.raises(sa.exc.OperationalError, match="lock timeout"):
-            collector(impatient).run()
+    with locked_against(engine, db_url, schema.listings_raw) as impatient, \
+            pytest.raises(sa.exc.OperationalError, match="lock timeout"):
+        collector(impatient).run()
     by_id = {r["id"]: r for r in rows(engine, schema.sources)}
     assert [(by_id[i]["last_failure_reason"], by_id[i]["consecutive_failures"]) for i in ids] == [(None, 0)] * 2
 

@@ -19,7 +19,14 @@ from pipeline.queue.claim import WorkQueue
 from pipeline.storage import schema
 from tests.claim_workers import process_one_batch
 from tests.conftest import conformance
-from tests.helpers import add_source, expire_leases, locked_against, now, wait_until, worker_processes
+from tests.helpers import (
+    add_source,
+    expire_leases,
+    locked_against,
+    now,
+    wait_until,
+    worker_processes,
+)
 
 _item_hashes = iter(range(10**9))
 
@@ -329,9 +336,9 @@ def test_a_database_that_cannot_take_the_write_now_fails_the_pass_and_blames_no_
     way to being given up."""
     with engine.begin() as conn:
         raw = [add_raw(conn, source_id, f"i{n}") for n in range(2)]
-    with locked_against(engine, db_url, schema.listings) as impatient:
-        with pytest.raises(sa.exc.OperationalError, match="lock timeout"):
-            processor(impatient).run()
+    with locked_against(engine, db_url, schema.listings) as impatient, \
+            pytest.raises(sa.exc.OperationalError, match="lock timeout"):
+        processor(impatient).run()
     rows = raw_rows(engine)
     assert [(rows[i]["last_error"], rows[i]["processed_at"]) for i in raw] == [(None, None)] * 2
     assert processor(engine).run().claimed == 0, "the failed pass's rows wait out their lease"

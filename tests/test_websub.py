@@ -263,7 +263,6 @@ def test_a_hub_that_forgets_its_subscriber_is_found_out_by_the_next_poll_and_ask
     check say so, and a push puts it back to the safety cadence. A subscription that
     has heard no push for long is asked again too."""
     from assets.checks import ASSET_CHECKS
-    from pipeline.storage.metrics import registry
     from resources import PipelineDatabase
 
     topic, hub_url = hub.url("/feed"), hub.url("/hub")

@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -32,12 +32,11 @@ from sqlalchemy.engine import Engine
 
 from pipeline.backends import backend_for, unreachable
 from pipeline.backends.changed import JSONValue, StoreChanged
-from pipeline.core import heap
+from pipeline.core import errors, heap
 from pipeline.core.backoff import (
     BackoffPolicy,
     clamp_retry_after,
 )
-from pipeline.core import errors
 from pipeline.core.errors import FetchError
 from pipeline.core.failures import FailureReason
 from pipeline.core.kinds import SourceType

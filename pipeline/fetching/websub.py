@@ -189,7 +189,7 @@ def ask_due(engine: Engine, settings: Settings, fetcher: Fetcher, worker: str, *
             for row in claim.rows:
                 try:
                     _ask(engine, settings, fetcher, queue, claim, row, heartbeat)
-                except Exception as exc:  # one hub's trouble never stops the others
+                except Exception as exc:  # noqa: BLE001 (one hub's trouble never stops the others)
                     log_failure(log, exc, "asking the hub %s for subscription %s failed", row["hub"], row["id"])
                 finally:
                     heartbeat.drop(claim, [row["id"]])

@@ -78,7 +78,7 @@ class Heartbeat:
             try:
                 self.beat()
                 pause, retry = self.every, None
-            except Exception as exc:  # the database is away: the leases may run out, work goes on
+            except Exception as exc:  # noqa: BLE001 (the database is away: the leases may run out, work goes on)
                 self.failures += 1
                 log_failure(log, exc, "lease extension of %s rows failed", self.queue.spec.table.name)
                 # Tried again soon, not a third of a lease later, as every write that

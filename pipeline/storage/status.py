@@ -298,13 +298,13 @@ def status_as_text(status: PipelineStatus) -> str:
         (f"notifications  {sent}{notes['pending']:,} pending, {notes['failed']:,} retrying,"
          f" {notes['dead']:,} dead, {notes['held']:,} held for digests, quiet hours or alert limits"
          f" ({status.batched:,} held past users' alert limits so far)"),
-        *([f"pushed         {status.pushed['pushed']:,} by their hubs (WebSub; the first lease ends"
-           f" {_ago(status.first_lease_end, now)}), {status.pushed['requested']:,} awaiting verification,"
-           f" {status.pushed['ending']:,} being ended"]
+        *([(f"pushed         {status.pushed['pushed']:,} by their hubs (WebSub; the first lease ends"
+            f" {_ago(status.first_lease_end, now)}), {status.pushed['requested']:,} awaiting verification,"
+            f" {status.pushed['ending']:,} being ended")]
           if any(status.pushed.values()) else []),
-        *([f"push trouble   {status.pushed['missed']:,} missing pushes (a poll found items no push brought:"
-           f" polled at their cadence, hubs asked again), {status.pushed['expired']:,} expired,"
-           f" {status.pushed['unverified']:,} not verified within the hour, {status.pushed['denied']:,} denied"]
+        *([(f"push trouble   {status.pushed['missed']:,} missing pushes (a poll found items no push brought:"
+            f" polled at their cadence, hubs asked again), {status.pushed['expired']:,} expired,"
+            f" {status.pushed['unverified']:,} not verified within the hour, {status.pushed['denied']:,} denied")]
           if any(status.pushed[str(h)] for h in PUSH_TROUBLE) else []),
         *([f"filters        {status.failing_filters:,} left out of matching in the last day: they failed"
            " (`pipeline filters list` shows why); every other filter was matched"]

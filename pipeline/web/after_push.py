@@ -64,7 +64,7 @@ class AfterPush:
                          processed.inserted + processed.updated, notified.sent)
                 if notified.sent:
                     self._observe(pushed)
-            except Exception as exc:  # the stages' runs take what this round could not
+            except Exception as exc:  # noqa: BLE001 (the stages' runs take what this round could not)
                 log_failure(log, exc, "processing a push failed; the stages' next runs take it")
             self.rounds += 1
 
