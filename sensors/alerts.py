@@ -2,8 +2,9 @@
 
 ``run_failure_alert``: once per failed run, with the run's link and its steps' errors.
 ``check_alerts``: once when an asset check starts failing, and once when it passes
-again, with its description and the asset's link; a check failing on the sensor's first
-look counts as starting to fail.
+again, with its description and the asset's link, from every result since its last look
+(a failure that came and went between two looks is told, failing then passing); a check
+failing on the sensor's first look counts as starting to fail.
 
 Neither moves past something it did not tell: a send that fails, or a failure with no
 PIPELINE_OPERATOR_ALERT_URL to tell it to, fails the tick (red in the sensor's tick
@@ -17,7 +18,7 @@ refuses a plain event cursor) and PostgreSQL.
 
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import dagster as dg
@@ -31,9 +32,10 @@ RUNS_PER_TICK = 50  # failed runs told in one tick; more wait for the next
 # The first look (no cursor yet) tells the runs that failed this long before it: a run
 # that failed while the daemon started is not passed over.
 FIRST_LOOK_SECONDS = 24 * 3600
-# A check's latest executions read to find its latest result (one planned by a run in
-# flight has none yet).
-EXECUTIONS_READ = 10
+# A check's latest executions read at each look for its results since the last (one
+# planned by a run in flight has none yet): a lingering run evaluates each check after
+# every pass, so a minute holds a few of them.
+EXECUTIONS_READ = 100
 
 
 class NotTold(Exception):
@@ -125,31 +127,49 @@ class Evaluation:
     description: str | None
 
 
-def latest_evaluations(instance: dg.DagsterInstance, keys: Iterable[dg.AssetCheckKey]) -> dict[str, Evaluation]:
-    """Each check's latest result, by "asset:check_name"; a check never evaluated is left
-    out. Read from the instance's record of check executions (an index every storage
-    keeps, run-sharded SQLite too), newest first, past executions planned by a run that
-    has not evaluated them yet."""
+def evaluations_since(instance: dg.DagsterInstance, keys: Iterable[dg.AssetCheckKey],
+                      seen: Mapping[str, int]) -> dict[str, list[Evaluation]]:
+    """Each check's results recorded after the one ``seen`` last (its record id, by
+    "asset:check_name"), oldest first; the latest alone for a check not seen yet, none
+    for one never evaluated. Read from the instance's record of check executions (an
+    index every storage keeps, run-sharded SQLite too), newest first, past executions
+    planned by a run that has not evaluated them yet, at most EXECUTIONS_READ of them."""
     found = {}
     for key in keys:
-        history = instance.event_log_storage.get_asset_check_execution_history(key, limit=EXECUTIONS_READ)
-        for record in history:
+        name = f"{key.asset_key.to_user_string()}:{key.name}"
+        after = seen.get(name)
+        new = []
+        for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=EXECUTIONS_READ):
+            if after is not None and record.id <= after:
+                break
             event = record.event.dagster_event if record.event is not None else None
             data = event.event_specific_data if event is not None else None
             if isinstance(data, dg.AssetCheckEvaluation):
-                name = f"{key.asset_key.to_user_string()}:{key.name}"
-                found[name] = Evaluation(record.id, name, tuple(key.asset_key.path), bool(data.passed),
-                                         data.severity.value, data.description)
-                break
+                new.append(Evaluation(record.id, name, tuple(key.asset_key.path), bool(data.passed),
+                                      data.severity.value, data.description))
+                if after is None:
+                    break  # a check not seen before: its latest result is its state
+        if new:
+            found[name] = new[::-1]
     return found
 
 
-def changes(failing: Iterable[str], latest: Mapping[str, Evaluation]) -> list[Evaluation]:
-    """The latest results that change what the operator was last told of their check
-    (the checks told ``failing``): each failing check not told so, each passing check
-    told failing."""
-    told = set(failing)
-    return [e for name, e in sorted(latest.items()) if e.passed == (name in told)]
+def changes(failing: Iterable[str], since: Mapping[str, Sequence[Evaluation]]) -> list[Evaluation]:
+    """The results to tell, given the checks told ``failing`` and each check's results
+    since the last look (oldest first): a check told passing that failed at any of them
+    is told failing (its first failure), and passing again if its latest passes, so a
+    failure that came and went between two looks is still told; a check told failing
+    whose latest passes is told passing."""
+    told, alerts = set(failing), []
+    for name, new in sorted(since.items()):
+        if name not in told:
+            first_failure = next((e for e in new if not e.passed), None)
+            if first_failure is None:
+                continue
+            alerts.append(first_failure)
+        if new[-1].passed:
+            alerts.append(new[-1])
+    return alerts
 
 
 def check_keys(context: dg.SensorEvaluationContext) -> list[dg.AssetCheckKey]:
@@ -165,10 +185,14 @@ def check_keys(context: dg.SensorEvaluationContext) -> list[dg.AssetCheckKey]:
 )
 def check_alerts(context: dg.SensorEvaluationContext, database: PipelineDatabase) -> dg.SkipReason:
     settings = database.settings()
-    state = json.loads(context.cursor) if context.cursor else {"failing": []}
-    latest = latest_evaluations(context.instance, check_keys(context))
-    failing = set(state["failing"]) & set(latest)  # a check no longer defined is forgotten
-    changed = changes(failing, latest)
+    keys = check_keys(context)
+    names = {f"{key.asset_key.to_user_string()}:{key.name}" for key in keys}
+    state = json.loads(context.cursor) if context.cursor else {}
+    # A check no longer defined is forgotten.
+    failing = set(state.get("failing", [])) & names
+    seen = {name: i for name, i in state.get("seen", {}).items() if name in names}
+    since = evaluations_since(context.instance, keys, seen)
+    changed = changes(failing, since)
     if changed and not operator.configured(settings):
         raise NotTold(f"{NOT_CONFIGURED}: untold: " + ", ".join(
             f"{e.check} {'passes again' if e.passed else 'is failing'}" for e in changed))
@@ -176,10 +200,10 @@ def check_alerts(context: dg.SensorEvaluationContext, database: PipelineDatabase
         tell(settings, check_alert(evaluation, settings),
              f"that {evaluation.check} {'passes again' if evaluation.passed else 'is failing'}")
         (failing.discard if evaluation.passed else failing.add)(evaluation.check)
-        context.update_cursor(json.dumps({"failing": sorted(failing)}))
-    if context.cursor is None:
-        context.update_cursor(json.dumps({"failing": sorted(failing)}))
-    said = (f"{len(latest)} checks read, {len(changed)} alerts sent; failing now: {', '.join(sorted(failing)) or 'none'}")
+    seen.update({name: new[-1].record_id for name, new in since.items()})
+    context.update_cursor(json.dumps({"failing": sorted(failing), "seen": seen}))
+    said = (f"{sum(map(len, since.values()))} check results read, {len(changed)} alerts sent;"
+            f" failing now: {', '.join(sorted(failing)) or 'none'}")
     return dg.SkipReason(said if operator.configured(settings) else f"{said}; {NOT_CONFIGURED}")
 
 

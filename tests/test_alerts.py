@@ -125,6 +125,26 @@ def test_a_check_alerts_once_when_it_starts_failing_and_once_when_it_passes_agai
     assert "0 alerts sent" in result.skip_message and len(receiver.requests) == 3
 
 
+def test_a_failure_that_came_and_went_between_two_looks_is_told_failing_then_passing(instance, db_url,
+                                                                                     operator_webhook):
+    """The sensor looks once a minute; a check that failed and passed again in between
+    (a hub that forgot its subscriber and was asked again within seconds, in the fault
+    drill on SQLite) is still told: its first failure, then that it passes. Told by
+    its latest result alone, it was never told at all."""
+    receiver = operator_webhook
+    evaluate(instance, passed=True)
+    _, cursor = tick(check_alerts, instance, db_url)
+    assert receiver.requests == []
+    evaluate(instance, passed=False)
+    evaluate(instance, passed=False)
+    evaluate(instance, passed=True)
+    result, cursor = tick(check_alerts, instance, db_url, cursor)
+    assert [a["event"] for a in alerts(receiver)] == ["check_failing", "check_passing"]
+    assert "failing now: none" in result.skip_message
+    tick(check_alerts, instance, db_url, cursor)
+    assert len(receiver.requests) == 2, "told once"
+
+
 def test_a_failed_run_alerts_once_with_its_link_and_error(instance, db_url, operator_webhook):
     receiver = operator_webhook
     result, cursor = tick(run_failure_alert, instance, db_url)
