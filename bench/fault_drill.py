@@ -82,6 +82,7 @@ class DrillSite(ThreadingHTTPServer):
         self.subscribers: dict[str, str] = {}  # the hub's: callback -> secret
         self.alerts: list[tuple[float, dict[str, Any]]] = []  # (received, the alert)
         self.deliveries: list[float] = []
+        self.pushes = 0  # pushes the hub made that their subscriber took
         self._stop = threading.Event()
         threading.Thread(target=self._hub, daemon=True).start()
 
@@ -122,6 +123,7 @@ class DrillSite(ThreadingHTTPServer):
                     "Content-Type": "application/rss+xml", "X-Hub-Signature": f"sha256={signature}"})
                 try:
                     urllib.request.urlopen(request, timeout=10).close()  # loopback
+                    self.pushes += 1
                 except OSError:
                     pass
 
@@ -237,6 +239,11 @@ def faults(site: DrillSite, cli: Callable[..., str], stack: Stack, proxy: Any) -
         return lambda: setattr(site, "hook_mode", mode)
 
     def forget() -> None:
+        """The hub forgets its subscribers, once it has pushed to one (a drill of this
+        fault alone starts before the first subscription is settled: the pipeline asks
+        again while its first verification is under way)."""
+        pushed = site.pushes
+        wait_for(lambda: site.pushes > pushed, 300)
         with site.lock:
             site.subscribers.clear()
 
@@ -437,11 +444,13 @@ def drill(held: list[Fault], site: DrillSite, stored: Callable[[int, float], flo
         return found
 
     injected = time.time()
+    at: dict[str, float] = {}  # each fault's own injection (one may wait for its state first)
     for fault in held:
         fault.inject()
+        at[fault.name] = time.time()
         if fault.hold_seconds is not None:
             threading.Timer(fault.hold_seconds, fault.remove).start()
-    signals = each({f.name: (lambda f=f: first(f.signal, injected)) for f in held}, signal_seconds)
+    signals = each({f.name: (lambda f=f: first(f.signal, at[f.name])) for f in held}, signal_seconds)
     removed = time.time()
     for fault in held:
         if fault.hold_seconds is None:
@@ -462,10 +471,10 @@ def drill(held: list[Fault], site: DrillSite, stored: Callable[[int, float], flo
     for fault in held:
         found = signals.get(fault.name)
         details = found[1]["details"] if found else {}
-        rows.append({"fault": fault.name, "phase": fault.phase, "feed": fault.feed, "injected": injected,
+        rows.append({"fault": fault.name, "phase": fault.phase, "feed": fault.feed, "injected": at[fault.name],
                      "removed": removed,
                      "signal": f"{found[1]['event']} {details.get('check') or details.get('job')}" if found else "none",
-                     "signal_after_s": round(found[0] - injected, 1) if found else None,
+                     "signal_after_s": round(found[0] - at[fault.name], 1) if found else None,
                      "recovered_after_s": (round(recoveries[fault.name] - removed, 1)
                                            if fault.name in recoveries else None)})
     return rows
