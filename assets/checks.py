@@ -6,7 +6,7 @@ PIPELINE_FRESHNESS_MAX_MINUTES (60), PIPELINE_LATENESS_MAX_MINUTES (15).
 """
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -114,17 +114,22 @@ def _cell(text: object) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")[:200]
 
 
+def _table(columns: list[str], rows: Iterable[list[object]]) -> str:
+    """A Markdown table of ``columns`` and ``rows`` (their cells written as they are)."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 def failing_table(which: list[health.FailingSource]) -> str:
     """The failing sources as a Markdown table: which, since when, why."""
     if not which:
         return "No source is failing."
 
-    lines = ["| id | source | failing since | failures | code | last error |", "|---|---|---|---|---|---|"]
-    for s in which:
-        since = f"{s.since:%Y-%m-%d %H:%M} UTC" if s.since else "never fetched well"
-        state = f"{s.failures} (disabled)" if s.disabled else str(s.failures)
-        lines.append(f"| {s.id} | {_cell(s.name)} | {since} | {state} | {s.reason or ''} | {_cell(s.error or '')} |")
-    return "\n".join(lines)
+    return _table(["id", "source", "failing since", "failures", "code", "last error"], [
+        [s.id, _cell(s.name), f"{s.since:%Y-%m-%d %H:%M} UTC" if s.since else "never fetched well",
+         f"{s.failures} (disabled)" if s.disabled else s.failures, s.reason or "", _cell(s.error or "")]
+        for s in which])
 
 
 def _schedule_adherence() -> dg.AssetChecksDefinition:
@@ -191,9 +196,8 @@ def _failing_channels() -> dg.AssetChecksDefinition:
 
 def channels_table(which: list[health.FailingChannel]) -> str:
     """The users whose channel keeps failing, as a Markdown table."""
-    lines = ["| user | notifications retrying | last error |", "|---|---|---|"]
-    lines += [f"| {_cell(c.user)} | {c.retrying} | {_cell(c.error or '')} |" for c in which]
-    return "\n".join(lines)
+    return _table(["user", "notifications retrying", "last error"],
+                  [[_cell(c.user), c.retrying, _cell(c.error or "")] for c in which])
 
 
 def _push_health() -> dg.AssetChecksDefinition:
@@ -223,12 +227,10 @@ def _push_health() -> dg.AssetChecksDefinition:
 
 def push_table(which: list[health.PushTrouble]) -> str:
     """The subscriptions in trouble as a Markdown table."""
-    lines = ["| source | health | items no push brought | last push | hub | last error |", "|---|---|---|---|---|---|"]
-    for p in which:
-        source = f"{p.source_id} {_cell(p.name or '')}" if p.source_id is not None else "(removed)"
-        last = f"{p.last_push_at:%Y-%m-%d %H:%M} UTC" if p.last_push_at else "never"
-        lines.append(f"| {source} | {p.health} | {p.missed} | {last} | {_cell(p.hub)} | {_cell(p.last_error or '')} |")
-    return "\n".join(lines)
+    return _table(["source", "health", "items no push brought", "last push", "hub", "last error"], [
+        [f"{p.source_id} {_cell(p.name or '')}" if p.source_id is not None else "(removed)", p.health, p.missed,
+         f"{p.last_push_at:%Y-%m-%d %H:%M} UTC" if p.last_push_at else "never", _cell(p.hub), _cell(p.last_error or "")]
+        for p in which])
 
 
 SHOWN_CROWDED = 20  # the groups over capacity the check's table lists, the most crowded first
@@ -237,10 +239,10 @@ SHOWN_CROWDED = 20  # the groups over capacity the check's table lists, the most
 def crowded_table(groups: list[dict[str, Any]]) -> str:
     """The politeness groups over capacity (each has spacing: ``allows_per_minute``) as a
     Markdown table, most crowded first."""
-    lines = ["| group | sources | fetches a minute asked | its spacing allows |", "|---|---|---|---|"]
-    for g in sorted(groups, key=lambda g: g["asks_per_minute"] / g["allows_per_minute"], reverse=True)[:SHOWN_CROWDED]:
-        lines.append(f"| {g['name']} | {g['sources']} | {g['asks_per_minute']:.3g} | {g['allows_per_minute']:.3g} |")
-    return "\n".join(lines)
+    crowded = sorted(groups, key=lambda g: g["asks_per_minute"] / g["allows_per_minute"], reverse=True)
+    return _table(["group", "sources", "fetches a minute asked", "its spacing allows"],
+                  [[g["name"], g["sources"], f"{g['asks_per_minute']:.3g}", f"{g['allows_per_minute']:.3g}"]
+                   for g in crowded[:SHOWN_CROWDED]])
 
 
 ASSET_CHECKS = [

@@ -80,12 +80,9 @@ def failed_runs_after(instance: dg.DagsterInstance, storage_id: int | None, limi
     None), oldest first. ``fetch_run_status_changes`` reads the storage's index of run
     status changes, whose ids are one sequence even where the event log is sharded by
     run (the SQLite storage of ``dev.py up``)."""
-    if storage_id is None:
-        records_filter = dg.RunStatusChangeRecordsFilter(
-            event_type=dg.DagsterEventType.RUN_FAILURE, after_timestamp=time.time() - FIRST_LOOK_SECONDS)
-    else:
-        records_filter = dg.RunStatusChangeRecordsFilter(
-            event_type=dg.DagsterEventType.RUN_FAILURE, after_storage_id=storage_id)
+    records_filter = dg.RunStatusChangeRecordsFilter(
+        event_type=dg.DagsterEventType.RUN_FAILURE, after_storage_id=storage_id,
+        after_timestamp=time.time() - FIRST_LOOK_SECONDS if storage_id is None else None)
     found = []
     for record in instance.fetch_run_status_changes(records_filter, limit=limit, ascending=True).records:
         entry = record.event_log_entry

@@ -92,12 +92,15 @@ def in_transaction(engine: Engine, work: Callable[[Connection], T], *, outlast: 
             waited, pause = waited + pause, min(pause * 2, REACH_AGAIN_LONGEST)
 
 
-def unreachable(exc: sa.exc.DBAPIError) -> bool:
-    """``exc`` says the database could not be reached or ended the session (a restart, a
-    connection cut, sessions refused), or could not do the work for now (a deadlock, a
-    statement cancelled): the DB-API's operational and interface errors. Not that it
-    refused the work itself (a constraint, a value it cannot store), whatever class the
-    driver gave that (MariaDB's CHECK constraints come as operational errors)."""
+def unreachable(exc: BaseException) -> bool:
+    """``exc`` is a database error saying the database could not be reached or ended the
+    session (a restart, a connection cut, sessions refused), or could not do the work for
+    now (a deadlock, a statement cancelled): the DB-API's operational and interface
+    errors. Not that it refused the work itself (a constraint, a value it cannot store),
+    whatever class the driver gave that (MariaDB's CHECK constraints come as operational
+    errors); not any other exception."""
+    if not isinstance(exc, sa.exc.DBAPIError):
+        return False
     if exc.connection_invalidated:
         return True
     return isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError)) and not refuses_the_data(exc.orig)
@@ -109,7 +112,7 @@ def log_failure(logger: logging.Logger, exc: BaseException, message: str, *args:
     logged once a retry, and a traceback each time buried the one line a worker ends
     with: 465 lines of stderr from one worker at a PostgreSQL restart); with its
     traceback otherwise (a bug to find)."""
-    if isinstance(exc, sa.exc.DBAPIError) and unreachable(exc):
+    if unreachable(exc):
         logger.warning(f"{message}: the database cannot be reached: %s", *args, errors.reason(exc))
     else:
         logger.error(message, *args, exc_info=exc)

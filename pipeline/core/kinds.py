@@ -43,7 +43,7 @@ class WebSubState(StrEnum):
 
 
 class PushHealth(StrEnum):
-    """Whether a source's pushes can be trusted (pipeline/fetching/websub.py ``health``)."""
+    """Whether a source's pushes can be trusted (pipeline/storage/health.py ``push_health``)."""
 
     PUSHED = "pushed"  # verified, its lease running, no poll found what a push did not bring
     MISSED = "missed"  # a poll found items no push brought, no push since: polled at its cadence, asked again

@@ -180,7 +180,7 @@ class Settings:
     operator_alert_secret: str | None = field(default=None, repr=False)
     # The bearer token Alertmanager's webhook brings to `pipeline serve`'s /alertmanager,
     # which tells the operator's channel its alerts (pipeline/notify/operator.py); None:
-    # that path answers 404.
+    # there is no such path.
     alertmanager_token: str | None = field(default=None, repr=False)
     ui_url: str = DEFAULT_UI_URL  # the Dagster UI, for the links in those alerts
     # Where readers reach `pipeline serve` (its output feeds' URLs start with it); None:

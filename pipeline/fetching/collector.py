@@ -247,7 +247,7 @@ class Collector:
         try:
             events = self._write(queue, batch)
         except sa.exc.StatementError as exc:
-            if isinstance(exc, sa.exc.DBAPIError) and unreachable(exc):
+            if unreachable(exc):
                 # The database is gone or cannot do it now (a restart, a lost connection,
                 # a full disk, a lock), not this batch's data: fail the step, blame no source.
                 raise

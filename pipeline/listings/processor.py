@@ -158,7 +158,7 @@ class Processor:
                 self._record_failures(conn, queue, claim, bad, now, stats)
                 _count(conn, counted, stats)
         except sa.exc.StatementError as exc:
-            if isinstance(exc, sa.exc.DBAPIError) and unreachable(exc):
+            if unreachable(exc):
                 # The database is gone or cannot do it now (a restart, a lost connection,
                 # a full disk, a lock), not this batch's data: fail the step, blame no row.
                 raise
@@ -173,7 +173,7 @@ class Processor:
                         self._write(conn, queue, claim, existing, [one], now, stats)
                         _count(conn, counted, stats)
                 except sa.exc.StatementError as one_exc:
-                    if isinstance(one_exc, sa.exc.DBAPIError) and unreachable(one_exc):
+                    if unreachable(one_exc):
                         raise
                     for name, value in counted.items():
                         setattr(stats, name, value)

@@ -155,10 +155,7 @@ class FeedApp:
             wait = max(1, int(self._pushes.get_window_stats(self._push_rate, token).reset_time - time.time()) + 1)
             return _plain(start_response, "429 Too Many Requests", "too many pushes; retry later\n",
                           [("Retry-After", str(wait))])
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            length = -1
+        length = _content_length(environ)
         if not 0 <= length <= self.settings.max_response_bytes:
             push.refused(self.engine, "too_large")
             return _plain(start_response, "413 Content Too Large", "the body is too large\n")
@@ -183,10 +180,7 @@ class FeedApp:
         if not hmac.compare_digest(given, f"Bearer {token}".encode()):
             return _plain(start_response, "401 Unauthorized", "a bearer token is needed\n",
                           [("WWW-Authenticate", "Bearer")])
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            length = -1
+        length = _content_length(environ)
         if not 0 < length <= self.settings.max_response_bytes:
             return _plain(start_response, "413 Content Too Large", "the body is empty or too large\n")
         try:
@@ -205,6 +199,14 @@ class FeedApp:
                 return _plain(start_response, "503 Service Unavailable", "the operator's channel failed\n",
                               [("Retry-After", str(RETRY_AFTER_SECONDS))])
         return _plain(start_response, "200 OK", f"{len(alerts)} alerts told\n")
+
+
+def _content_length(environ: dict[str, Any]) -> int:
+    """The request's Content-Length: 0 when it has none, -1 when it is no number."""
+    try:
+        return int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return -1
 
 
 def _accepts_gzip(header: str) -> bool:
