@@ -5,8 +5,13 @@
 again, with its description and the asset's link, from every result since its last look
 (a failure that came and went between two looks is told, failing then passing); a check
 failing on the sensor's first look counts as starting to fail.
+``tick_alerts``: the same for the ticks of every sensor and schedule of the instance (the
+daemon records each): once when one's ticks start failing, with the error its code
+raised, and once when a tick works again. A stage sensor that cannot read the database,
+or an alert sensor that cannot send, is told this way (by this sensor's next tick once
+the channel works again: it tells its own failures too).
 
-Neither moves past something it did not tell: a send that fails, or a failure with no
+None moves past something it did not tell: a send that fails, or a failure with no
 PIPELINE_OPERATOR_ALERT_URL to tell it to, fails the tick (red in the sensor's tick
 list, with what went untold), and the next tick tries again (under the same idempotency
 key, so a receiver drops what it had). With nothing to tell they skip, and say so when
@@ -18,8 +23,9 @@ refuses a plain event cursor) and PostgreSQL.
 
 import json
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import dagster as dg
 
@@ -36,6 +42,9 @@ FIRST_LOOK_SECONDS = 24 * 3600
 # planned by a run in flight has none yet): a lingering run evaluates each check after
 # every pass, so a minute holds a few of them.
 EXECUTIONS_READ = 100
+# A sensor's or schedule's latest ticks read at each look for those since the last: the
+# stage sensors tick every PIPELINE_SENSOR_INTERVAL_SECONDS (30), a few a minute.
+TICKS_READ = 100
 
 
 class NotTold(Exception):
@@ -90,14 +99,19 @@ def failed_runs_after(instance: dg.DagsterInstance, storage_id: int | None, limi
         steps = {}
         for event in instance.all_logs(entry.run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
             data = event.dagster_event.step_failure_data if event.dagster_event is not None else None
-            error = data.error if data is not None else None
-            while error is not None and error.cause is not None:  # Dagster's wrapper, then what the code raised
-                error = error.cause
-            steps[str(event.step_key)] = error.message.strip() if error is not None else "no error recorded"
+            steps[str(event.step_key)] = raised(data.error if data is not None else None)
         message = entry.dagster_event.message if entry.dagster_event is not None else None
         found.append(FailedRun(record.storage_id, entry.run_id, run.job_name if run else "(run deleted)",
                                message or "failed", steps))
     return found
+
+
+def raised(error: Any) -> str:
+    """What the code raised, from Dagster's record of an error (its wrappers' causes
+    followed to the innermost); "no error recorded" for none."""
+    while error is not None and error.cause is not None:  # Dagster's wrapper, then what the code raised
+        error = error.cause
+    return error.message.strip() if error is not None else "no error recorded"
 
 
 def run_failed(failure: FailedRun, settings: Settings) -> operator.OperatorAlert:
@@ -116,16 +130,32 @@ def run_failed(failure: FailedRun, settings: Settings) -> operator.OperatorAlert
 class Evaluation:
     """One asset check's result, as the event log has it."""
 
-    record_id: int
-    check: str  # "asset:check_name"
+    mark: int  # its event's record id
+    name: str  # "asset:check_name"
     asset_path: tuple[str, ...]
     passed: bool
     severity: str
     description: str | None
 
+    def told(self) -> str:
+        return f"that {self.name} {'passes again' if self.passed else 'is failing'}"
+
+    def alert(self, settings: Settings) -> operator.OperatorAlert:
+        if self.passed:
+            event, title = operator.CHECK_PASSING, f"Asset check {self.name} passes again"
+        else:
+            event, title = operator.CHECK_FAILING, f"Asset check {self.name} is failing ({self.severity})"
+        return operator.OperatorAlert(
+            key=f"check-{self.name}-{self.mark}", event=event, title=title,
+            text=f"{title}: {self.description}" if self.description else title,
+            link=f"{settings.ui_url}/assets/{'/'.join(self.asset_path)}?view=checks",
+            details={"check": self.name, "passed": self.passed, "severity": self.severity,
+                     "description": self.description},
+        )
+
 
 def evaluations_since(instance: dg.DagsterInstance, keys: Iterable[dg.AssetCheckKey],
-                      seen: Mapping[str, int]) -> dict[str, list[Evaluation]]:
+                      seen: Mapping[str, float]) -> dict[str, list[Evaluation]]:
     """Each check's results recorded after the one ``seen`` last (its record id, by
     "asset:check_name"), oldest first; the latest alone for a check not seen yet, none
     for one never evaluated. Read from the instance's record of check executions (an
@@ -151,12 +181,28 @@ def evaluations_since(instance: dg.DagsterInstance, keys: Iterable[dg.AssetCheck
     return found
 
 
-def changes(failing: Iterable[str], since: Mapping[str, Sequence[Evaluation]]) -> list[Evaluation]:
-    """The results to tell, given the checks told ``failing`` and each check's results
-    since the last look (oldest first): a check told passing that failed at any of them
-    is told failing (its first failure), and passing again if its latest passes, so a
-    failure that came and went between two looks is still told; a check told failing
-    whose latest passes is told passing."""
+class Told(Protocol):
+    """A result an alert sensor tells: a check's evaluation or an instigator's tick."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def mark(self) -> float: ...  # where the sensor's cursor stands once it has read this
+    @property
+    def passed(self) -> bool: ...
+    def told(self) -> str: ...
+    def alert(self, settings: Settings) -> operator.OperatorAlert: ...
+
+
+T = TypeVar("T", bound=Told)
+
+
+def changes(failing: Iterable[str], since: Mapping[str, Sequence[T]]) -> list[T]:
+    """The results to tell, given the names told ``failing`` and each name's results
+    since the last look (oldest first): a check (or sensor) told passing that failed at
+    any of them is told failing (its first failure), and passing again if its latest
+    passes, so a failure that came and went between two looks is still told; one told
+    failing whose latest passes is told passing."""
     told, alerts = set(failing), []
     for name, new in sorted(since.items()):
         if name not in told:
@@ -181,25 +227,84 @@ def check_keys(context: dg.SensorEvaluationContext) -> list[dg.AssetCheckKey]:
     "failing and once when it passes again; a change it could not tell fails the tick and is told at the next.",
 )
 def check_alerts(context: dg.SensorEvaluationContext, database: PipelineDatabase) -> dg.SkipReason:
-    settings = database.settings()
     keys = check_keys(context)
-    names = {f"{key.asset_key.to_user_string()}:{key.name}" for key in keys}
+    return tell_changes(context, database.settings(), "check results",
+                        {f"{key.asset_key.to_user_string()}:{key.name}" for key in keys},
+                        lambda seen: evaluations_since(context.instance, keys, seen))
+
+
+@dataclass(frozen=True)
+class Tick:
+    """One finished tick of a sensor or schedule, as the daemon recorded it."""
+
+    name: str  # "sensor due_sources_sensor", "schedule upkeep_schedule"
+    mark: float  # when it started (the daemon's tick timestamp)
+    passed: bool  # False: the tick failed
+    error: str | None  # what the code raised, when it failed
+
+    def told(self) -> str:
+        return f"that {self.name} {'works again' if self.passed else 'fails its ticks'}"
+
+    def alert(self, settings: Settings) -> operator.OperatorAlert:
+        kind, name = self.name.split(" ", 1)
+        if self.passed:
+            event, title = operator.TICKS_WORKING, f"{kind.capitalize()} {name} works again"
+        else:
+            event, title = operator.TICKS_FAILING, f"{kind.capitalize()} {name} fails its ticks"
+        return operator.OperatorAlert(
+            key=f"ticks-{self.name.replace(' ', '-')}-{self.mark}", event=event, title=title,
+            text=f"{title}: {self.error}" if self.error else title, link=f"{settings.ui_url}/automation",
+            details={"instigator": name, "type": kind, "passed": self.passed, "error": self.error},
+        )
+
+
+def ticks_since(instance: dg.DagsterInstance, seen: Mapping[str, float]) -> dict[str, list[Tick]]:
+    """Each sensor's and schedule's finished ticks after the one ``seen`` last (its
+    timestamp, by "sensor NAME" or "schedule NAME"), oldest first; the latest alone for
+    one not seen yet. A tick in progress is left for the next look."""
+    found = {}
+    for state in instance.all_instigator_state():
+        name = f"{state.instigator_type.value.lower()} {state.instigator_name}"
+        after = seen.get(name)
+        ticks = instance.get_ticks(state.instigator_origin_id, state.selector_id, after=after,
+                                   limit=TICKS_READ if after is not None else 2)
+        new = [Tick(name, tick.timestamp, not tick.is_failure, raised(tick.error) if tick.is_failure else None)
+               for tick in ticks if tick.is_completed and (after is None or tick.timestamp > after)]
+        new.sort(key=lambda t: t.mark)
+        if new:
+            found[name] = new if after is not None else new[-1:]
+    return found
+
+
+@dg.sensor(
+    name="tick_alerts", minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Tells the operator (PIPELINE_OPERATOR_ALERT_URL) once when a sensor's or schedule's ticks "
+    "start failing (with the error) and once when one works again; a change it could not tell fails "
+    "the tick and is told at the next.",
+)
+def tick_alerts(context: dg.SensorEvaluationContext, database: PipelineDatabase) -> dg.SkipReason:
+    return tell_changes(context, database.settings(), "ticks", None,
+                        lambda seen: ticks_since(context.instance, seen))
+
+
+def tell_changes(context: dg.SensorEvaluationContext, settings: Settings, read_what: str,
+                 known: set[str] | None, read: Callable[[Mapping[str, float]], dict[str, list[T]]]) -> dg.SkipReason:
+    """One look of an alert sensor: ``read`` each name's results since the cursor's
+    ``seen`` marks, tell what ``changes`` finds, and move the cursor only past what was
+    told; names not ``known`` (no longer defined) are forgotten."""
     state = json.loads(context.cursor) if context.cursor else {}
-    # A check no longer defined is forgotten.
-    failing = set(state.get("failing", [])) & names
-    seen = {name: i for name, i in state.get("seen", {}).items() if name in names}
-    since = evaluations_since(context.instance, keys, seen)
+    failing = {name for name in state.get("failing", []) if known is None or name in known}
+    seen = {name: mark for name, mark in state.get("seen", {}).items() if known is None or name in known}
+    since = read(seen)
     changed = changes(failing, since)
     if changed and not operator.configured(settings):
-        raise NotTold(f"{NOT_CONFIGURED}: untold: " + ", ".join(
-            f"{e.check} {'passes again' if e.passed else 'is failing'}" for e in changed))
-    for evaluation in changed:
-        tell(settings, check_alert(evaluation, settings),
-             f"that {evaluation.check} {'passes again' if evaluation.passed else 'is failing'}")
-        (failing.discard if evaluation.passed else failing.add)(evaluation.check)
-    seen.update({name: new[-1].record_id for name, new in since.items()})
+        raise NotTold(f"{NOT_CONFIGURED}: untold: " + ", ".join(r.told().removeprefix("that ") for r in changed))
+    for result in changed:
+        tell(settings, result.alert(settings), result.told())
+        (failing.discard if result.passed else failing.add)(result.name)
+    seen.update({name: new[-1].mark for name, new in since.items()})
     context.update_cursor(json.dumps({"failing": sorted(failing), "seen": seen}))
-    said = (f"{sum(map(len, since.values()))} check results read, {len(changed)} alerts sent;"
+    said = (f"{sum(map(len, since.values()))} {read_what} read, {len(changed)} alerts sent;"
             f" failing now: {', '.join(sorted(failing)) or 'none'}")
     return dg.SkipReason(said if operator.configured(settings) else f"{said}; {NOT_CONFIGURED}")
 
@@ -210,17 +315,3 @@ def tell(settings: Settings, alert: operator.OperatorAlert, what: str) -> None:
         operator.send(settings, alert)
     except Exception as exc:  # any send failure fails the tick the same way
         raise NotTold(f"the operator was not told {what}: {exc}") from exc
-
-
-def check_alert(evaluation: Evaluation, settings: Settings) -> operator.OperatorAlert:
-    if evaluation.passed:
-        event, title = operator.CHECK_PASSING, f"Asset check {evaluation.check} passes again"
-    else:
-        event, title = operator.CHECK_FAILING, f"Asset check {evaluation.check} is failing ({evaluation.severity})"
-    return operator.OperatorAlert(
-        key=f"check-{evaluation.check}-{evaluation.record_id}", event=event, title=title,
-        text=f"{title}: {evaluation.description}" if evaluation.description else title,
-        link=f"{settings.ui_url}/assets/{'/'.join(evaluation.asset_path)}?view=checks",
-        details={"check": evaluation.check, "passed": evaluation.passed, "severity": evaluation.severity,
-                 "description": evaluation.description},
-    )

@@ -10,6 +10,10 @@ Each runs on the Dagster storages the project runs on: the run-sharded SQLite th
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +22,8 @@ import pytest
 
 from pipeline.notify.delivery import verify
 from pipeline.storage import db
-from sensors.alerts import NOT_CONFIGURED, NotTold, check_alerts, run_failure_alert
+from sensors.alerts import NOT_CONFIGURED, NotTold, check_alerts, run_failure_alert, tick_alerts
+from tests.helpers import wait_until
 from tests.test_pipeline_dagster import resources
 
 SECRET = "operator-shared-secret-0123"
@@ -191,6 +196,65 @@ def test_without_a_channel_a_failure_fails_the_tick_and_is_told_once_there_is_on
     tick(check_alerts, instance, db_url, check_cursor)
     tick(run_failure_alert, instance, db_url, run_cursor)
     assert sorted(a["event"] for a in alerts(receiver)) == ["check_failing", "run_failed"]
+
+
+BOOM = """
+import os
+import dagster as dg
+
+@dg.sensor(minimum_interval_seconds=1, default_status=dg.DefaultSensorStatus.RUNNING)
+def boom():
+    if os.path.exists(os.environ["BOOM_FLAG"]):
+        raise RuntimeError("the source table is gone")
+    return dg.SkipReason("all well")
+
+defs = dg.Definitions(sensors=[boom])
+"""
+
+
+def test_a_sensor_whose_ticks_fail_is_told_once_with_its_error_and_once_when_it_works_again(
+    tmp_path, db_url, operator_webhook
+):
+    """Starts the Dagster daemon (a process of its own, for up to a minute) on a
+    definitions file whose sensor raises while a flag file exists: the ticks a daemon
+    records are what ``tick_alerts`` reads, and only the daemon makes them. A sensor
+    that raised on every tick (a stage sensor that cannot read the database, an alert
+    sensor that cannot send) was red in the UI and told to nobody."""
+    receiver = operator_webhook
+    home, flag = tmp_path / "home", tmp_path / "boom"
+    home.mkdir()
+    (tmp_path / "defs.py").write_text(BOOM)
+    flag.touch()
+    env = {**os.environ, "DAGSTER_HOME": str(home), "BOOM_FLAG": str(flag)}
+    daemon = subprocess.Popen([str(Path(sys.executable).parent / "dagster-daemon"), "run", "-f", str(tmp_path / "defs.py")],
+                              cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            def ticks() -> list:
+                return [t for state in instance.all_instigator_state()
+                        for t in instance.get_ticks(state.instigator_origin_id, state.selector_id, limit=5)
+                        if t.is_completed]
+
+            wait_until("a failed tick of boom", lambda: any(t.is_failure for t in ticks()), 120, 0.5)
+            result, cursor = tick(tick_alerts, instance, db_url)
+            [failing] = alerts(receiver)
+            assert (failing["event"], failing["title"]) == ("ticks_failing", "Sensor boom fails its ticks")
+            assert "RuntimeError: the source table is gone" in failing["text"]
+            assert failing["link"] == "http://ui.example:3000/automation"
+            assert "failing now: sensor boom" in result.skip_message
+            failed = max(t.timestamp for t in ticks())
+            wait_until("another failed tick", lambda: max(t.timestamp for t in ticks()) > failed, 120, 0.5)
+            result, cursor = tick(tick_alerts, instance, db_url, cursor)
+            assert len(receiver.requests) == 1, "still failing: told once"
+            flag.unlink()
+            wait_until("a tick that works", lambda: any(not t.is_failure for t in ticks()), 120, 0.5)
+            result, cursor = tick(tick_alerts, instance, db_url, cursor)
+            assert [a["event"] for a in alerts(receiver)] == ["ticks_failing", "ticks_working"]
+            assert "failing now: none" in result.skip_message
+    finally:
+        os.killpg(daemon.pid, signal.SIGTERM)
+        daemon.wait(60)
 
 
 ALERTMANAGER_MESSAGE = {  # Alertmanager's webhook body (version 4), as deploy/alertmanager sends it

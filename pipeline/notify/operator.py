@@ -1,5 +1,6 @@
 """Telling the operator when the pipeline needs a person: a Dagster run failed, an asset
-check started failing, or a failing one passes again (sensors/alerts.py decides when), or
+check started failing, or a failing one passes again, a sensor's or schedule's ticks
+started failing, or work again (sensors/alerts.py decides when), or
 a Prometheus alert fires or resolves (Alertmanager's webhook to `pipeline serve`,
 ``from_alertmanager``).
 
@@ -25,6 +26,8 @@ from pipeline.net.http import Fetcher
 from pipeline.notify.delivery import AppriseChannel, WebhookChannel, json_body
 
 RUN_FAILED, CHECK_FAILING, CHECK_PASSING = "run_failed", "check_failing", "check_passing"
+# A sensor or schedule whose ticks fail (the daemon records each tick), and one working again.
+TICKS_FAILING, TICKS_WORKING = "ticks_failing", "ticks_working"
 # A Prometheus alert (deploy/prometheus/alerts.yml) as Alertmanager sends it on.
 ALERT_FIRING, ALERT_RESOLVED = "alert_firing", "alert_resolved"
 ALERTS_PER_MESSAGE = 100  # an Alertmanager message holds at most this many alerts told
@@ -33,7 +36,7 @@ ALERTS_PER_MESSAGE = 100  # an Alertmanager message holds at most this many aler
 @dataclass(frozen=True)
 class OperatorAlert:
     key: str  # the idempotency key: the same for every send of this alert
-    event: str  # RUN_FAILED, CHECK_FAILING, CHECK_PASSING, ALERT_FIRING or ALERT_RESOLVED
+    event: str  # RUN_FAILED, CHECK_FAILING, CHECK_PASSING, TICKS_FAILING, TICKS_WORKING, ALERT_FIRING, ALERT_RESOLVED
     title: str
     text: str  # plain text
     link: str | None = None  # where the UI shows it
