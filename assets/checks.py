@@ -6,7 +6,7 @@ PIPELINE_FRESHNESS_MAX_MINUTES (60), PIPELINE_LATENESS_MAX_MINUTES (15).
 """
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -43,26 +43,43 @@ def _stale_lease_check(asset: str, queues: tuple[QueueSpec, ...], stage: str) ->
     return check
 
 
-def _freshness(asset: str, queues: dict[str, QueueSpec], stage: str) -> dg.AssetChecksDefinition:
+def _freshness(asset: str, stage: str) -> dg.AssetChecksDefinition:
+    queues = FRESHNESS_QUEUES[asset]
+
     @dg.asset_check(
         asset=asset, name="freshness", blocking=False,
         description=f"The {stage}'s oldest waiting work ({', '.join(queues)}) has waited at most "
         "PIPELINE_FRESHNESS_MAX_MINUTES since it became due: the asset reflects its inputs. "
-        "An idle stage with nothing waiting is fresh, whenever it last materialised.",
+        "An idle stage with nothing waiting is fresh, whenever it last materialised. The stage's "
+        "sensor records this check too, when its verdict changes (and every 10 minutes): a stage "
+        "whose runs stopped taking work is told though it materialises nothing.",
     )
     def freshness(database: PipelineDatabase) -> dg.AssetCheckResult:
-        limit = database.settings().freshness_max_minutes
         with database.engine.connect() as conn:
-            waited = {name: round(waited_seconds(conn, spec) / 60, 1) for name, spec in queues.items()}
-        oldest = max(waited.values())
-        return dg.AssetCheckResult(
-            passed=oldest <= limit,
-            severity=dg.AssetCheckSeverity.WARN,
-            description=f"oldest waiting work: {oldest:.0f} min (limit {limit})",
-            metadata={**{f"{name}_oldest_minutes": m for name, m in waited.items()}, "limit_minutes": limit},
-        )
+            waited = {name: waited_seconds(conn, spec) for name, spec in queues.items()}
+        return dg.AssetCheckResult(**freshness_verdict(waited, database.settings().freshness_max_minutes))
 
     return freshness
+
+
+# Each asset's waiting work that its freshness check judges: the queues its stage takes.
+FRESHNESS_QUEUES: dict[str, dict[str, QueueSpec]] = {
+    "listings_raw": {"due_sources": schema.SOURCES_DUE},
+    "listings": {"unprocessed_rows": schema.RAW_UNPROCESSED},
+    "notifications": {"unmatched_listings": schema.LISTINGS_UNMATCHED, "due_notifications": schema.NOTIFICATIONS_DUE,
+                      "due_source_alerts": schema.SOURCE_ALERTS_DUE},
+}
+
+
+def freshness_verdict(waited: Mapping[str, float], limit: int) -> dict[str, Any]:
+    """The freshness check's result (passed, severity, description, metadata) from how
+    long each queue's oldest waiting row has waited, in seconds: the check's own, and
+    what a stage sensor records as the check's evaluation between materialisations."""
+    minutes = {name: round(seconds / 60, 1) for name, seconds in waited.items()}
+    oldest = max(minutes.values())
+    return {"passed": oldest <= limit, "severity": dg.AssetCheckSeverity.WARN,
+            "description": f"oldest waiting work: {oldest:.0f} min (limit {limit})",
+            "metadata": {**{f"{name}_oldest_minutes": m for name, m in minutes.items()}, "limit_minutes": limit}}
 
 
 def _none_counted(
@@ -250,11 +267,9 @@ ASSET_CHECKS = [
     _stale_lease_check("listings", (schema.RAW_UNPROCESSED,), "processor"),
     _stale_lease_check("notifications", (schema.LISTINGS_UNMATCHED, schema.NOTIFICATIONS_DUE,
                                          schema.SOURCE_ALERTS_DUE), "notifier"),
-    _freshness("listings_raw", {"due_sources": schema.SOURCES_DUE}, "collector"),
-    _freshness("listings", {"unprocessed_rows": schema.RAW_UNPROCESSED}, "processor"),
-    _freshness("notifications", {"unmatched_listings": schema.LISTINGS_UNMATCHED,
-                                 "due_notifications": schema.NOTIFICATIONS_DUE,
-                                 "due_source_alerts": schema.SOURCE_ALERTS_DUE}, "notifier"),
+    _freshness("listings_raw", "collector"),
+    _freshness("listings", "processor"),
+    _freshness("notifications", "notifier"),
     _none_counted("listings", "given_up_raw_rows", "raw rows given up", health.raw_given_up,
                   "No raw row was given up by the processor after PIPELINE_RAW_MAX_ATTEMPTS "
                   "(`pipeline status` counts them; docs/runbook.md, Processing, says what to do)."),

@@ -5,6 +5,9 @@ observation of the stage's asset, so the UI plots them over time: when a count c
 since the last one recorded, and at least every ``OBSERVE_EVERY_SECONDS`` otherwise. (One
 per tick grew the event log by three observations every ten seconds, never deleted, and
 a tick that reported one showed as "0 runs requested", never "Skipped" with its reason.)
+Freshness: the asset's ``freshness`` check is judged from the same waits and recorded
+when its verdict changes (and every ``OBSERVE_EVERY_SECONDS``), so work left waiting by
+runs that stopped taking it is told within a tick of passing the limit.
 Room: no run of the stage still starting (it will claim the work), none lingering
 waiting for work (it takes the work as it comes due), and fewer active runs tagged with the stage than
 PIPELINE_<STAGE>_MAX_RUNS (default 2). A run counts only
@@ -27,6 +30,7 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
+from assets.checks import FRESHNESS_QUEUES, freshness_verdict
 from assets.policies import LINGER_TAG, STAGE_TAG, run_worker
 from assets.stages import STAGES_OP
 from pipeline.core.settings import Settings
@@ -61,6 +65,8 @@ class Cursor:
     tick: int = 0
     observed: dict[str, int] = field(default_factory=dict)
     observed_at: float = 0.0
+    fresh: bool | None = None  # the freshness verdict last recorded, and when
+    judged_at: float = 0.0
 
     @classmethod
     def read(cls, text: str | None) -> "Cursor":
@@ -69,10 +75,12 @@ class Cursor:
         if text.isdigit():
             return cls(tick=int(text))
         data = json.loads(text)
-        return cls(int(data["tick"]), {k: int(v) for k, v in data["observed"].items()}, float(data["observed_at"]))
+        return cls(int(data["tick"]), {k: int(v) for k, v in data["observed"].items()}, float(data["observed_at"]),
+                   data.get("fresh"), float(data.get("judged_at", 0.0)))
 
     def text(self) -> str:
-        return json.dumps({"tick": self.tick, "observed": self.observed, "observed_at": self.observed_at})
+        return json.dumps({"tick": self.tick, "observed": self.observed, "observed_at": self.observed_at,
+                           "fresh": self.fresh, "judged_at": self.judged_at})
 
 
 def sensor_interval() -> int:
@@ -98,18 +106,27 @@ def look_for_work(
     there is work and room, saying why not otherwise."""
     observed: dict[str, float | int] = {}
     counts: dict[str, int] = {}
+    waited: dict[str, float] = {}
     ready = 0
     with database.engine.connect() as conn:
         for name, spec in queues.items():
             waiting = database.queue(spec).count_ready(cap=COUNT_CAP)
             observed[f"{name}_waiting"] = counts[name] = waiting
-            observed[f"{name}_oldest_age_seconds"] = waited_seconds(conn, spec)
+            observed[f"{name}_oldest_age_seconds"] = waited[name] = waited_seconds(conn, spec)
             ready += waiting
     cursor = Cursor.read(context.cursor)
-    events: list[dg.AssetObservation] = []
+    events: list[dg.AssetObservation | dg.AssetCheckEvaluation] = []
     if counts != cursor.observed or wall_clock() - cursor.observed_at >= OBSERVE_EVERY_SECONDS:
         events.append(dg.AssetObservation(asset_key=asset, metadata=observed))
         cursor.observed, cursor.observed_at = counts, wall_clock()
+    # The asset's freshness check, judged from the same waits: recorded when its verdict
+    # changes, so a stage whose runs stopped taking work (stuck, or none launched) is
+    # told though it materialises nothing, and every OBSERVE_EVERY_SECONDS otherwise.
+    verdict = freshness_verdict({name: waited[name] for name in FRESHNESS_QUEUES[asset.to_user_string()]},
+                                database.settings().freshness_max_minutes)
+    if verdict["passed"] != cursor.fresh or wall_clock() - cursor.judged_at >= OBSERVE_EVERY_SECONDS:
+        events.append(dg.AssetCheckEvaluation(asset_key=asset, check_name="freshness", **verdict))
+        cursor.fresh, cursor.judged_at = verdict["passed"], wall_clock()
     decision = _request_if_work(
         context, database, cursor, stage=stage, work=work, ready=ready, run_key_prefix=run_key_prefix,
         count_tag=count_tag, yield_to=yield_to, linger_seconds=linger_seconds, next_work_in=next_work_in,

@@ -156,25 +156,61 @@ def test_the_sensor_observes_the_backlog_when_it_changes_and_every_ten_minutes(e
         with dg.DagsterInstance.ephemeral() as instance, dg.build_sensor_context(
             instance=instance, cursor=cursor, resources={"database": PipelineDatabase(database_url=db_url)},
         ) as context:
-            return due_sources_sensor(context), context.cursor
+            result = due_sources_sensor(context)
+            return [e for e in result.asset_events if isinstance(e, dg.AssetObservation)], context.cursor
 
-    result, cursor = tick(None)
-    [observation] = result.asset_events
+    observations, cursor = tick(None)
+    [observation] = observations
     assert isinstance(observation, dg.AssetObservation) and observation.asset_key == dg.AssetKey("listings_raw")
     metadata = {k: v.value for k, v in observation.metadata.items()}
     assert metadata["due_sources_waiting"] == 2
     assert 600 <= metadata["due_sources_oldest_age_seconds"] < 3600
     clock[0] += 10
-    result, cursor = tick(cursor)
-    assert result.asset_events == [], "the same backlog ten seconds later: nothing new to plot"
+    observations, cursor = tick(cursor)
+    assert observations == [], "the same backlog ten seconds later: nothing new to plot"
     with engine.begin() as conn:
         add_source(conn, "http://127.0.0.1:9/c")
-    result, cursor = tick(cursor)
-    assert [{k: v.value for k, v in e.metadata.items()}["due_sources_waiting"] for e in result.asset_events] == [3]
+    observations, cursor = tick(cursor)
+    assert [{k: v.value for k, v in e.metadata.items()}["due_sources_waiting"] for e in observations] == [3]
     clock[0] += 599
-    assert tick(cursor)[0].asset_events == []
+    assert tick(cursor)[0] == []
     clock[0] += 1
-    assert len(tick(cursor)[0].asset_events) == 1, "an unchanged backlog is plotted every ten minutes"
+    assert len(tick(cursor)[0]) == 1, "an unchanged backlog is plotted every ten minutes"
+
+
+def test_the_sensor_records_the_freshness_check_when_its_verdict_changes(engine, db_url, monkeypatch):
+    """Work left waiting past PIPELINE_FRESHNESS_MAX_MINUTES is told though no run
+    materialises anything (a run stuck while alive, none launched): the stage's sensor
+    records the asset's freshness check from the waits it reads anyway, when the verdict
+    changes and every ten minutes. The check ran only after a materialisation or on the
+    15-minute schedule: a stage that stopped was told an hour and more later."""
+    clock = [1_000_000.0]
+    monkeypatch.setattr("sensors.runs.wall_clock", lambda: clock[0])
+    monkeypatch.setenv("PIPELINE_FRESHNESS_MAX_MINUTES", "5")
+    with engine.begin() as conn:
+        stuck = add_source(conn, "http://127.0.0.1:9/a", next_fetch_at=now() - timedelta(minutes=10))
+
+    def judged(cursor):
+        with dg.DagsterInstance.ephemeral() as instance, dg.build_sensor_context(
+            instance=instance, cursor=cursor, resources={"database": PipelineDatabase(database_url=db_url)},
+        ) as context:
+            result = due_sources_sensor(context)
+            return [e for e in result.asset_events if isinstance(e, dg.AssetCheckEvaluation)], context.cursor
+
+    [evaluation], cursor = judged(None)
+    assert (evaluation.asset_key, evaluation.check_name, evaluation.passed) == (
+        dg.AssetKey("listings_raw"), "freshness", False)
+    assert evaluation.description == "oldest waiting work: 10 min (limit 5)"
+    clock[0] += 30
+    assert judged(cursor)[0] == [], "the same verdict: nothing recorded"
+    with engine.begin() as conn:
+        conn.execute(schema.sources.update().where(schema.sources.c.id == stuck)
+                     .values(next_fetch_at=now() + timedelta(minutes=10)))
+    clock[0] += 30
+    [evaluation], cursor = judged(cursor)
+    assert evaluation.passed, "taken: fresh again, recorded at once"
+    clock[0] += 600
+    assert [e.passed for e in judged(cursor)[0]] == [True], "an unchanged verdict is recorded every ten minutes"
 
 
 @pytest.mark.parametrize("status", [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING])
