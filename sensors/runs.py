@@ -5,6 +5,8 @@ observation of the stage's asset, so the UI plots them over time: when a count c
 since the last one recorded, and at least every ``OBSERVE_EVERY_SECONDS`` otherwise. (One
 per tick grew the event log by three observations every ten seconds, never deleted, and
 a tick that reported one showed as "0 runs requested", never "Skipped" with its reason.)
+Alive: at most once a minute, the tick records that its sensor looked (worker_state's
+``sensor:NAME``), so a daemon that stopped is seen by readers outside Dagster.
 Freshness: the asset's ``freshness`` check is judged from the same waits and recorded
 when its verdict changes (and every ``OBSERVE_EVERY_SECONDS``), so work left waiting by
 runs that stopped taking it is told within a tick of passing the limit.
@@ -36,7 +38,7 @@ from assets.stages import STAGES_OP
 from pipeline.core.settings import Settings
 from pipeline.queue.spec import QueueSpec
 from pipeline.storage import health
-from pipeline.storage.status import waited_seconds
+from pipeline.storage.status import looked, waited_seconds
 from resources import PipelineDatabase
 
 # A run that has not reached its step yet: it has claimed nothing so far.
@@ -48,6 +50,9 @@ NOT_YET_STARTED = [
 ACTIVE = [*NOT_YET_STARTED, dg.DagsterRunStatus.STARTED]
 COUNT_CAP = 1000
 OBSERVE_EVERY_SECONDS = 600  # an unchanged backlog is recorded this often, so plots go on
+# A sensor records that it looked (worker_state) at most this often: the daemon's sign of
+# life, which PipelineSensorsStopped judges against 5 minutes.
+ALIVE_EVERY_SECONDS = 60
 # A lingering run hands over to its successor: in the last look interval and this long
 # before its linger ends (a run's start: 3 s in a container on the simulated internet,
 # bench/RESULTS.md; more on a busy machine or a long queue), the sensor asks for the next
@@ -67,6 +72,7 @@ class Cursor:
     observed_at: float = 0.0
     fresh: bool | None = None  # the freshness verdict last recorded, and when
     judged_at: float = 0.0
+    alive_at: float = 0.0  # when the sensor last recorded its look in worker_state
 
     @classmethod
     def read(cls, text: str | None) -> "Cursor":
@@ -76,11 +82,11 @@ class Cursor:
             return cls(tick=int(text))
         data = json.loads(text)
         return cls(int(data["tick"]), {k: int(v) for k, v in data["observed"].items()}, float(data["observed_at"]),
-                   data.get("fresh"), float(data.get("judged_at", 0.0)))
+                   data.get("fresh"), float(data.get("judged_at", 0.0)), float(data.get("alive_at", 0.0)))
 
     def text(self) -> str:
         return json.dumps({"tick": self.tick, "observed": self.observed, "observed_at": self.observed_at,
-                           "fresh": self.fresh, "judged_at": self.judged_at})
+                           "fresh": self.fresh, "judged_at": self.judged_at, "alive_at": self.alive_at})
 
 
 def sensor_interval() -> int:
@@ -127,6 +133,9 @@ def look_for_work(
     if verdict["passed"] != cursor.fresh or wall_clock() - cursor.judged_at >= OBSERVE_EVERY_SECONDS:
         events.append(dg.AssetCheckEvaluation(asset_key=asset, check_name="freshness", **verdict))
         cursor.fresh, cursor.judged_at = verdict["passed"], wall_clock()
+    if wall_clock() - cursor.alive_at >= ALIVE_EVERY_SECONDS:
+        looked(database.engine, stage)
+        cursor.alive_at = wall_clock()
     decision = _request_if_work(
         context, database, cursor, stage=stage, work=work, ready=ready, run_key_prefix=run_key_prefix,
         count_tag=count_tag, yield_to=yield_to, linger_seconds=linger_seconds, next_work_in=next_work_in,

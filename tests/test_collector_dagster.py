@@ -213,6 +213,45 @@ def test_the_sensor_records_the_freshness_check_when_its_verdict_changes(engine,
     assert [e.passed for e in judged(cursor)[0]] == [True], "an unchanged verdict is recorded every ten minutes"
 
 
+def test_the_sensor_records_that_it_looked_at_most_once_a_minute_where_the_metrics_see_it(engine, db_url,
+                                                                                         monkeypatch):
+    """The daemon's sign of life outside Dagster: a killed daemon stopped every sensor,
+    and with them every alert of the daemon's, and nothing outside Dagster could tell
+    (PipelineSensorsStopped reads this row's age from the metrics)."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from pipeline.storage.metrics import registry
+
+    clock = [1_000_000.0]
+    monkeypatch.setattr("sensors.runs.wall_clock", lambda: clock[0])
+
+    def look(cursor):
+        with dg.DagsterInstance.ephemeral() as instance, dg.build_sensor_context(
+            instance=instance, cursor=cursor, resources={"database": PipelineDatabase(database_url=db_url)},
+        ) as context:
+            due_sources_sensor(context)
+            return context.cursor
+
+    def last_looked():
+        with engine.connect() as conn:
+            return conn.execute(sa.select(schema.worker_state.c.last_run_at)
+                                .where(schema.worker_state.c.worker_name == "sensor:collector")).scalar()
+
+    cursor = look(None)
+    first = last_looked()
+    assert first is not None
+    clock[0] += 30
+    cursor = look(cursor)
+    assert last_looked() == first, "half a minute later: not written again"
+    clock[0] += 30
+    look(cursor)
+    assert last_looked() > first
+    [family] = [f for f in text_string_to_metric_families(generate_latest(registry(engine)).decode())
+                if f.name == "pipeline_worker_last_run_timestamp_seconds"]
+    assert {s.labels["worker"]: s.value for s in family.samples} == {"sensor:collector": last_looked().timestamp()}
+
+
 @pytest.mark.parametrize("status", [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING])
 def test_the_sensor_asks_for_no_run_while_one_of_its_stage_has_not_started(engine, db_url, status):
     """A queued or starting run will claim the due sources: another request would only

@@ -14,6 +14,8 @@ Gauges, each from one cheap query (the queues' partial indexes, the telemetry's
   the fetches counted.
 * ``pipeline_sources{state}``, ``pipeline_sources_failing{reason}``,
   ``pipeline_notifications{status}`` (unsent ones), ``pipeline_websub_subscriptions{health}``.
+* ``pipeline_worker_last_run_timestamp_seconds{worker}``: when each stage last ran a pass,
+  and each stage's sensor last looked (``sensor:STAGE``): the Dagster daemon's sign of life.
 
 Counters and histograms of the work done (fetches, raw rows, matches, deliveries), as
 the transactions that did it added them (pipeline/storage/counters.py, which names and
@@ -78,6 +80,8 @@ class DatabaseCollector(Collector):
                 sa.select(n.c.status, sa.func.count()).where(n.c.status.in_(UNSENT)).group_by(n.c.status))}
             pushes = health.push_health_counts(conn, datetime.now(UTC))
             totals = counters.totals(conn)
+            workers = conn.execute(sa.select(schema.worker_state.c.worker_name, schema.worker_state.c.last_run_at)
+                                   .where(schema.worker_state.c.last_run_at.is_not(None))).all()
         yield from gauges.values()
         lateness = GaugeMetricFamily("pipeline_fetch_lateness_seconds",
                                      "How late fetches started after their due time, over the last hour.",
@@ -114,6 +118,13 @@ class DatabaseCollector(Collector):
         for name, count in pushes.items():
             subscriptions.add_metric([name], count)
         yield subscriptions
+        last_run = GaugeMetricFamily(
+            "pipeline_worker_last_run_timestamp_seconds",
+            "When each stage last ran a pass, and each stage's sensor last looked for work (sensor:STAGE, at most"
+            " a minute apart while the Dagster daemon runs).", labels=["worker"])
+        for name, when in workers:
+            last_run.add_metric([name], when.timestamp())
+        yield last_run
         yield from _counters(totals)
 
 

@@ -306,8 +306,8 @@ def status_as_text(status: PipelineStatus) -> str:
             f" polled at their cadence, hubs asked again), {status.pushed['expired']:,} expired,"
             f" {status.pushed['unverified']:,} not verified within the hour, {status.pushed['denied']:,} denied")]
           if any(status.pushed[str(h)] for h in PUSH_TROUBLE) else []),
-        *([f"filters        {status.failing_filters:,} left out of matching in the last day: they failed"
-           " (`pipeline filters list` shows why); every other filter was matched"]
+        *([(f"filters        {status.failing_filters:,} left out of matching in the last day: they failed"
+            " (`pipeline filters list` shows why); every other filter was matched")]
           if status.failing_filters else []),
         "",
     ]
@@ -355,6 +355,16 @@ def recorded(engine: Engine, stage: str) -> Iterator[None]:
         _record(engine, stage, "failed", f"{type(exc).__name__}: {exc}"[:1000])
         raise
     _record(engine, stage, "ok", None)
+
+
+def looked(engine: Engine, stage: str) -> None:
+    """Record in ``worker_state`` that ``stage``'s sensor looked for work now (as
+    ``sensor:STAGE``): the daemon's sign of life where the pipeline's own readers see it
+    (`pipeline status`, ``pipeline_worker_last_run_timestamp_seconds``)."""
+    _record(engine, f"{SENSOR_PREFIX}{stage}", "ok", None)
+
+
+SENSOR_PREFIX = "sensor:"  # worker_state's rows of the sensors' looks
 
 
 def _record(engine: Engine, stage: str, status: str, error: str | None) -> None:
