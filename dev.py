@@ -7,7 +7,8 @@
 
 Both create .venv/ on first use and reinstall the project when pyproject.toml changes.
 Extra arguments go to pytest (``test``) or to ``dg dev`` (``up``); ``up --no-demo``
-leaves the demo out.
+leaves the demo out. ``up`` starts ``dg dev`` again when it exits on its own (one of its
+services died), telling the operator's channel.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ retention:
 # In the dev instance's folder while the stack stops: its run launcher then starts no run
 # (sensors/shutdown.py), so none starts between the runs' termination and dagster dev's stop.
 STOP_FILE = "stopping"
+# dagster dev that exits on its own after running this long (a service of it died) is
+# started again; one that exits sooner could not start, and would fail the same way again.
+RESTART_AFTER_SECONDS = 60
 # The demo site's operator channel checks alerts with it (pipeline/demo/content.py).
 DEMO_OPERATOR_SECRET = "demo-operator-secret-not-for-production"
 
@@ -177,6 +181,20 @@ def _die_with_parent() -> None:
         pass  # no prctl (macOS): a dev.py killed with SIGKILL leaves the command running
 
 
+def restarted(code: int, ran: float, env: dict[str, str]) -> None:
+    """dagster dev exited on its own (its daemon, webserver or code server died: it stops
+    them all): say so in one line, tell the operator when a channel is set, and go on to
+    start it again."""
+    what = (f"dagster dev exited on its own (status {code}) after {ran / 60:.0f} min: one of its services died;"
+            " starting it again")
+    say(what)
+    if env.get("PIPELINE_OPERATOR_ALERT_URL"):
+        told = subprocess.run([str(BIN / "pipeline"), "operator", "tell", "--event", "stack_restarted",
+                               "dev.py restarted the Dagster stack", what], cwd=ROOT, env=env, check=False)
+        if told.returncode != 0:
+            say("the operator could not be told of the restart (the line above says why)")
+
+
 def parallel(args: list[str]) -> list[str]:
     """pytest-xdist's workers, two per core (each with databases of its own), unless the
     arguments choose (``-n 0`` runs in this process). Tests spend much of their time
@@ -255,13 +273,26 @@ def up(args: list[str]) -> int:
     try:
         port = args[args.index("-p") + 1] if "-p" in args[:-1] else "3000"  # the last -p wins
         say(f"starting the Dagster UI on http://127.0.0.1:{port} (Ctrl-C stops it)")
-        # `dg dev`, the supported command (`dagster dev` warns it is superseded); given the
-        # workspace file, it starts what `dagster dev` started.
-        return run(
-            [str(BIN / "dg"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", "3000", *args],
-            env=env, before_stop=(lambda: stop_runs(dagster_home, env)) if own_instance else None,
-            after_exit=(lambda pgid: after_dagster(pgid, env)) if own_instance else kill_group,
-        )
+        stopping: list[bool] = []  # set on Ctrl-C: an exit after it is the stop asked for
+
+        def before_stop() -> None:
+            stopping.append(True)
+            if own_instance:
+                stop_runs(dagster_home, env)
+
+        while True:
+            started = time.monotonic()
+            # `dg dev`, the supported command (`dagster dev` warns it is superseded); given
+            # the workspace file, it starts what `dagster dev` started.
+            code = run(
+                [str(BIN / "dg"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", "3000", *args],
+                env=env, before_stop=before_stop,
+                after_exit=(lambda pgid: after_dagster(pgid, env)) if own_instance else kill_group,
+            )
+            ran = time.monotonic() - started
+            if stopping or ran < RESTART_AFTER_SECONDS:
+                return code  # stopped by Ctrl-C, or it could not start: a restart would fail the same way
+            restarted(code, ran, env)
     finally:
         for companion in (site, web):
             if companion is not None:

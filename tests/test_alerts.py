@@ -257,6 +257,32 @@ def test_a_sensor_whose_ticks_fail_is_told_once_with_its_error_and_once_when_it_
         daemon.wait(60)
 
 
+def test_the_operator_command_sends_a_test_and_tells_what_a_supervisor_saw(operator_webhook, monkeypatch):
+    """`pipeline operator test` tries the channel; `operator tell` is how `dev.py up`
+    tells that it restarted a stack whose services died. Without a channel: one line,
+    status 1."""
+    import pipeline.notify.operator as events
+    from pipeline.cli.operator import operator_tell
+    from tests.test_cli import run
+
+    receiver = operator_webhook
+    done = run("operator", "test")
+    assert done.returncode == 0 and done.stdout == "told the operator: Test alert from the listings pipeline\n"
+    done = run("operator", "tell", "--event", "stack_restarted", "dev.py restarted the Dagster stack",
+               "dagster dev exited on its own (status 1)")
+    assert done.returncode == 0, done.stderr
+    test, restarted = alerts(receiver)
+    assert test["event"] == "test"
+    assert (restarted["event"], restarted["title"], restarted["text"]) == (
+        "stack_restarted", "dev.py restarted the Dagster stack", "dagster dev exited on its own (status 1)")
+    assert test["idempotency_key"] != restarted["idempotency_key"]
+    choices = next(p for p in operator_tell.params if p.name == "event").type.choices
+    assert set(choices) == {events.MESSAGE, events.STACK_RESTARTED}, "one home for the events"
+    monkeypatch.delenv("PIPELINE_OPERATOR_ALERT_URL")
+    done = run("operator", "test")
+    assert done.returncode == 1 and done.stderr == "pipeline: PIPELINE_OPERATOR_ALERT_URL is not set\n"
+
+
 ALERTMANAGER_MESSAGE = {  # Alertmanager's webhook body (version 4), as deploy/alertmanager sends it
     "version": "4", "status": "firing", "receiver": "operator", "externalURL": "http://127.0.0.1:9093",
     "groupKey": "{}:{alertname=\"PipelineDeadNotifications\"}",

@@ -64,10 +64,10 @@ class Quickstart:
         self.engine = db.create_engine(f"sqlite:///{state / 'pipeline.db'}")
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, *args: str) -> None:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, str(ROOT / "dev.py"), "up", "-p", self.ui.rsplit(":", 1)[1]],
+                [sys.executable, str(ROOT / "dev.py"), "up", *args, "-p", self.ui.rsplit(":", 1)[1]],
                 cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
         self.started = time.monotonic()
@@ -441,6 +441,53 @@ def test_ctrl_c_during_a_run_ends_it_canceled_and_leaves_no_process(quickstart: 
     finally:
         gate.set()
         server.stop()
+
+
+def test_a_killed_daemon_is_told_and_its_stack_started_again(tmp_path: Path) -> None:
+    """Processes: `dev.py up --no-demo` with the operator's channel on a local receiver;
+    its Dagster daemon is killed (SIGKILL, as the OOM killer does) once the stack has run
+    the minute after which dev.py restarts what exits. dagster dev stopped everything
+    when its daemon died, and dev.py exited with it: the embedded default stopped
+    ingesting until someone noticed, and nobody was told."""
+    from pipeline.notify.delivery import verify
+    from tests.http_server import LocalServer
+
+    receiver = LocalServer().start()
+    receiver.routes["/operator"] = lambda h: h.reply(204)
+    app = Quickstart(tmp_path)
+    app.env.update(PIPELINE_OPERATOR_ALERT_URL=receiver.url("/operator"), PIPELINE_OPERATOR_ALERT_SECRET="s" * 24,
+                   PIPELINE_ALLOW_NETWORKS="127.0.0.1/32")
+
+    def daemons() -> list[int]:
+        return [pid for pid in app.processes()
+                if b"dagster._daemon" in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")]
+
+    def restarts() -> list[dict[str, Any]]:
+        return [json.loads(r["body"]) for r in receiver.requests if r["path"] == "/operator"
+                and verify("s" * 24, r["body"], r["headers"]) and json.loads(r["body"])["event"] == "stack_restarted"]
+
+    try:
+        app.start("--no-demo")
+        wait_until("the UI and its code location", app.location_loaded, timeout=180, every=2)
+        [daemon] = wait_until("the daemon", daemons, timeout=60)
+        # The state dev.py's restart rule reads: dagster dev has run its first minute.
+        wait_until("the stack's first minute", lambda: time.monotonic() - app.started > 65, timeout=120)
+        os.kill(daemon, signal.SIGKILL)
+        [told] = wait_until("the operator told of the restart", restarts, timeout=120)
+        assert "dagster dev exited on its own" in told["text"] and "starting it again" in told["text"]
+        wait_until("a new daemon", lambda: daemons() and daemons() != [daemon], timeout=120)
+        wait_until("the UI again", app.location_loaded, timeout=180, every=2)
+        assert app.alive()
+        assert app.interrupt() == 0, app.tail()
+        wait_until("every process of the group to exit", lambda: not app.alive(), timeout=60, every=1)
+        assert len(restarts()) == 1, "Ctrl-C is a stop, not a death: no restart"
+    except AssertionError:
+        print(app.tail())
+        raise
+    finally:
+        app.kill()
+        app.engine.dispose()
+        receiver.stop()
 
 
 def _failures(instance: Any) -> dict[str, list[str]]:

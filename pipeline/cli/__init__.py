@@ -12,7 +12,7 @@ import unicodedata
 import click
 import sqlalchemy as sa
 
-from pipeline.cli import common, database, demo, metrics, sources, stages, users, web
+from pipeline.cli import common, database, demo, metrics, operator, sources, stages, users, web
 from pipeline.core import errors, redact
 from pipeline.core.errors import PipelineError
 from pipeline.storage.status import collect_status, status_as_json, status_as_text
@@ -30,7 +30,7 @@ for _command in (
     database.db_group, sources.sources_group, sources.politeness_group, stages.collect,
     stages.process, stages.notify, stages.run_once, stages.backfill_group, users.users_group,
     users.filters_group, users.notifications_group, web.feeds_group, web.serve, demo.demo_group,
-    metrics.metrics_group,
+    metrics.metrics_group, operator.operator_group,
 ):
     cli.add_command(_command)
 

@@ -28,6 +28,9 @@ from pipeline.notify.delivery import AppriseChannel, WebhookChannel, json_body
 RUN_FAILED, CHECK_FAILING, CHECK_PASSING = "run_failed", "check_failing", "check_passing"
 # A sensor or schedule whose ticks fail (the daemon records each tick), and one working again.
 TICKS_FAILING, TICKS_WORKING = "ticks_failing", "ticks_working"
+# `pipeline operator`: a message, a test, and what `dev.py up` tells when it restarts a
+# stack whose Dagster services died.
+MESSAGE, TEST, STACK_RESTARTED = "message", "test", "stack_restarted"
 # A Prometheus alert (deploy/prometheus/alerts.yml) as Alertmanager sends it on.
 ALERT_FIRING, ALERT_RESOLVED = "alert_firing", "alert_resolved"
 ALERTS_PER_MESSAGE = 100  # an Alertmanager message holds at most this many alerts told
