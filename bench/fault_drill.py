@@ -8,7 +8,8 @@ the first pushed by the site's own WebSub hub; the operator's channel (every ale
 pipeline sends, signed, with when it came); and a user's webhook, whose filter matches
 every item. Then, phase after phase, while items keep appearing, faults are injected
 (those of a phase at once, each on its own feed or path: the small setting's whole run is
-about 20-30 minutes, most of it the failed sources' own backoff), the drill waits up to
+about 60 minutes on PostgreSQL, most of it the failed sources' own backoff; --only picks
+some), the drill waits up to
 --signal-minutes for the operator alert that names each, removes them and waits up to
 --recover-minutes for the machine to say it recovered (a check passing again, items
 flowing). For each fault the table says:
@@ -30,6 +31,7 @@ its times depend on the machine and its load: say it with them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import hmac
 import json
@@ -55,7 +57,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SOURCES = 6  # feed 0 is pushed by the site's hub; the faults take feeds 1, 2, 3
+SOURCES = 6  # feed 0 is pushed by the site's hub; the faults take feeds 1-4
 OPERATOR_SECRET = "fault-drill-operator-secret-0123"
 USER_SECRET = "fault-drill-user-secret-0123456789"
 CHALLENGE_PAGE = (b"<!doctype html><html><head><title>Just a moment...</title></head><body>"
@@ -79,6 +81,8 @@ class DrillSite(ThreadingHTTPServer):
         self.lock = threading.Lock()
         self.feed_mode: dict[int, str] = {}  # feed -> "500", "429", "html", "challenge"; absent: ok
         self.hook_mode = "ok"  # or "503", "410"
+        self.operator_mode = "ok"  # or "503": the operator's channel down
+        self.hub_down = False  # the hub answers 503 and pushes nothing
         self.subscribers: dict[str, str] = {}  # the hub's: callback -> secret
         self.alerts: list[tuple[float, dict[str, Any]]] = []  # (received, the alert)
         self.deliveries: list[float] = []
@@ -111,7 +115,7 @@ class DrillSite(ThreadingHTTPServer):
         last = len(self.published(0, time.time()))
         while not self._stop.wait(0.5):
             now = len(self.published(0, time.time()))
-            if now == last:
+            if now == last or self.hub_down:
                 continue
             last = now
             body = self.feed(0)
@@ -169,12 +173,17 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         path = urlsplit(self.path).path
         if path == "/hub":
+            if self.server.hub_down:
+                return self._reply(503, b"hub down")
             form = {k: v[-1] for k, v in parse_qs(body.decode()).items()}
             if form.get("hub.mode") == "subscribe":
                 threading.Thread(target=self.server.verify, args=(form,), daemon=True).start()
             return self._reply(202, b"")
         if path == "/operator":
             from pipeline.notify.delivery import verify
+
+            if self.server.operator_mode != "ok":
+                return self._reply(int(self.server.operator_mode), b"down")
 
             if not verify(OPERATOR_SECRET, body, dict(self.headers)):
                 return self._reply(401, b"bad signature")
@@ -229,7 +238,11 @@ class Fault:
     hold_seconds: float | None = None  # removed this long after its injection, signalled or not
 
 
-def faults(site: DrillSite, cli: Callable[..., str], stack: Stack, proxy: Any) -> list[Fault]:
+def event(*names: str) -> Predicate:
+    return lambda a: a["event"] in names
+
+
+def faults(site: DrillSite, cli: Callable[..., str], stack: Stack, proxy: Any, database: Any) -> list[Fault]:
     failing = "listings_raw:failing_sources"
 
     def feed_mode(n: int, mode: str | None) -> Callable[[], None]:
@@ -237,6 +250,16 @@ def faults(site: DrillSite, cli: Callable[..., str], stack: Stack, proxy: Any) -
 
     def hook(mode: str) -> Callable[[], None]:
         return lambda: setattr(site, "hook_mode", mode)
+
+    def channel(mode: str) -> Callable[[], None]:
+        return lambda: setattr(site, "operator_mode", mode)
+
+    def hub(down: bool) -> Callable[[], None]:
+        return lambda: setattr(site, "hub_down", down)
+
+    def operator_channel_failure(a: dict[str, Any]) -> bool:
+        """check_alerts's failing ticks, told by tick_alerts once the channel works."""
+        return a["event"] == "ticks_failing" and a["details"].get("instigator") == "check_alerts"
 
     def forget() -> None:
         """The hub forgets its subscribers, once it has pushed to one (a drill of this
@@ -253,8 +276,12 @@ def faults(site: DrillSite, cli: Callable[..., str], stack: Stack, proxy: Any) -
         dns["id"] = cli("sources", "add", "http://drill-feed.invalid/feed", "--interval", "1").strip()
 
     # Phase 1: sources failing each their own way, at once (one check names them all, with
-    # a table of which); phase 2: push, a run, a user's channel; phase 3: a channel gone;
-    # phase 4 (PostgreSQL): the database cut off, every connection hanging, for 2 minutes.
+    # a table of which); phase 2: push, a run, a user's channel; phase 3: a channel gone,
+    # the hub down; phase 4: the operator's channel down while a user's webhook fails
+    # (check_alerts cannot send: its ticks fail); phase 5: a run stuck while alive;
+    # phase 6: the daemon killed; phases 7-9 (PostgreSQL): the database cut off, every
+    # connection hanging, for 2 minutes; refusing writes (read-only, as a full disk) for
+    # 2 minutes; restarted (every connection ended, none taken for 20 s).
     return [
         Fault("source answers 500", 1, feed_mode(1, "500"), feed_mode(1, None), check_failing(failing),
               None, feed=1),
@@ -273,8 +300,21 @@ def faults(site: DrillSite, cli: Callable[..., str], stack: Stack, proxy: Any) -
               check_failing("notifications:failing_channels"), check_passing("notifications:failing_channels")),
         Fault("user's webhook gone (410)", 3, hook("410"), hook("ok"),
               check_failing("notifications:failing_channels"), check_passing("notifications:failing_channels")),
-        *([Fault("database unreachable for 2 minutes (a partition)", 4, proxy.cut, proxy.heal,
-                 lambda a: a["event"] in ("run_failed", "check_failing"), None, hold_seconds=120)]
+        Fault("hub down (503, no pushes)", 3, hub(True), hub(False), check_failing("listings_raw:push_health"),
+              check_passing("listings_raw:push_health"), feed=0),
+        Fault("a run stuck while alive (SIGSTOP)", 5, stack.stop_a_run, stack.continue_runs,
+              check_failing("listings_raw:freshness"), check_passing("listings_raw:freshness")),
+        Fault("operator's channel down 2 min (a source failing meanwhile)", 4, channel("503"), channel("ok"),
+              operator_channel_failure, None, hold_seconds=120),
+        Fault("user's webhook down (told through a channel that is down)", 4, hook("503"), hook("ok"),
+              check_failing("notifications:failing_channels"), check_passing("notifications:failing_channels")),
+        Fault("the Dagster daemon killed", 6, stack.kill_the_daemon, lambda: None, event("stack_restarted"), None),
+        *([Fault("database unreachable for 2 minutes (a partition)", 7, proxy.cut, proxy.heal,
+                 event("run_failed", "check_failing", "ticks_failing"), None, hold_seconds=120),
+           Fault("database refuses writes for 2 minutes (read-only, as a full disk)", 8, database.read_only,
+                 database.writable, event("run_failed", "check_failing", "ticks_failing"), None, hold_seconds=120),
+           Fault("database restarted (connections ended, 20 s down)", 9, lambda: database.restart(proxy, 20),
+                 lambda: None, event("run_failed", "check_failing", "ticks_failing"), None, hold_seconds=60)]
           if proxy is not None else []),
     ]
 
@@ -284,14 +324,15 @@ class Stack:
 
     def __init__(self, state: Path, env: dict[str, str]) -> None:
         self.state, self.env = state, env
+        self.stopped: list[int] = []  # runs' processes SIGSTOPped
         self.log = (state / "dev-up.log").open("ab")
         self.process = subprocess.Popen([sys.executable, str(ROOT / "dev.py"), "up", "--no-demo", "-p",
                                          str(free_port())], cwd=ROOT, env=env, stdout=self.log,
                                         stderr=subprocess.STDOUT, start_new_session=True)
 
-    def kill_a_run(self) -> None:
-        """SIGKILL the process of a run in flight: `dg dev`'s code server starts each run
-        in a process of its own (multiprocessing's spawn), with the stack's environment."""
+    def process(self, marker: bytes, what: str) -> int | None:
+        """The pid of the stack's process whose command line holds ``marker`` (waited for
+        up to 120 s), found by the stack's state folder in its environment."""
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             for entry in Path("/proc").iterdir():
@@ -302,20 +343,75 @@ class Stack:
                     environ = (entry / "environ").read_bytes().split(b"\0")
                 except OSError:
                     continue
-                if (any(b"spawn_main" in part for part in command)
+                if (any(marker in part for part in command)
                         and f"PIPELINE_STATE_DIR={self.state}".encode() in environ):
-                    os.kill(int(entry.name), signal.SIGKILL)
-                    return
+                    return int(entry.name)
             time.sleep(0.5)
-        print("no run in flight to kill within 120 s", flush=True)  # the fault's row says: no signal
+        print(f"no {what} within 120 s", flush=True)  # the fault's row says: no signal
+        return None
+
+    def kill_a_run(self) -> None:
+        """SIGKILL the process of a run in flight: `dg dev`'s code server starts each run
+        in a process of its own (multiprocessing's spawn), with the stack's environment."""
+        if (pid := self.process(b"spawn_main", "run in flight to kill")) is not None:
+            os.kill(pid, signal.SIGKILL)
+
+    def stop_a_run(self) -> None:
+        """SIGSTOP a run's process: alive, its run STARTED, making no progress."""
+        if (pid := self.process(b"spawn_main", "run in flight to stop")) is not None:
+            os.kill(pid, signal.SIGSTOP)
+            self.stopped.append(pid)
+
+    def continue_runs(self) -> None:
+        for pid in self.stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self.stopped.clear()
+
+    def kill_the_daemon(self) -> None:
+        """SIGKILL the Dagster daemon, as the OOM killer would."""
+        if (pid := self.process(b"dagster._daemon", "Dagster daemon")) is not None:
+            os.kill(pid, signal.SIGKILL)
 
     def stop(self) -> None:
+        self.continue_runs()
         os.killpg(self.process.pid, signal.SIGINT)
         try:
             self.process.wait(120)
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
         self.log.close()
+
+
+class Database:
+    """The drill's PostgreSQL database, as its server's administrator acts on it."""
+
+    def __init__(self, admin: Any, name: str) -> None:
+        self.admin, self.name = admin, name
+
+    def _end_sessions(self) -> None:
+        with self.admin.connect() as conn:
+            conn.exec_driver_sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                                 f" WHERE datname = '{self.name}' AND pid <> pg_backend_pid()")
+
+    def read_only(self) -> None:
+        """Every new session read-only (writes refused, as on a full disk), and every
+        session ended so that each new one is."""
+        with self.admin.connect() as conn:
+            conn.exec_driver_sql(f"ALTER DATABASE {self.name} SET default_transaction_read_only = on")
+        self._end_sessions()
+
+    def writable(self) -> None:
+        with self.admin.connect() as conn:
+            conn.exec_driver_sql(f"ALTER DATABASE {self.name} RESET default_transaction_read_only")
+        self._end_sessions()
+
+    def restart(self, proxy: Any, seconds: float) -> None:
+        """As a restart looks to its clients: every session ended, and no connection
+        taken for ``seconds``."""
+        proxy.cut()
+        self._end_sessions()
+        threading.Timer(seconds, proxy.heal).start()
 
 
 def wait_for(what: Callable[[], Any], seconds: float, every: float = 1.0) -> Any:
@@ -364,6 +460,9 @@ def main() -> None:
         env.update(
             PIPELINE_STATE_DIR=str(state), PIPELINE_WEB_PORT=str(web_port), PIPELINE_ALLOW_NETWORKS="127.0.0.1/32",
             PIPELINE_SENSOR_INTERVAL_SECONDS="10", PIPELINE_ALERT_LIMIT="1000000",
+            # A stage whose runs stopped taking work is told once its oldest due work has
+            # waited this long (the default, 60, is for fleets whose backlog swings).
+            PIPELINE_FRESHNESS_MAX_MINUTES="3",
             PIPELINE_WEBSUB_CALLBACK_URL=f"http://127.0.0.1:{web_port}",
             PIPELINE_OPERATOR_ALERT_URL=f"{site.url}/operator", PIPELINE_OPERATOR_ALERT_SECRET=OPERATOR_SECRET)
 
@@ -395,7 +494,7 @@ def main() -> None:
             if not wait_for(lambda: site.deliveries, 600, 2):
                 raise SystemExit(f"no delivery within 10 minutes; see {state / 'dev-up.log'}")
             print(f"first delivery after {time.time() - started:.0f} s", flush=True)
-            chosen = faults(site, cli, stack, proxy)
+            chosen = faults(site, cli, stack, proxy, Database(admin, made) if admin is not None else None)
             if args.only:
                 chosen = [f for f in chosen if any(f.name.startswith(p) for p in args.only.split(","))]
             for phase in sorted({f.phase for f in chosen}):
@@ -473,7 +572,8 @@ def drill(held: list[Fault], site: DrillSite, stored: Callable[[int, float], flo
         details = found[1]["details"] if found else {}
         rows.append({"fault": fault.name, "phase": fault.phase, "feed": fault.feed, "injected": at[fault.name],
                      "removed": removed,
-                     "signal": f"{found[1]['event']} {details.get('check') or details.get('job')}" if found else "none",
+                     "signal": (f"{found[1]['event']} {details.get('check') or details.get('job') or details.get('instigator') or ''}"
+                                .strip() if found else "none"),
                      "signal_after_s": round(found[0] - at[fault.name], 1) if found else None,
                      "recovered_after_s": (round(recoveries[fault.name] - removed, 1)
                                            if fault.name in recoveries else None)})
