@@ -203,6 +203,29 @@ def test_an_unreachable_database_is_503_with_retry_after(free_postgres_port_url)
         assert b"Traceback" not in body
 
 
+def test_an_error_nobody_listed_is_a_plain_500_and_one_log_line(engine, caplog, monkeypatch):
+    """The service caught only the database's errors: any other (a push's signature
+    header that broke a comparison, say) answered with the server's own traceback."""
+    app = FeedApp(engine)
+
+    def broken(*args, **kwargs):
+        raise TypeError("comparing strings with non-ASCII characters is not supported")
+
+    monkeypatch.setattr(app, "_feed", broken)
+    seen: dict = {}
+
+    def start_response(status, headers):
+        seen.update(status=status)
+
+    with caplog.at_level("ERROR", logger="pipeline.web.app"):
+        body = b"".join(app({"REQUEST_METHOD": "GET", "PATH_INFO": "/feeds/" + "a" * 32 + ".atom",
+                             "wsgi.url_scheme": "http", "HTTP_HOST": "x"}, start_response))
+    assert (seen["status"], body) == ("500 Internal Server Error", b"internal error\n")
+    [record] = caplog.records
+    assert record.getMessage().endswith("failed: TypeError: comparing strings with non-ASCII characters is not supported")
+    assert record.exc_info is None, "one line, no traceback"
+
+
 @pytest.fixture
 def free_postgres_port_url() -> str:
     from tests.helpers import free_port

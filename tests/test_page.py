@@ -186,3 +186,42 @@ def test_a_feed_answered_by_a_bot_challenge_is_blocked_not_broken(body):
     with pytest.raises(FetchError) as error:
         rss.parse_feed(PAGE, URL, "text/html")
     assert error.value.reason is FailureReason.PARSE_ERROR
+
+
+def _jobs(count: int, *, closed: bool = True) -> str:
+    """``count`` job items, each closed, or each left open (nested, as unclosed tags nest)."""
+    end = "</div>" if closed else ""
+    return "".join(f'<div class="job"><a href="/j/{i}">job {i}</a><p>text {i}</p>{end}' for i in range(count)) + (
+        "" if closed else "</div>" * count)
+
+
+@pytest.mark.parametrize("script", [
+    "[" * 100_000,  # past the interpreter's stack: json raised RecursionError, and the page failed
+    '{"a": ' * 900 + "1" + "}" * 900,  # readable, but deeper than any page's real data
+    "[" * 100_000 + ",,",  # neither: read leniently, and refused the same way
+], ids=["100000 brackets", "900 nested objects", "100000 brackets, not JSON"])
+def test_structured_data_nested_past_reason_is_dropped_and_the_items_stay(script):
+    """One hostile JSON-LD script took the whole page with it (0 of 3 items stored)."""
+    body = f'<html><body><script type="application/ld+json">{script}</script>{_jobs(3)}</body></html>'.encode()
+    items = parse_page(body, URL, {"item": "div.job", "title": "a", "summary": "p"})
+    assert [i.raw["title"] for i in items] == ["job 0", "job 1", "job 2"]
+
+
+def test_a_page_nested_past_reason_is_refused_at_once_naming_why():
+    """8,000 nested items (0.5 MB) kept a pass busy 72 s: the CSS matcher reads every
+    item's ancestors. Refused in a walk of the page, as a page of too many elements is."""
+    body = f"<html><body>{_jobs(8000, closed=False)}</body></html>".encode()
+    with pytest.raises(FetchError) as raised:
+        parse_page(body, URL, {"item": "div.job", "title": "a"})
+    assert raised.value.reason == FailureReason.TOO_LARGE
+    assert "nests elements more than 256 deep" in str(raised.value)
+
+
+def test_items_nested_by_unclosed_tags_each_read_their_own_text():
+    """A sloppy page's unclosed item elements nest: each item's text was its own and
+    every later item's, so its summary (and a link-less item's identity) changed with
+    each new item below it."""
+    body = f"<html><body>{_jobs(5, closed=False)}</body></html>".encode()
+    items = parse_page(body, URL, {"item": "div.job"})
+    assert [i.raw["summary"] for i in items] == [f"job {i} text {i}" for i in range(5)]
+    assert [i.raw["title"] for i in items] == [f"job {i} text {i}" for i in range(5)]

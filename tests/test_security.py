@@ -302,6 +302,21 @@ def test_a_database_url_hides_its_password_and_query_values():
     assert DB_PASSWORD not in shown and shown.startswith("postgresql://app:***@db.example.com/app?password=***")
 
 
+@pytest.mark.parametrize("url, fragments", [
+    # A password with "@" not written %40: SQLAlchemy ends it at the first "@", the
+    # operator meant the last, and the redaction showed the rest of it.
+    ("postgresql://postgres:p@ssw0rd-XYZ-42@127.0.0.1/db", ("postgresql://***@127.0.0.1/db", "%40")),
+    ("postgresql://postgres@127.0.0.1:abc/x", ("port is not a number",)),  # was a 37-line traceback
+    ("nonsense", ("is not a database URL",)),
+    ("postgresql://app:s3cret-pw@127.0.0.1:99999999999/x", ("port",)),  # the driver says so, in one line
+], ids=["an @ in the password", "a port that is no number", "no URL", "a port out of range"])
+def test_a_malformed_database_url_is_one_line_that_shows_no_part_of_its_password(url, fragments):
+    done = run("status", env={"DATABASE_URL": url})
+    assert_one_line_error(done, *fragments)
+    for secret in ("ssw0rd", "XYZ-42", "s3cret"):
+        assert secret not in done.stderr
+
+
 def test_a_key_echoed_truncated_is_scrubbed_too():
     echoed = f"API key {API_KEY[:12]}... not valid; the whole key was {API_KEY}"
     scrubbed = redact.scrub(echoed, [API_KEY])

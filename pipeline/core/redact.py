@@ -109,9 +109,15 @@ def database_url(url: sa.URL | str) -> str:
     if isinstance(url, str):
         try:
             url = sa.make_url(url)
-        except ArgumentError:
+        except (ArgumentError, ValueError):  # ValueError: a port that is not a number
             return "<unparseable URL>"
-    shown = url.set(query={}).render_as_string(hide_password=True)
+    if url.host and "@" in url.host:
+        # An "@" in the password, not written %40: SQLAlchemy ends the password at the
+        # first "@", the operator meant the last. All of it before the last is hidden.
+        plain = sa.URL.create(url.drivername, host=url.host.rsplit("@", 1)[1], port=url.port, database=url.database)
+        shown = plain.render_as_string(hide_password=True).replace("://", f"://{MASK}@", 1)
+    else:
+        shown = url.set(query={}).render_as_string(hide_password=True)
     return shown + ("?" + "&".join(f"{key}={MASK}" for key in url.query) if url.query else "")
 
 

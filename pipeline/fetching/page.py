@@ -24,6 +24,7 @@ from urllib.parse import urljoin
 
 import soupsieve
 from bs4 import BeautifulSoup, Tag
+from bs4.element import CData, NavigableString, PageElement
 from soupsieve import SelectorSyntaxError
 
 from pipeline.core.errors import FetchError
@@ -39,6 +40,10 @@ SUMMARY_CHARS = 2000
 # byte cap alone does not bound a page: 6 MB of tiny elements took 816 MiB and 19 s. No
 # page worth watching has more elements than this; one that does is refused unparsed.
 MAX_ELEMENTS = 50_000
+# Nor more than this deep (real pages nest 20 to 60): the CSS matcher reads each item's
+# ancestors, so a page of thousands of nested items (unclosed tags) cost minutes of a
+# pass; at this depth the page's every item costs its ancestors' count at most.
+MAX_DEPTH = 256
 _START_TAG = re.compile(rb"<[a-zA-Z]")
 SELECTOR_KEYS = ("item", "title", "link", "summary", "price")
 # Selectors of a listing's fields, inside an item, read from their element's text
@@ -49,6 +54,51 @@ _NOT_TEXT = ("script", "style", "noscript", "template", "head")
 
 def _text(node: Tag) -> str:
     return " ".join(node.get_text(" ").split())
+
+
+def _nested_deeper(soup: Tag, limit: int) -> bool:
+    """Whether any element of ``soup`` lies more than ``limit`` elements deep (one
+    iterative walk)."""
+    pending = [(soup, 0)]
+    while pending:
+        node, depth = pending.pop()
+        if depth > limit:
+            return True
+        pending.extend((child, depth + 1) for child in node.children if isinstance(child, Tag))
+    return False
+
+
+def _holding_items(soup: Tag, chosen: set[int]) -> set[int]:
+    """The ids of the item elements (``chosen``, by id) that hold others of them (item
+    elements nested, as unclosed tags on a sloppy page, or a hostile one, leave them):
+    one walk of the page."""
+    holding: set[int] = set()
+    pending: list[tuple[Tag, Tag | None]] = [(soup, None)]  # (node, the nearest item above it)
+    while pending:
+        node, above = pending.pop()
+        if id(node) in chosen:
+            if above is not None:
+                holding.add(id(above))
+            above = node
+        pending.extend((child, above) for child in node.children if isinstance(child, Tag))
+    return holding
+
+
+def own_text(element: Tag, chosen: set[int]) -> str:
+    """``element``'s text without that of the item elements (``chosen``, by id) nested in
+    it: each item reads its own text once, however deep they nest (reading each one's
+    whole subtree took a pass minutes on a page of 8,000 nested items), and an item's
+    text is not its followers'."""
+    parts: list[str] = []
+    pending: list[PageElement] = [element]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, Tag):
+            if node is element or id(node) not in chosen:
+                pending.extend(reversed(node.contents))
+        elif type(node) in (NavigableString, CData):  # what get_text reads
+            parts.append(str(node))
+    return " ".join(" ".join(parts).split())
 
 
 def _select_one(node: Tag, selector: str | None) -> Tag | None:
@@ -72,6 +122,11 @@ def parse_page(body: bytes, url: str, config: Mapping[str, Any]) -> list[Item]:
             f"the page has more than {MAX_ELEMENTS:,} elements; larger pages are not parsed",
         )
     soup = BeautifulSoup(body, "html.parser")
+    if _nested_deeper(soup, MAX_DEPTH):
+        raise FetchError(
+            FailureReason.TOO_LARGE,
+            f"the page nests elements more than {MAX_DEPTH} deep; deeper pages are not parsed",
+        )
     title = _text(soup.title) if soup.title else ""
     if found := challenge(title, body):
         raise FetchError(FailureReason.BLOCKED, f"the site answered with a bot challenge ({found}), not the page")
@@ -95,7 +150,11 @@ def parse_page(body: bytes, url: str, config: Mapping[str, Any]) -> list[Item]:
     linked = structured.by_link(data, url)
     try:
         elements = soup.select(selector)
-        items = [_selected_item(element, url, config, linked, "microdata" in kinds) for element in elements]
+        chosen = {id(element) for element in elements}
+        holding = _holding_items(soup, chosen)
+        items = [_selected_item(element, url, config, linked, "microdata" in kinds,
+                                own_text(element, chosen) if id(element) in holding else None)
+                 for element in elements]
     except SelectorSyntaxError as exc:
         raise FetchError(FailureReason.INVALID_CONFIG, f"bad CSS selector: {exc}".splitlines()[0]) from None
     if not items:
@@ -128,7 +187,9 @@ def _item_fields(element: Tag, page_url: str, link: str, config: Mapping[str, An
 
 
 def _selected_item(element: Tag, page_url: str, config: Mapping[str, Any],
-                   linked: Mapping[str, Fields] | None = None, microdata: bool = False) -> Item:
+                   linked: Mapping[str, Fields] | None = None, microdata: bool = False,
+                   text: str | None = None) -> Item:
+    """The item of ``element``; ``text`` its own text when other items nest in it."""
     title_node = _select_one(element, config.get("title"))
     link_node = _select_one(element, config.get("link")) or (
         element if element.name == "a" else element.find("a", href=True)
@@ -137,7 +198,8 @@ def _selected_item(element: Tag, page_url: str, config: Mapping[str, Any],
     price_node = _select_one(element, config.get("price"))
     href = link_node.get("href") if isinstance(link_node, Tag) else None
     link = urljoin(page_url, str(href)) if href else ""
-    text = _text(element)
+    if text is None:
+        text = _text(element)
     raw: dict[str, Any] = {
         "title": markup(_text(title_node) if title_node else text[:200]),
         "url": link or page_url,

@@ -60,20 +60,45 @@ def extract(html: str | bytes, url: str, kinds: Iterable[str], scripts: Iterable
     for script in scripts:
         try:
             found = json.loads(script or "", strict=False)
+        except RecursionError:  # nested past the interpreter's stack: no data, never a failed fetch
+            log.debug("a JSON-LD script of %s is nested too deep to read", url)
+            continue
         except ValueError:
             found = _lenient_json_ld(script or "", url)
         data["json-ld"].extend(found if isinstance(found, list) else [found])
     kinds = [kind for kind in kinds if kind != "json-ld"]
-    if not kinds:
-        return data
-    import extruct  # 0.5 s of imports: only where a page holds structured data
+    if kinds:
+        import extruct  # 0.5 s of imports: only where a page holds structured data
 
-    for kind in kinds:
-        try:
-            data.update(extruct.extract(html, base_url=url, syntaxes=[kind], uniform=True))
-        except Exception as exc:  # a page's broken data is no failed fetch: it has no fields
-            log.debug("the %s of %s is unreadable: %s", kind, url, exc)
-    return data
+        for kind in kinds:
+            try:
+                data.update(extruct.extract(html, base_url=url, syntaxes=[kind], uniform=True))
+            except Exception as exc:  # a page's broken data is no failed fetch: it has no fields
+                log.debug("the %s of %s is unreadable: %s", kind, url, exc)
+    # What reads the data walks it recursively: a thing nested deeper than any page's
+    # real data is dropped, so no hostile page can make that walk run out of stack.
+    return {kind: [thing for thing in found if _nested_at_most(thing, MAX_DEPTH)] for kind, found in data.items()}
+
+
+MAX_DEPTH = 64  # levels of objects and lists in one thing of a page's structured data
+
+
+def _nested_at_most(value: Any, limit: int) -> bool:
+    """Whether ``value``'s lists and objects nest at most ``limit`` levels (an iterative
+    walk: it takes no stack, however deep the value)."""
+    pending = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth >= limit:
+            return False
+        pending.extend((child, depth + 1) for child in children)
+    return True
 
 
 def _lenient_json_ld(script: str, url: str) -> list[Any]:

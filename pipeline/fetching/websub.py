@@ -281,7 +281,9 @@ def signed(secret: str, body: bytes, header: str | None) -> bool:
     if hashing is None or not digest:
         return False
     expected = hmac.new(secret.encode(), body, hashing).hexdigest()
-    return hmac.compare_digest(expected, digest.strip().lower())
+    # As bytes: compare_digest refuses a str with any non-ASCII character (a hostile
+    # header's), and a refusal is a push not signed, never an error.
+    return hmac.compare_digest(expected.encode(), digest.strip().lower().encode("utf-8", "replace"))
 
 
 def safety_poll(cadence: timedelta, safety_hours: int) -> timedelta:

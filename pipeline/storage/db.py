@@ -23,8 +23,13 @@ def parse_url(raw: str) -> sa.URL:
     """Parse DATABASE_URL, choosing psycopg 3 for PostgreSQL; ConfigError when malformed."""
     try:
         url = sa.make_url(raw)
-    except ArgumentError:
-        raise ConfigError(f"DATABASE_URL {raw!r} is not a database URL") from None
+    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
+        why = "its port is not a number" if isinstance(exc, ValueError) else "not a URL such as postgresql://host/name"
+        shown = redact.database_url(raw) if "@" in raw else repr(raw)  # a password is never shown
+        raise ConfigError(f"DATABASE_URL {shown} is not a database URL: {why}") from None
+    if url.host and "@" in url.host:
+        raise ConfigError(f"DATABASE_URL {redact.database_url(url)} has an '@' after its user and password:"
+                          " write an '@' in the password as %40")
     if url.drivername in ("postgres", "postgresql"):
         url = url.set(drivername="postgresql+psycopg")
     if url.drivername in ("mysql", "mariadb"):

@@ -105,6 +105,9 @@ class FeedApp:
             log.warning("the database did not answer: %s", type(exc).__name__)
             return _plain(start_response, "503 Service Unavailable", "the database does not answer; retry later\n",
                           [("Retry-After", str(RETRY_AFTER_SECONDS))])
+        except Exception as exc:  # noqa: BLE001 -- a case nobody listed: one line in the log, a plain 500
+            log.error("%s %s failed: %s: %s", method, path[:200], type(exc).__name__, str(exc)[:500])
+            return _plain(start_response, "500 Internal Server Error", "internal error\n")
         return _plain(start_response, "404 Not Found", "no such feed\n")
 
     def _feed(self, environ: dict[str, Any], start_response: StartResponse, token: str, kind: str,
