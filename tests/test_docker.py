@@ -274,6 +274,7 @@ def test_runs_in_containers_fetch_every_source_once_and_survive_a_killed_contain
     (tmp_path / "secrets").mkdir(mode=0o700)
     for name, value in secrets.items():
         (tmp_path / "secrets" / name).write_text(value + "\n")
+        (tmp_path / "secrets" / name).chmod(0o600)  # the entrypoint refuses a secret others can read
     env = {
         "PIPELINE_SECRETS_DIR": str(tmp_path / "secrets"),
         "PIPELINE_IMAGE": image,

@@ -19,9 +19,10 @@ URL = "postgresql://pipeline:s3cret@db.example:5432/pipeline"
 
 def folder(tmp_path, **files: str):
     path = tmp_path / "secrets"
-    path.mkdir()
+    path.mkdir(mode=0o700)
     for name, text in files.items():
         (path / name).write_text(text)
+        (path / name).chmod(0o600)
     return path
 
 
@@ -55,12 +56,70 @@ def test_a_mistake_stops_with_one_line_naming_it_and_no_value(tmp_path, files, e
     path.mkdir()
     for name, content in files.items():
         (path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+        (path / name).chmod(0o600)
     environ = {**environ, "PIPELINE_SECRETS_DIR": str(path)}
     before = dict(environ)
     with pytest.raises(ConfigError, match=message) as raised:
         secret_files.load(environ)
     assert "s3cret" not in str(raised.value)
     assert environ == before, "nothing is set from a folder with a mistake in it"
+
+
+def _hostile(tmp_path, kind: str):
+    """A secrets folder whose DATABASE_URL is ``kind`` of file."""
+    path = folder(tmp_path)
+    target = path / "DATABASE_URL"
+    outside = tmp_path / "elsewhere"
+    outside.write_text(URL)
+    outside.chmod(0o600)
+    if kind == "a link to /dev/zero":  # read whole, it was a MemoryError
+        target.symlink_to("/dev/zero")
+    elif kind == "a FIFO":  # opened, it hung the start for ever
+        os.mkfifo(target, 0o600)
+    elif kind == "a link out of the folder":
+        target.symlink_to(outside)
+    elif kind == "readable by others":
+        target.write_text(URL)
+        target.chmod(0o644)
+    elif kind == "larger than 64 KiB":
+        target.write_text("x" * 70_000)
+        target.chmod(0o600)
+    elif kind == "a dangling link":
+        target.symlink_to(path / "nowhere")
+    elif kind == "a folder":
+        target.mkdir()
+    return path
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("a link to /dev/zero", "links out of"),
+    ("a FIFO", "is not a plain file"),
+    ("a link out of the folder", "links out of"),
+    ("readable by others", r"can be read by others \(mode 0644\): chmod 600 it"),
+    ("larger than 64 KiB", "is larger than 64 KiB"),
+    ("a dangling link", "cannot read"),
+    ("a folder", "is not a plain file"),
+])
+def test_a_secret_that_is_not_a_plain_private_file_of_the_folder_is_one_line(tmp_path, kind, message):
+    """Each was taken as it came: a link to /dev/zero died with MemoryError, a FIFO hung
+    the start, a link out of the folder and a world-readable file were read silently."""
+    environ = {"PIPELINE_SECRETS_DIR": str(_hostile(tmp_path, kind))}
+    with pytest.raises(ConfigError, match=message) as raised:
+        secret_files.load(environ)
+    assert "\n" not in str(raised.value) and "s3cret" not in str(raised.value)
+    assert "DATABASE_URL" not in environ
+
+
+def test_a_link_inside_the_folder_is_followed_as_kubernetes_makes_them(tmp_path):
+    path = folder(tmp_path)
+    data = path / "..2026_12_02" / "DATABASE_URL"
+    data.parent.mkdir()
+    data.write_text(URL)
+    data.chmod(0o400)
+    (path / "..data").symlink_to(data.parent.name)
+    (path / "DATABASE_URL").symlink_to("..data/DATABASE_URL")
+    environ = {"PIPELINE_SECRETS_DIR": str(path)}
+    assert secret_files.load(environ) == ["DATABASE_URL"] and environ["DATABASE_URL"] == URL
 
 
 def test_a_missing_folder_is_named(tmp_path):

@@ -14,7 +14,9 @@ the values without them ever being in the container's configuration.
 
 With ``PIPELINE_SECRETS_DIR`` unset the command runs unchanged (plain environment, as in
 development). Every mistake stops the command with one line naming it: a folder that is
-missing, a file that is empty or unreadable, a file whose name is no secret (a typo would
+missing, a file that is empty or unreadable, not a plain file of the folder (a link out of
+it, a device, a FIFO), larger than 64 KiB or readable by others (mode 600, as ssh asks of
+a key), a file whose name is no secret (a typo would
 otherwise leave a setting at its default), a secret set both in the environment and in a
 file, and a folder without ``DATABASE_URL`` (the pipeline would otherwise quietly use
 an embedded SQLite file inside the container).
@@ -23,6 +25,7 @@ an embedded SQLite file inside the container).
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from collections.abc import MutableMapping, Sequence
 from pathlib import Path
@@ -65,10 +68,7 @@ def load(environ: MutableMapping[str, str]) -> list[str]:
             raise ConfigError(
                 f"{FOLDER_SETTING}={configured} holds {path.name!r}, which is no secret setting"
                 f" (the files are named after their settings: {', '.join(SECRETS)})")
-        try:
-            value = path.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read {path}: {exc}") from None
+        value = _read(folder, path)
         if not value:
             raise ConfigError(f"{path} is empty")
         if environ.get(path.name, "").strip():
@@ -80,6 +80,44 @@ def load(environ: MutableMapping[str, str]) -> list[str]:
         raise ConfigError(f"{FOLDER_SETTING}={configured} has no {', '.join(missing)}")
     environ.update(found)
     return sorted(found)
+
+
+MAX_BYTES = 64 * 1024  # a secret is a URL, a password or a token: a file past this is a mistake
+
+
+def _read(folder: Path, path: Path) -> str:
+    """The text of the secret ``path`` in ``folder``, stripped; ConfigError, in one line,
+    for a file that is not a plain file of the folder's (a link out of it, a device such
+    as /dev/zero, a FIFO that would hang the start), is larger than MAX_BYTES, is
+    readable by others (as ssh refuses a key that is), or is not UTF-8. A link inside the
+    folder is followed: Kubernetes' secret volumes link each file to ``..data/``."""
+    try:
+        real = path.resolve(strict=True)
+        inside = real.is_relative_to(folder.resolve(strict=True))
+    except (OSError, RuntimeError) as exc:  # a dangling link, or a loop of links
+        raise ConfigError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not inside:
+        raise ConfigError(f"{path} links out of {folder}: a secret's file lies in the folder")
+    try:
+        # Non-blocking: a FIFO opens at once (and is refused below) instead of hanging.
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    found = os.fstat(fd)
+    if not stat.S_ISREG(found.st_mode):
+        os.close(fd)
+        raise ConfigError(f"{path} is not a plain file (a device, a FIFO or a folder): a secret is a file")
+    with os.fdopen(fd, "rb") as file:
+        if found.st_mode & 0o077:
+            raise ConfigError(f"{path} can be read by others (mode {stat.S_IMODE(found.st_mode):04o}):"
+                              f" chmod 600 it, as ssh asks of a key")
+        data = file.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise ConfigError(f"{path} is larger than {MAX_BYTES // 1024} KiB: no secret is")
+    try:
+        return data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ConfigError(f"cannot read {path}: it is not UTF-8 text") from None
 
 
 def main(argv: Sequence[str] | None = None) -> None:
