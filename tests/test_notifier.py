@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -665,6 +666,36 @@ def test_apprise_is_held_to_the_address_guard(engine, receiver, refused_host, so
         add_listing(conn, source_id, "a", "Python developer")
     assert notifier(engine).run().retrying == 1
     assert refused_host.requests == [], "the refused address was never contacted"
+    error = notifications(engine)[0]["last_error"]
+    assert "blocked_address" in error and "127.0.0.2" in error, error
+
+
+@pytest.mark.parametrize("scheme", ["irc", "rsyslog"])
+def test_apprise_s_raw_socket_transports_are_held_to_the_guard_at_the_socket(engine, source_id, scheme):
+    """IRC connects and syslog sends a datagram to an address they never looked up in
+    Python (an IP literal, or a name C resolves): the guard at the lookup never saw
+    them, and `users test` opened a TCP connection to loopback and sent it a datagram.
+    Whatever reached the refused address would wait in its queue once the send returns."""
+    listening = socket.create_server(("127.0.0.2", 0))
+    datagrams = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    datagrams.bind(("127.0.0.2", 0))
+    for sock in (listening, datagrams):
+        sock.setblocking(False)
+    url = {"irc": f"irc://127.0.0.2:{listening.getsockname()[1]}/#jobs",
+           "rsyslog": f"rsyslog://127.0.0.2:{datagrams.getsockname()[1]}"}[scheme]
+    try:
+        with engine.begin() as conn:
+            users.add_user(conn, "mallory", apprise_url=url)
+            users.add_filter(conn, "mallory", "python")
+            add_listing(conn, source_id, "a", "Python developer")
+        notifier(engine).run()
+        with pytest.raises(BlockingIOError):
+            listening.accept()
+        with pytest.raises(BlockingIOError):
+            datagrams.recv(4096)
+    finally:
+        listening.close()
+        datagrams.close()
     error = notifications(engine)[0]["last_error"]
     assert "blocked_address" in error and "127.0.0.2" in error, error
 

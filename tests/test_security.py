@@ -317,6 +317,23 @@ def test_a_malformed_database_url_is_one_line_that_shows_no_part_of_its_password
         assert secret not in done.stderr
 
 
+PATH_TOKEN = "https://hooks.example/hook/Ab%2BcD0123456789_xyz"
+QUERY_TOKEN = "https://hooks.example/hook?key=Ab+cD0123456789%2Fxyz"
+
+
+@pytest.mark.parametrize("url, echoed", [
+    (PATH_TOKEN, "no route for /hook/Ab%2BcD0123456789_xyz"),  # as sent
+    (PATH_TOKEN, "no route for /hook/Ab+cD0123456789_xyz"),  # decoded, as many routers report a path
+    (QUERY_TOKEN, "bad key 'Ab cD0123456789/xyz'"),  # a query value decoded: "+" is a space
+    (QUERY_TOKEN, "bad key Ab+cD0123456789/xyz"),
+], ids=["path as sent", "path decoded", "query decoded", "query half decoded"])
+def test_a_channel_s_token_is_scrubbed_as_sent_and_as_a_receiver_decodes_it(url, echoed):
+    """A receiver echoing the path decoded got the token shown in `users test`,
+    `last_error` and `notifications list`: the scrub matched the raw form only."""
+    scrubbed = redact.scrub(echoed, redact.channel_secrets(url))
+    assert "cD0123" not in scrubbed, scrubbed
+
+
 def test_a_key_echoed_truncated_is_scrubbed_too():
     echoed = f"API key {API_KEY[:12]}... not valid; the whole key was {API_KEY}"
     scrubbed = redact.scrub(echoed, [API_KEY])

@@ -49,6 +49,11 @@ def test_users_and_filters_from_the_command_line(engine, db_url):
         (["users", "add", "x", "--webhook", "http://localhost:8080/hook"], "which the address guard refuses"),
         (["users", "add", "x", "--webhook", "http://[::ffff:169.254.169.254]/"], "which the address guard refuses"),
         (["users", "add", "x", "--apprise", "json://192.168.1.1/hook"], "sends to 192.168.1.1, which the address"),
+        # Apprise splits at spaces and commas: the guard read the first host, the sends
+        # went to all three (a TCP connection and a datagram to loopback).
+        (["users", "add", "x", "--apprise", "json://x.invalid/ irc://127.0.0.1:6667/#c rsyslog://127.0.0.1:514"],
+         "holds 3 Apprise URLs: a channel is one URL"),
+        (["users", "add", "x", "--apprise", "json://hooks.example/a,json://127.0.0.1/b"], "holds 2 Apprise URLs"),
         # A C1 control (NEL ends a line where Python splits lines): once quoted in a two-line error.
         (["users", "add", "x", "--apprise", "HTTP://\x850"], "the Apprise URL contains a control character"),
         (["users", "add", "x\u2028y", "--webhook", "https://hooks.example/x"], "contains a control character"),

@@ -105,8 +105,13 @@ def _checked_channel(
         import apprise  # 0.2 s of imports: only where an Apprise URL is checked
 
         _channel_host(apprise_url, "Apprise URL")
-        if not apprise.Apprise().add(apprise_url):
+        parsed = apprise.Apprise()
+        if not parsed.add(apprise_url):
             raise UserError(f"{channel_url(apprise_url)} is not a URL Apprise can send to")
+        if len(parsed) != 1:
+            # Apprise splits a string at spaces and commas: the guard's check would read
+            # the first URL, and the sends go to all of them.
+            raise UserError(f"{channel_url(apprise_url)} holds {len(parsed)} Apprise URLs: a channel is one URL")
         _check_guard(apprise_url, "Apprise URL", guard)
         channel, url = ChannelKind.APPRISE, apprise_url
     return channel, url, secret, generated

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable
-from urllib.parse import urlsplit
+from urllib.parse import unquote, unquote_plus, urlsplit
 
 import sqlalchemy as sa
 from sqlalchemy.exc import ArgumentError
@@ -85,6 +85,9 @@ def channel_secrets(url: str) -> list[str]:
     found += [segment for segment in parts.path.split("/") if len(segment) >= SECRET_PREFIX_CHARS]
     found += [value for pair in parts.query.split("&") for value in pair.split("=")[1:]
               if len(value) >= SECRET_PREFIX_CHARS]
+    # As written and as a receiver may echo it decoded ("Ab+cD..." for "Ab%2BcD..."; a
+    # query's "+" is a space).
+    found += [decoded(part) for part in found if part for decoded in (unquote, unquote_plus)]
     return sorted({secret for secret in found if secret and len(secret) > 1}, key=len, reverse=True)
 
 

@@ -8,6 +8,7 @@ bounded redirects and Retry-After.
 
 from __future__ import annotations
 
+import errno
 import functools
 import ipaddress
 import logging
@@ -176,12 +177,15 @@ class _DeadlineStream(httpcore.NetworkStream):
 
 # -- guarding a library's own sockets ------------------------------------------------
 #
-# Apprise does its own networking (requests, smtplib, ...), so it cannot use the guarded
-# transport below. Every one of those connections starts with socket.getaddrinfo, and
-# connects only to an address it returned: inside ``guarded_sockets`` that lookup hands
-# back only the addresses the guard allows, so each connection, every redirect hop
-# included, goes to a vetted address (no window for DNS rebinding either). Outside the
-# block, and in every other thread, the lookup is untouched.
+# Apprise does its own networking (requests, smtplib, raw sockets for IRC or syslog), so
+# it cannot use the guarded transport below. Inside ``guarded_sockets``, in this thread,
+# two layers hold: the lookup (socket.getaddrinfo) hands back only the addresses the guard
+# allows, so a connection by name, every redirect hop included, goes to a vetted address
+# (no window for DNS rebinding either); and the socket itself (connect, connect_ex,
+# sendto) refuses an address the guard refuses, for a transport that connects to an
+# address it never looked up (an IP literal reaches C without a Python lookup: an IRC
+# channel connected to loopback, a syslog one sent it a datagram). Outside the block, and
+# in every other thread, both are untouched.
 
 _library = threading.local()
 _install_lock = threading.Lock()
@@ -206,13 +210,51 @@ def _vetted_getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
     return allowed
 
 
+_real_connect, _real_connect_ex, _real_sendto = socket.socket.connect, socket.socket.connect_ex, socket.socket.sendto
+
+
+def _vetted_address(sock: socket.socket, address: Any) -> Any:
+    """``address`` as this thread's guard lets a socket use it: an IP address it refuses
+    raises OSError (and is recorded), a name is resolved here through the vetted lookup
+    (connect and sendto would resolve it in C, unvetted) and its first allowed address
+    used; a Unix socket's path, and any address outside the block, pass as they are."""
+    guard: AddressGuard | None = getattr(_library, "guard", None)
+    if guard is None or sock.family not in (socket.AF_INET, socket.AF_INET6) or not isinstance(address, tuple):
+        return address
+    try:
+        ip = ipaddress.ip_address(str(address[0]).split("%", 1)[0])
+    except ValueError:  # a name
+        return _vetted_getaddrinfo(address[0], address[1], sock.family, sock.type)[0][4]
+    if guard.refuses(ip):
+        _library.refused.append(str(ip))
+        raise OSError(errno.EACCES, f"the address guard refuses {ip}")
+    return address
+
+
+def _guarded_connect(self: socket.socket, address: Any) -> None:
+    _real_connect(self, _vetted_address(self, address))
+
+
+def _guarded_connect_ex(self: socket.socket, address: Any) -> int:
+    return int(_real_connect_ex(self, _vetted_address(self, address)))
+
+
+def _guarded_sendto(self: socket.socket, data: Any, *args: Any) -> int:
+    # sendto(data, address) or sendto(data, flags, address)
+    return int(_real_sendto(self, data, *args[:-1], _vetted_address(self, args[-1])))  # type: ignore[call-overload]
+
+
 @contextmanager
 def guarded_sockets(guard: AddressGuard) -> Iterator[list[str]]:
-    """Within the block, this thread's new connections go to addresses ``guard`` allows
-    only; yields the list of the refused addresses it was asked for, filled as it goes."""
+    """Within the block, this thread's new connections and datagrams go to addresses
+    ``guard`` allows only; yields the list of the refused addresses it was asked for,
+    filled as it goes."""
     with _install_lock:
         if socket.getaddrinfo is not _vetted_getaddrinfo:
             socket.getaddrinfo = _vetted_getaddrinfo
+            socket.socket.connect = _guarded_connect  # type: ignore[method-assign, assignment]
+            socket.socket.connect_ex = _guarded_connect_ex  # type: ignore[method-assign, assignment]
+            socket.socket.sendto = _guarded_sendto  # type: ignore[method-assign, assignment]
     refused: list[str] = []
     _library.guard, _library.refused = guard, refused
     try:

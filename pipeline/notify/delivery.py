@@ -254,8 +254,8 @@ class AppriseChannel:
 
         # async_mode off: Apprise sends in this thread, where the guard is in force.
         notifier = apprise.Apprise(asset=apprise.AppriseAsset(async_mode=False))
-        if not notifier.add(url):
-            raise DeliveryError(f"not a usable Apprise URL ({channel_url(url)})", code=FailureReason.INVALID_CONFIG)
+        if not notifier.add(url) or len(notifier) != 1:  # one channel, one URL (users.py checks it when added)
+            raise DeliveryError(f"not one usable Apprise URL ({channel_url(url)})", code=FailureReason.INVALID_CONFIG)
         with guarded_sockets(self.guard) as refused:
             # The message is plain text (a listing's "<" is its text): Apprise escapes it
             # for a service that takes HTML, so no listing's text is read as markup.
