@@ -26,7 +26,7 @@ from pipeline.catalogue import sources, users
 from pipeline.core.settings import Settings
 from pipeline.fetching import websub, youtube
 from pipeline.fetching.collector import Collector
-from pipeline.net.http import FetchResult
+from pipeline.net.http import Fetcher, FetchResult
 from pipeline.queue.claim import WorkQueue
 from pipeline.storage import counters, schema
 from pipeline.web.app import FeedApp
@@ -637,3 +637,50 @@ def test_any_signature_header_is_a_verdict_never_an_error(header):
     not: non-ASCII text made compare_digest raise, and the callback answered 500."""
     assert websub.signed("s3cret", b"<rss/>", header) in (True, False)
     assert websub.signed("s3cret", b"<rss/>", "sha256=" + header) in (True, False)
+
+
+@pytest.mark.parametrize("hub, plain_http_hubs, trusted", [
+    ("https://hub.example/", False, True),
+    ("http://127.0.0.1:8780/hub", False, True),  # this machine: nothing on the way
+    ("http://localhost/hub", False, True),
+    ("http://[::1]/hub", False, True),
+    ("http://hub.example/", False, False),
+    ("http://10.0.0.5/hub", False, False),
+    ("http://hub.example/", True, True),  # the operator's setting: a trusted plain-http hub
+])
+def test_a_subscription_s_secret_goes_over_https_or_to_this_machine_only(hub, plain_http_hubs, trusted):
+    settings = Settings(database_url="sqlite://", websub_plain_http_hubs=plain_http_hubs)
+    assert websub.trusted(hub, settings) is trusted
+
+
+def test_a_plain_http_hub_elsewhere_is_never_sent_a_secret(engine, callback):
+    """WebSub: the secret SHOULD go over https only. It was sent to any hub, so anyone on
+    the way could read it and forge pushes. A feed advertising a plain-http hub is polled
+    and never subscribed; a subscription to one made before is let go unasked."""
+    site = LocalServer().start()
+    try:
+        topic = site.url("/feed")
+        site.routes["/feed"] = lambda h: h.reply(200, feed("http://hub.example/hub", topic, [("a", "First")]))
+        with engine.begin() as conn:
+            source_id = add_source(conn, topic)
+        collector(engine, callback).run()
+        assert raw_titles(engine) == ["First"], "polled as any feed"
+    finally:
+        site.stop()
+    t = schema.websub_subscriptions
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one() == 0, "never subscribed"
+    with engine.begin() as conn:  # one made before the rule, due for renewal
+        conn.execute(sa.insert(t).values(
+            source_id=source_id, hub="http://hub.example/hub", topic=topic, callback_token="t" * 43, secret="s" * 43,
+            state=websub.ACTIVE, requested_at=datetime.now(UTC), due_at=datetime.now(UTC), attempts=0))
+
+    class NoPost(Fetcher):
+        def post(self, *args, **kwargs):
+            raise AssertionError("the secret was sent")
+
+    settings = Settings(database_url=str(engine.url), websub_callback_url=callback)
+    with NoPost(allow_networks=("127.0.0.1/32",)) as fetcher:
+        assert websub.ask_due(engine, settings, fetcher, "test") == 1
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(t)).scalar_one() == 0, "let go, unasked"

@@ -194,6 +194,10 @@ class Settings:
     # Pushes a subscription's callback takes in a minute (each `pipeline serve`); more are
     # answered 429 Too Many Requests, which hubs retry later.
     websub_pushes_per_minute: int = DEFAULT_WEBSUB_PUSHES_PER_MINUTE
+    # A subscription's secret goes to an https hub, or one on this machine (loopback);
+    # "on" sends it to plain-http hubs elsewhere too, where anyone on the way can read it
+    # and forge pushes (WebSub: it SHOULD go over https only).
+    websub_plain_http_hubs: bool = False
 
     def max_runs(self, stage: str) -> int:
         """Runs of ``stage`` (one of STAGES) in flight at once: PIPELINE_<STAGE>_MAX_RUNS."""
@@ -260,4 +264,5 @@ class Settings:
             websub_callback_url=_url_env("PIPELINE_WEBSUB_CALLBACK_URL"),
             websub_safety_hours=_int_env("PIPELINE_WEBSUB_SAFETY_HOURS", DEFAULT_WEBSUB_SAFETY_HOURS),
             websub_pushes_per_minute=_int_env("PIPELINE_WEBSUB_PUSHES_PER_MINUTE", DEFAULT_WEBSUB_PUSHES_PER_MINUTE),
+            websub_plain_http_hubs=_choice_env("PIPELINE_WEBSUB_PLAIN_HTTP_HUBS", ("off", "on")) == "on",
         )

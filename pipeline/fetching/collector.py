@@ -221,7 +221,7 @@ class Collector:
             error = FetchError(FailureReason.PARSE_ERROR, f"unexpected {type(exc).__name__}: {exc}")
         duration_ms = int((time.monotonic() - started) * 1000)
         if (self.settings.websub_callback_url and outcome is not None and outcome.hub and outcome.topic
-                and push_reader(source["source_type"]) is not None):
+                and push_reader(source["source_type"]) is not None and websub.trusted(outcome.hub, self.settings)):
             self._subscribe(source["id"], outcome.hub, outcome.topic)
         return Fetched(claim, source, outcome, error, datetime.now(UTC), duration_ms)
 

@@ -5,7 +5,8 @@ seconds after it publishes, and polled only as a safety net (docs/runbook.md, "P
   document's ``<link rel="hub">`` and ``rel="self"`` (Atom's, or RSS's atom:link); the
   topic is ``self``, else the URL fetched.
 * **Subscribing** (``ensure``, section 5.1): while ``PIPELINE_WEBSUB_CALLBACK_URL`` is
-  set, a fetch that finds a hub (a YouTube channel's is known: ``youtube.hub_for``) makes
+  set, a fetch that finds a hub it may give a secret to (``trusted``: https, or loopback,
+  or any with ``PIPELINE_WEBSUB_PLAIN_HTTP_HUBS=on``) (a YouTube channel's is known: ``youtube.hub_for``) makes
   asking it due, with a callback ``<base>/websub/<token>`` whose token is 32 random
   bytes and a secret of its own. What a hub is asked, and when, is a claim queue
   (``WEBSUB_DUE``, ``ask_due``, run by the collector's runs): the first request, a
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import logging
 import re
 import secrets
@@ -46,7 +48,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import urlencode, urljoin
+from urllib.parse import urlencode, urljoin, urlsplit
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -140,6 +142,23 @@ def callback_url(settings: Settings, token: str) -> str:
     return f"{settings.websub_callback_url.rstrip('/')}{CALLBACK_PATH}{token}"
 
 
+def trusted(hub: str, settings: Settings) -> bool:
+    """Whether ``hub`` may be given a subscription's secret: over https, or plain http to
+    this machine (loopback: nothing on the way), or to any plain-http hub when
+    PIPELINE_WEBSUB_PLAIN_HTTP_HUBS is on. Over plain http anyone on the way reads the
+    secret and can forge pushes (the Recommendation: it SHOULD be sent over https only)."""
+    parts = urlsplit(hub)
+    if parts.scheme.lower() == "https" or settings.websub_plain_http_hubs:
+        return True
+    host = (parts.hostname or "").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def ensure(engine: Engine, source_id: int, hub: str, topic: str) -> bool:
     """Make asking ``hub`` to push ``topic`` due now (``WEBSUB_DUE``) for a source whose
     fetch found them, unless it is asked for already: a source with no subscription, one
@@ -210,6 +229,14 @@ def _ask(engine: Engine, settings: Settings, fetcher: Fetcher, queue: WorkQueue[
         if leaving and (not lease_runs or queue.spec.exhausted(row, MAX_UNSUBSCRIBE_ATTEMPTS)):
             # Nothing the hub holds (never verified, or lapsed), or a hub that never
             # verifies: the row goes, and a push to its callback is answered 410 Gone.
+            queue.complete(claim, {"due_at": None}, ids=[row["id"]], conn=conn)
+            conn.execute(sa.delete(t).where(t.c.id == row["id"], t.c.callback_token == row["callback_token"]))
+            return
+        if not leaving and not trusted(row["hub"], settings):
+            # Its secret is not sent in clear (a subscription made before the rule, or
+            # with PIPELINE_WEBSUB_PLAIN_HTTP_HUBS since turned off): it is let go, and
+            # its source is polled at its own cadence.
+            log.info("subscription %s: the hub %s is plain http; its secret is not sent over it", row["id"], row["hub"])
             queue.complete(claim, {"due_at": None}, ids=[row["id"]], conn=conn)
             conn.execute(sa.delete(t).where(t.c.id == row["id"], t.c.callback_token == row["callback_token"]))
             return
