@@ -236,6 +236,9 @@ class Fault:
     recovered: Predicate | None
     feed: int | None = None  # the feed it holds, whose items are counted
     hold_seconds: float | None = None  # removed this long after its injection, signalled or not
+    # Its signal can only come once it is removed (the operator's channel itself down):
+    # waited for that long after the removal.
+    signal_after_hold: bool = False
 
 
 def event(*names: str) -> Predicate:
@@ -304,8 +307,11 @@ def faults(site: DrillSite, cli: Callable[..., str], stack: Stack, proxy: Any, d
               check_passing("listings_raw:push_health"), feed=0),
         Fault("a run stuck while alive (SIGSTOP)", 5, stack.stop_a_run, stack.continue_runs,
               check_failing("listings_raw:freshness"), check_passing("listings_raw:freshness")),
-        Fault("operator's channel down 2 min (a source failing meanwhile)", 4, channel("503"), channel("ok"),
-              operator_channel_failure, None, hold_seconds=120),
+        # Down 5 minutes: the user's webhook fails meanwhile (its check fails 2-4 minutes
+        # in), so check_alerts has a change to tell and cannot; both are told once the
+        # channel answers again.
+        Fault("operator's channel down 5 min (a user's webhook failing meanwhile)", 4, channel("503"),
+              channel("ok"), operator_channel_failure, None, hold_seconds=300, signal_after_hold=True),
         Fault("user's webhook down (told through a channel that is down)", 4, hook("503"), hook("ok"),
               check_failing("notifications:failing_channels"), check_passing("notifications:failing_channels")),
         Fault("the Dagster daemon killed", 6, stack.kill_the_daemon, lambda: None, event("stack_restarted"), None),
@@ -330,7 +336,7 @@ class Stack:
                                          str(free_port())], cwd=ROOT, env=env, stdout=self.log,
                                         stderr=subprocess.STDOUT, start_new_session=True)
 
-    def process(self, marker: bytes, what: str) -> int | None:
+    def find(self, marker: bytes, what: str) -> int | None:
         """The pid of the stack's process whose command line holds ``marker`` (waited for
         up to 120 s), found by the stack's state folder in its environment."""
         deadline = time.monotonic() + 120
@@ -353,12 +359,12 @@ class Stack:
     def kill_a_run(self) -> None:
         """SIGKILL the process of a run in flight: `dg dev`'s code server starts each run
         in a process of its own (multiprocessing's spawn), with the stack's environment."""
-        if (pid := self.process(b"spawn_main", "run in flight to kill")) is not None:
+        if (pid := self.find(b"spawn_main", "run in flight to kill")) is not None:
             os.kill(pid, signal.SIGKILL)
 
     def stop_a_run(self) -> None:
         """SIGSTOP a run's process: alive, its run STARTED, making no progress."""
-        if (pid := self.process(b"spawn_main", "run in flight to stop")) is not None:
+        if (pid := self.find(b"spawn_main", "run in flight to stop")) is not None:
             os.kill(pid, signal.SIGSTOP)
             self.stopped.append(pid)
 
@@ -370,7 +376,7 @@ class Stack:
 
     def kill_the_daemon(self) -> None:
         """SIGKILL the Dagster daemon, as the OOM killer would."""
-        if (pid := self.process(b"dagster._daemon", "Dagster daemon")) is not None:
+        if (pid := self.find(b"dagster._daemon", "Dagster daemon")) is not None:
             os.kill(pid, signal.SIGKILL)
 
     def stop(self) -> None:
@@ -549,7 +555,8 @@ def drill(held: list[Fault], site: DrillSite, stored: Callable[[int, float], flo
         at[fault.name] = time.time()
         if fault.hold_seconds is not None:
             threading.Timer(fault.hold_seconds, fault.remove).start()
-    signals = each({f.name: (lambda f=f: first(f.signal, at[f.name])) for f in held}, signal_seconds)
+    longest = max((f.hold_seconds or 0) + signal_seconds if f.signal_after_hold else signal_seconds for f in held)
+    signals = each({f.name: (lambda f=f: first(f.signal, at[f.name])) for f in held}, longest)
     removed = time.time()
     for fault in held:
         if fault.hold_seconds is None:
