@@ -6,7 +6,7 @@ since the last one recorded, and at least every ``OBSERVE_EVERY_SECONDS`` otherw
 per tick grew the event log by three observations every ten seconds, never deleted, and
 a tick that reported one showed as "0 runs requested", never "Skipped" with its reason.)
 Alive: at most once a minute, the tick records that its sensor looked (worker_state's
-``sensor:NAME``), so a daemon that stopped is seen by readers outside Dagster.
+``sensor:STAGE``), so a daemon that stopped is seen by readers outside Dagster.
 Freshness: the asset's ``freshness`` check is judged from the same waits and recorded
 when its verdict changes (and every ``OBSERVE_EVERY_SECONDS``), so work left waiting by
 runs that stopped taking it is told within a tick of passing the limit.
@@ -51,7 +51,7 @@ ACTIVE = [*NOT_YET_STARTED, dg.DagsterRunStatus.STARTED]
 COUNT_CAP = 1000
 OBSERVE_EVERY_SECONDS = 600  # an unchanged backlog is recorded this often, so plots go on
 # A sensor records that it looked (worker_state) at most this often: the daemon's sign of
-# life, which PipelineSensorsStopped judges against 5 minutes.
+# life, which PipelineSensorsStopped (deploy/prometheus/alerts.yml) judges against 3 minutes.
 ALIVE_EVERY_SECONDS = 60
 # A lingering run hands over to its successor: in the last look interval and this long
 # before its linger ends (a run's start: 3 s in a container on the simulated internet,
