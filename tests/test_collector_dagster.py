@@ -73,6 +73,16 @@ def evaluate(instance: dg.DagsterInstance, db_url: str, cursor: str | None = Non
         return unwrap(due_sources_sensor(context)), context.cursor
 
 
+def recorded_events(db_url: str, cursor: str | None, kind: type) -> tuple[list, str | None]:
+    """One tick, on an instance of its own: the asset events of ``kind`` it recorded
+    (observations, check evaluations), and the cursor it left."""
+    with dg.DagsterInstance.ephemeral() as instance, dg.build_sensor_context(
+        instance=instance, cursor=cursor, resources={"database": PipelineDatabase(database_url=db_url)},
+    ) as context:
+        result = due_sources_sensor(context)
+        return [e for e in result.asset_events if isinstance(e, kind)], context.cursor
+
+
 def unwrap(result: dg.SensorResult) -> dg.RunRequest | dg.SkipReason:
     """The tick's one decision: a run request, or the reason it skipped."""
     assert isinstance(result, dg.SensorResult)
@@ -153,11 +163,7 @@ def test_the_sensor_observes_the_backlog_when_it_changes_and_every_ten_minutes(e
         add_source(conn, "http://127.0.0.1:9/b", next_fetch_at=now() - timedelta(minutes=2))
 
     def tick(cursor):
-        with dg.DagsterInstance.ephemeral() as instance, dg.build_sensor_context(
-            instance=instance, cursor=cursor, resources={"database": PipelineDatabase(database_url=db_url)},
-        ) as context:
-            result = due_sources_sensor(context)
-            return [e for e in result.asset_events if isinstance(e, dg.AssetObservation)], context.cursor
+        return recorded_events(db_url, cursor, dg.AssetObservation)
 
     observations, cursor = tick(None)
     [observation] = observations
@@ -191,11 +197,7 @@ def test_the_sensor_records_the_freshness_check_when_its_verdict_changes(engine,
         stuck = add_source(conn, "http://127.0.0.1:9/a", next_fetch_at=now() - timedelta(minutes=10))
 
     def judged(cursor):
-        with dg.DagsterInstance.ephemeral() as instance, dg.build_sensor_context(
-            instance=instance, cursor=cursor, resources={"database": PipelineDatabase(database_url=db_url)},
-        ) as context:
-            result = due_sources_sensor(context)
-            return [e for e in result.asset_events if isinstance(e, dg.AssetCheckEvaluation)], context.cursor
+        return recorded_events(db_url, cursor, dg.AssetCheckEvaluation)
 
     [evaluation], cursor = judged(None)
     assert (evaluation.asset_key, evaluation.check_name, evaluation.passed) == (
@@ -227,11 +229,7 @@ def test_the_sensor_records_that_it_looked_at_most_once_a_minute_where_the_metri
     monkeypatch.setattr("sensors.runs.wall_clock", lambda: clock[0])
 
     def look(cursor):
-        with dg.DagsterInstance.ephemeral() as instance, dg.build_sensor_context(
-            instance=instance, cursor=cursor, resources={"database": PipelineDatabase(database_url=db_url)},
-        ) as context:
-            due_sources_sensor(context)
-            return context.cursor
+        return recorded_events(db_url, cursor, object)[1]
 
     def last_looked():
         with engine.connect() as conn:

@@ -5,8 +5,9 @@ seconds after it publishes, and polled only as a safety net (docs/runbook.md, "P
   document's ``<link rel="hub">`` and ``rel="self"`` (Atom's, or RSS's atom:link); the
   topic is ``self``, else the URL fetched.
 * **Subscribing** (``ensure``, section 5.1): while ``PIPELINE_WEBSUB_CALLBACK_URL`` is
-  set, a fetch that finds a hub it may give a secret to (``trusted``: https, or loopback,
-  or any with ``PIPELINE_WEBSUB_PLAIN_HTTP_HUBS=on``) (a YouTube channel's is known: ``youtube.hub_for``) makes
+  set, a fetch that finds a hub (a YouTube channel's is known: ``youtube.hub_for``) that
+  may be given a secret (``trusted``: https, this machine, or any with
+  ``PIPELINE_WEBSUB_PLAIN_HTTP_HUBS=on``) makes
   asking it due, with a callback ``<base>/websub/<token>`` whose token is 32 random
   bytes and a secret of its own. What a hub is asked, and when, is a claim queue
   (``WEBSUB_DUE``, ``ask_due``, run by the collector's runs): the first request, a
