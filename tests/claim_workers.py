@@ -116,3 +116,21 @@ def process_one_batch(url: str, worker: str, batch_size: int) -> tuple[dict[str,
     finally:
         logging.getLogger("pipeline").removeHandler(keep)
         engine.dispose()
+
+
+def match_alerts(url: str, worker: str, batch: int, alert_limit: int, gate: Any) -> int:
+    """Match unmatched listings in batches of ``batch`` until none is left, with a
+    per-user limit of ``alert_limit`` (delivering nothing); how many notifications this
+    worker created. Starts at ``gate``, as ``process`` does."""
+    from pipeline.core.settings import Settings
+    from pipeline.notify.notifier import Notifier
+
+    engine = db.create_engine(url)
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SELECT 1")
+    gate.wait(600)
+    try:
+        settings = Settings(database_url=url, alert_limit=alert_limit)
+        return Notifier(engine, settings, worker, match_batch=batch).run(delivering=False).notifications_created
+    finally:
+        engine.dispose()

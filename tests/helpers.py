@@ -202,3 +202,37 @@ def parse_python(source: str, filename: str = "<unknown>") -> ast.Module:
     finally:
         if was:
             gc.enable()
+
+
+def holding_session(conn: sa.Connection) -> int:
+    """The database's id of ``conn``'s session, whose transaction (begun here) the test
+    holds idle while processes start: the pipeline's idle-transaction timeout (60 s,
+    pipeline/backends/) is turned off for it. On a loaded CI the processes took longer
+    than that; the server ended both holders' sessions, the processors then waited for
+    nothing, and the test failed "the second processor waiting: not within 120 s"."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("SET idle_in_transaction_session_timeout = 0")
+        query = "SELECT pg_backend_pid()"
+    else:
+        conn.exec_driver_sql("SET SESSION idle_transaction_timeout = 0")
+        query = "SELECT CONNECTION_ID()"
+    return int(conn.execute(sa.text(query)).scalar_one())
+
+
+def lock_waiters(engine: sa.Engine, *, on: int | None = None) -> int:
+    """How many sessions wait for a lock; ``on``: for one the session ``on`` holds.
+    Poll it no more often than every 0.1 s: MariaDB refreshes its INNODB_TRX and
+    INNODB_LOCK_WAITS only when they were last read 0.1 s ago or more, so a faster poll
+    reads the first answer for ever."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            query = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                     " AND wait_event_type = 'Lock'")
+            if on is not None:
+                query += " AND CAST(:on AS integer) = ANY(pg_blocking_pids(pid))"
+        elif on is None:
+            query = "SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'"
+        else:
+            query = ("SELECT count(*) FROM information_schema.INNODB_LOCK_WAITS w JOIN information_schema.INNODB_TRX t"
+                     " ON t.trx_id = w.blocking_trx_id WHERE t.trx_mysql_thread_id = :on")
+        return int(conn.execute(sa.text(query), {"on": on}).scalar_one())

@@ -8,10 +8,20 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 import sqlalchemy as sa
 
-from pipeline.storage import schema
-from tests.claim_workers import drain
+from pipeline.catalogue import users
+from pipeline.core.kinds import NotificationStatus
+from pipeline.storage import counters, schema
+from tests.claim_workers import drain, match_alerts
 from tests.conftest import conformance
-from tests.helpers import add_raw_rows, add_source, worker_processes
+from tests.helpers import (
+    add_raw_rows,
+    add_source,
+    holding_session,
+    lock_waiters,
+    wait_until,
+    worker_processes,
+)
+from tests.test_notifier import add_listing, add_user
 
 pytestmark = [pytest.mark.slow, conformance]
 
@@ -97,3 +107,40 @@ def test_notifications_claimed_a_few_at_a_time_never_fail_on_mariadb(engine, db_
         logs = [f.result(timeout=600) for f in futures]
     claimed = collections.Counter(row for log in logs for _, batch, _ in log for row in batch)
     assert set(claimed) == set(ids) and max(claimed.values()) == 1
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"], indirect=True)
+def test_a_users_alert_limit_holds_across_notifier_processes(backend, engine, db_url):
+    """Processes: three notifiers, each with its own connection, match one user's 90
+    new listings at once, a batch the size of the limit each. The test holds the
+    matched-listings counter every notifier adds to last in its transaction
+    (pipeline/storage/counters.py), so all three have counted the user's alerts and
+    written theirs before any commits: the user hears 20 one by one in the window, not
+    20 per process (an end-to-end run told 60), and the other 70 wait for the summary,
+    none lost. (SQLite begins every transaction IMMEDIATE: one writer at a time.)"""
+    limit, processes = 20, 3
+    with engine.begin() as conn:
+        source = add_source(conn)
+        add_user(conn, "alice", "http://127.0.0.1:9/hook")
+        users.add_filter(conn, "alice", "python")
+        for i in range(90):
+            add_listing(conn, source, f"job-{i}", f"Python developer {i}")
+        m = schema.metric_counts
+        conn.execute(sa.insert(m), [{"name": counters.LISTINGS_MATCHED.name, "label": "", "shard": shard, "value": 0.0}
+                                    for shard in range(counters.SHARDS)])
+    context = worker_processes()
+    with (engine.connect() as holder, context.Manager() as manager,
+          ProcessPoolExecutor(max_workers=processes, mp_context=context) as pool):
+        holding_session(holder)
+        holder.execute(sa.select(m.c.shard).where(m.c.name == counters.LISTINGS_MATCHED.name).with_for_update()).all()
+        gate = manager.Barrier(processes)
+        futures = [pool.submit(match_alerts, db_url, f"notifier-{i}", limit, limit, gate) for i in range(processes)]
+        wait_until("every notifier waiting", lambda: lock_waiters(engine) == processes, 120, every=0.2)
+        holder.rollback()
+        created = sum(f.result(timeout=600) for f in futures)
+    n = schema.notifications
+    with engine.connect() as conn:
+        by_status = dict(conn.execute(sa.select(n.c.status, sa.func.count()).group_by(n.c.status)).all())
+    assert created == 90 and sum(by_status.values()) == 90, by_status
+    assert by_status.get(NotificationStatus.PENDING, 0) == limit, by_status
+    assert by_status.get(NotificationStatus.HELD, 0) == 90 - limit, by_status

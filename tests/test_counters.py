@@ -16,12 +16,18 @@ from pipeline.listings.processor import Processor
 from pipeline.storage import counters, schema, upkeep
 from tests.claim_workers import count
 from tests.conftest import conformance
-from tests.helpers import add_source, now, wait_until, worker_processes
+from tests.helpers import (
+    add_source,
+    holding_session,
+    lock_waiters,
+    now,
+    wait_until,
+    worker_processes,
+)
 from tests.test_cli import run
 from tests.test_collector import collector, rss, serve
 from tests.test_metrics import samples
 from tests.test_notifier import SECRET, notifier
-from tests.test_processor import _holding, _waiting
 
 
 @conformance
@@ -54,10 +60,10 @@ def test_two_adds_waiting_on_a_third_that_rolls_back_both_count(backend, engine,
             counters.add(conn, counts)
 
     with engine.connect() as first, ThreadPoolExecutor(max_workers=2) as pool:
-        holder = _holding(first)
+        holder = holding_session(first)
         counters.add(first, counts)
         waiters = [pool.submit(add) for _ in range(2)]
-        wait_until("two adds waiting on the first", lambda: _waiting(engine, on=holder) == 2, 120, every=0.2)
+        wait_until("two adds waiting on the first", lambda: lock_waiters(engine, on=holder) == 2, 120, every=0.2)
         first.rollback()
         for waiter in waiters:
             waiter.result(timeout=120)

@@ -22,6 +22,8 @@ from tests.conftest import conformance
 from tests.helpers import (
     add_source,
     expire_leases,
+    holding_session,
+    lock_waiters,
     locked_against,
     now,
     wait_until,
@@ -211,40 +213,6 @@ def test_four_processor_processes_process_each_raw_row_once(engine, db_url, sour
     assert len(listings(engine)) == 20000
 
 
-def _holding(conn: sa.Connection) -> int:
-    """The database's id of ``conn``'s session, whose transaction (begun here) the test
-    holds idle while processes start: the pipeline's idle-transaction timeout (60 s,
-    pipeline/backends/) is turned off for it. On a loaded CI the processes took longer
-    than that; the server ended both holders' sessions, the processors then waited for
-    nothing, and the test failed "the second processor waiting: not within 120 s"."""
-    if conn.dialect.name == "postgresql":
-        conn.exec_driver_sql("SET idle_in_transaction_session_timeout = 0")
-        query = "SELECT pg_backend_pid()"
-    else:
-        conn.exec_driver_sql("SET SESSION idle_transaction_timeout = 0")
-        query = "SELECT CONNECTION_ID()"
-    return int(conn.execute(sa.text(query)).scalar_one())
-
-
-def _waiting(engine: sa.Engine, *, on: int | None = None) -> int:
-    """How many sessions wait for a lock; ``on``: for one the session ``on`` holds.
-    Poll it no more often than every 0.1 s: MariaDB refreshes its INNODB_TRX and
-    INNODB_LOCK_WAITS only when they were last read 0.1 s ago or more, so a faster poll
-    reads the first answer for ever."""
-    with engine.connect() as conn:
-        if engine.dialect.name == "postgresql":
-            query = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                     " AND wait_event_type = 'Lock'")
-            if on is not None:
-                query += " AND CAST(:on AS integer) = ANY(pg_blocking_pids(pid))"
-        elif on is None:
-            query = "SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'"
-        else:
-            query = ("SELECT count(*) FROM information_schema.INNODB_LOCK_WAITS w JOIN information_schema.INNODB_TRX t"
-                     " ON t.trx_id = w.blocking_trx_id WHERE t.trx_mysql_thread_id = :on")
-        return int(conn.execute(sa.text(query), {"on": on}).scalar_one())
-
-
 @conformance
 @pytest.mark.parametrize("backend", ["postgresql", "mariadb"], indirect=True)
 def test_two_processors_upserting_the_same_items_in_opposite_orders_do_not_deadlock(backend, engine, db_url):
@@ -272,16 +240,16 @@ def test_two_processors_upserting_the_same_items_in_opposite_orders_do_not_deadl
         hold_1.rollback()
         holders = {}
         for item, conn in (("1", hold_1), ("2", hold_2)):
-            holders[item] = _holding(conn)  # and the transaction begun, which holds the listing
+            holders[item] = holding_session(conn)  # and the transaction begun, which holds the listing
             conn.execute(sa.select(t.c.id).where(t.c.id == ids[item]).with_for_update()).all()
         first = pool.submit(process_one_batch, db_url, "first", 2)  # claims v2: 1, 2
-        wait_until("the first processor waiting", lambda: _waiting(engine, on=holders["1"]) == 1, 120)
+        wait_until("the first processor waiting", lambda: lock_waiters(engine, on=holders["1"]) == 1, 120)
         second = pool.submit(process_one_batch, db_url, "second", 2)  # claims v3: 2, 1
-        wait_until("the second processor waiting", lambda: _waiting(engine) == 2, 120)
+        wait_until("the second processor waiting", lambda: lock_waiters(engine) == 2, 120)
         hold_2.commit()
         # Both wait for listing 1 now (the second behind the first, or holding listing 2).
         wait_until("no processor waiting for listing 2",
-                   lambda: _waiting(engine, on=holders["2"]) == 0 and _waiting(engine) == 2, 120)
+                   lambda: lock_waiters(engine, on=holders["2"]) == 0 and lock_waiters(engine) == 2, 120)
         hold_1.commit()
         results = [first.result(timeout=300), second.result(timeout=300)]
     assert [stats["claimed"] for stats, _ in results] == [2, 2]
