@@ -210,7 +210,7 @@ def test_what_a_hub_is_asked_is_claimed_work_retried_renewed_and_lapsing_to_the_
     """websub.rocks 300-series (verification, renewal): what a hub is asked is due in a
     claim queue (WEBSUB_DUE), taken by the collector's runs whether or not a source is
     due; a denial is asked again a day on, a request not verified again later (doubling),
-    a verified lease renewed ahead of its end with the same callback and secret."""
+    a verified lease renewed ahead of its end with the same callback and a new secret."""
     topic = hub.url("/feed")
     source_id, asked = subscribed(engine, hub, callback, verify=False)
     with engine.begin() as conn:  # no source is due from here on: only the queue's work
@@ -242,8 +242,10 @@ def test_what_a_hub_is_asked_is_claimed_work_retried_renewed_and_lapsing_to_the_
     make_due(engine)
     collector(engine, callback).run()
     renewal = requests_to_hub(hub)[-1]
-    assert len(requests_to_hub(hub)) == 4 and renewal == {**asked, "hub.lease_seconds": "604800"}
-    assert subscription(engine).state == "active", "a renewal keeps the callback, its secret and pushes going"
+    assert len(requests_to_hub(hub)) == 4 and renewal == {**asked, "hub.lease_seconds": "604800",
+                                                          "hub.secret": renewal["hub.secret"]}
+    assert renewal["hub.secret"] != asked["hub.secret"], "a renewal brings a new secret (replays)"
+    assert subscription(engine).state == "active", "a renewal keeps the callback and pushes going"
     assert collector(engine, callback).run().hub_requests == 0, "renewed: nothing due until it is verified or late"
 
     with engine.begin() as conn:  # the lease runs out unrenewed: polled on its own cadence
@@ -255,6 +257,63 @@ def test_what_a_hub_is_asked_is_claimed_work_retried_renewed_and_lapsing_to_the_
         next_fetch = conn.execute(sa.select(schema.sources.c.next_fetch_at)).scalar_one()
         assert not websub.pushed(conn, [source_id], datetime.now(UTC))
     assert next_fetch < datetime.now(UTC) + timedelta(hours=2), "not pushed: its own hourly cadence"
+
+
+def push(asked: dict[str, str], body: bytes, secret: str) -> int:
+    return httpx.post(asked["hub.callback"], content=body, headers={"X-Hub-Signature": signature(secret, body)}).status_code
+
+
+def test_a_captured_push_sent_again_never_puts_a_listing_back_in_time(engine, hub, callback):
+    """A push is signed, not dated: one captured and sent again verified, and put its
+    item back to the text a later push replaced until the next poll. Every way of
+    sending one again: at once, after a newer push, after a renewal gave the
+    subscription a new secret (the old one verifies only until the hub has the new one
+    and the overlap ends); and the digests kept are only those a secret still accepted
+    could sign."""
+    topic, hub_url = hub.url("/feed"), hub.url("/hub")
+    source_id, asked = subscribed(engine, hub, callback, verify=True)
+    old_secret = asked["hub.secret"]
+    first, second = (feed(hub_url, topic, [("a", text)]) for text in ("Old text", "New text"))
+    assert push(asked, first, old_secret) == 202 and push(asked, second, old_secret) == 202
+    assert raw_titles(engine)[-2:] == ["Old text", "New text"]
+    for replay in (second, first, first):
+        assert push(asked, replay, old_secret) == 202, "acknowledged, as any push the hub may retry"
+    assert raw_titles(engine)[-1] == "New text" and len(raw_titles(engine)) == 3, "nothing stored again"
+    with engine.connect() as conn:
+        counted = {label: int(v) for (_, label), v in counters.totals(conn, [counters.WEBSUB_PUSHES.name]).items() if v}
+    assert counted == {"taken": 2, "repeated": 3}
+
+    # A renewal brings a new secret; the old one verifies until the hub has the new one.
+    make_due(engine)
+    collector(engine, callback).run()
+    new_secret = requests_to_hub(hub)[-1]["hub.secret"]
+    assert new_secret != old_secret
+    third, fourth, fifth = (feed(hub_url, topic, [("a", text)]) for text in ("Third", "Fourth", "Fifth"))
+    assert push(asked, third, old_secret) == 202 and raw_titles(engine)[-1] == "Third", "sent before the renewal"
+    assert push(asked, fourth, new_secret) == 202 and raw_titles(engine)[-1] == "Fourth"
+    assert httpx.get(asked["hub.callback"] + "?" + urlencode(
+        {"hub.mode": "subscribe", "hub.topic": topic, "hub.challenge": "c", "hub.lease_seconds": "864000"})).text == "c"
+    overlap_end = subscription(engine).previous_secret_until
+    assert overlap_end - datetime.now(UTC) <= websub.ROTATION_OVERLAP
+    with engine.begin() as conn:  # the overlap ends, as time would end it
+        conn.execute(sa.update(schema.websub_subscriptions).values(
+            previous_secret_until=datetime.now(UTC) - timedelta(seconds=1)))
+    for replay in (first, third, fifth):  # captured ones, and one the old secret signs now
+        assert push(asked, replay, old_secret) == 202
+    assert raw_titles(engine)[-1] == "Fourth" and len(raw_titles(engine)) == 5
+    assert push(asked, fifth, new_secret) == 202 and raw_titles(engine)[-1] == "Fifth"
+
+    # The next renewal forgets what only the retired secret signed (before the current
+    # secret was made); what the current one may have signed is kept.
+    p = schema.websub_pushes
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(p)).scalar_one() == 5
+    make_due(engine)
+    collector(engine, callback).run()
+    assert requests_to_hub(hub)[-1]["hub.secret"] not in (old_secret, new_secret)
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(p)).scalar_one() == 3, "Third, Fourth, Fifth"
+    assert source_id
 
 
 def test_a_hub_that_forgets_its_subscriber_is_found_out_by_the_next_poll_and_asked_again(engine, hub, callback):
@@ -292,7 +351,9 @@ def test_a_hub_that_forgets_its_subscriber_is_found_out_by_the_next_poll_and_ask
     assert poll([("c", "Third"), ("b", "Second"), ("a", "First")]) <= timedelta(hours=1), "its own cadence"
     row = subscription(engine)
     assert (row.missed, row.state) == (2, "active")
-    assert requests_to_hub(hub) == [asked, asked], "asked again at once, in the same run: the same callback and secret"
+    again = requests_to_hub(hub)
+    assert again == [asked, {**asked, "hub.secret": again[1]["hub.secret"]}], (
+        "asked again at once, in the same run: the same callback (a new secret: replays)")
     assert {label: v for (_, label), v in _totals(engine, counters.WEBSUB_MISSED_ITEMS.name).items()} == {"": 2}
     shown = run("sources", "show", str(source_id), env=env).stdout
     assert "push health: missed: polled at its own cadence, the hub asked again, until a push comes;" \

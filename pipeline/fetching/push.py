@@ -39,7 +39,8 @@ def receive(engine: Engine, settings: Settings, token: str, body: bytes, headers
     """Take a distribution pushed to ``/websub/<token>`` (``headers`` lower-cased)."""
     t, s = schema.websub_subscriptions, schema.sources
     with engine.connect() as conn:
-        row = conn.execute(sa.select(t.c.source_id, t.c.topic, t.c.secret, t.c.state, s.c.enabled, s.c.source_type)
+        row = conn.execute(sa.select(t.c.id, t.c.source_id, t.c.topic, t.c.secret, t.c.previous_secret,
+                                     t.c.previous_secret_until, t.c.state, s.c.enabled, s.c.source_type)
                            .join(s, s.c.id == t.c.source_id).where(t.c.callback_token == token)).first()
     reader = None if row is None else push_reader(row.source_type)
     if row is None or row.state != websub.ACTIVE or not row.enabled or reader is None:
@@ -47,7 +48,9 @@ def receive(engine: Engine, settings: Settings, token: str, body: bytes, headers
         # source's (no source), one being ended or never verified.
         refused(engine, "no_subscription")
         return Received(410, "no such subscription")
-    if not websub.signed(row.secret, body, headers.get("x-hub-signature")):
+    now = datetime.now(UTC)
+    if not any(websub.signed(secret, body, headers.get("x-hub-signature"))
+               for secret in websub.secrets_of(row.secret, row.previous_secret, row.previous_secret_until, now)):
         log.warning("source %s: a push with a bad or missing signature, dropped", row.source_id)
         refused(engine, "bad_signature")
         return Received(202, "bad or missing signature: dropped")
@@ -57,8 +60,13 @@ def receive(engine: Engine, settings: Settings, token: str, body: bytes, headers
         log.warning("source %s: a push that is no feed: %s", row.source_id, exc.message)
         refused(engine, "not_a_feed")
         return Received(400, f"not a feed: {exc.message}")
-    now = datetime.now(UTC)
     with engine.begin() as conn:
+        if websub.repeated(conn, row.id, body, now):
+            again = counters.tally()
+            counters.WEBSUB_PUSHES.count(again, value="repeated")
+            counters.add(conn, again)
+            log.info("source %s: a push already taken, again (a replay or a hub's retry): not stored", row.source_id)
+            return Received(202, "already taken: dropped", 0, row.source_id)
         stored = store_items(conn, [(row.source_id, items)]).get(row.source_id, 0)
         conn.execute(sa.update(t).where(t.c.callback_token == token)
                      .values(pushes=t.c.pushes + 1, last_push_at=now))

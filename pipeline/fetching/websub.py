@@ -24,6 +24,14 @@ seconds after it publishes, and polled only as a safety net (docs/runbook.md, "P
   is acknowledged (202) and dropped, as the Recommendation asks (a forger learns
   nothing). The body is read by the feed adapter and stored by the collector's own
   ``store_items``: a pushed item and the next poll are one item, never two alerts.
+* **Replays** (``secrets_of``, ``repeated``): a push is signed, not dated, so a captured
+  one sent again verifies. Each push taken is remembered by its body's SHA-256
+  (``websub_pushes``) and one that comes again is a repeat, acknowledged and not
+  stored (it put a listing back to its superseded text). Digests are kept only while a
+  secret that could sign them is accepted: a renewal gives the subscription a new
+  secret, the one it replaced verifying beside it until the hub has verified the
+  renewal and ``ROTATION_OVERLAP`` more (pushes it signed before), and the next
+  renewal forgets the digests older than the current secret.
 * **Push that cannot go silent** (``after_poll``): a source pushed to is
   still polled, every ``SAFETY_CADENCES`` of its own intervals (at most
   ``PIPELINE_WEBSUB_SAFETY_HOURS``). Hubs forget subscriptions (a restart, lost storage,
@@ -63,6 +71,7 @@ from pipeline.queue.claim import WorkQueue
 from pipeline.queue.heartbeat import Heartbeat
 from pipeline.queue.spec import UNCLAIMED, Claim
 from pipeline.storage import counters, schema
+from pipeline.storage.bulk import ANY_UNIQUE_KEY, insert_ignoring_conflicts
 from pipeline.storage.health import VERIFY_WITHIN, push_health
 from pipeline.storage.rows import SubscriptionRow
 
@@ -81,6 +90,9 @@ SAFETY_CADENCES = 4
 # A subscription that has heard no push for this many of its source's intervals, and at
 # least SILENT_AT_LEAST, is asked of its hub again (a hub that dropped it says nothing).
 SILENT_CADENCES, SILENT_AT_LEAST = 8, timedelta(days=1)
+# After a hub verifies a renewal (and its new secret), pushes signed with the secret
+# it replaced are taken for this long: ones it sent before, or retries of them.
+ROTATION_OVERLAP = timedelta(hours=1)
 CALLBACK_PATH = "/websub/"
 SIGNATURES = {"sha1": hashlib.sha1, "sha256": hashlib.sha256, "sha384": hashlib.sha384, "sha512": hashlib.sha512}
 _LINK = re.compile(rb"<(?:atom:)?link\b[^>]*>", re.IGNORECASE)
@@ -113,6 +125,8 @@ class Subscription:
     topic: str
     callback_token: str
     secret: str
+    previous_secret: str | None
+    previous_secret_until: datetime | None
     state: str
     requested_at: datetime
     lease_until: datetime | None
@@ -120,8 +134,9 @@ class Subscription:
 
 def _row(conn: sa.Connection, **where: Any) -> Subscription | None:
     t = schema.websub_subscriptions
-    row = conn.execute(sa.select(t.c.id, t.c.source_id, t.c.hub, t.c.topic, t.c.callback_token, t.c.secret, t.c.state,
-                                 t.c.requested_at, t.c.lease_until)
+    row = conn.execute(sa.select(t.c.id, t.c.source_id, t.c.hub, t.c.topic, t.c.callback_token, t.c.secret,
+                                 t.c.previous_secret, t.c.previous_secret_until, t.c.state, t.c.requested_at,
+                                 t.c.lease_until)
                        .where(*(t.c[k] == v for k, v in where.items()))).mappings().first()
     return None if row is None else Subscription(**row)
 
@@ -173,12 +188,15 @@ def ensure(engine: Engine, source_id: int, hub: str, topic: str) -> bool:
         if found is not None and (found.hub, found.topic) == (hub, topic) and found.state != UNSUBSCRIBING:
             return False
         values = {"hub": hub, "topic": topic, "callback_token": secrets.token_urlsafe(32),
-                  "secret": secrets.token_urlsafe(32), "state": REQUESTED, "requested_at": now, "due_at": now,
+                  "secret": secrets.token_urlsafe(32), "previous_secret": None, "previous_secret_until": None,
+                  "secret_since": now, "state": REQUESTED, "requested_at": now, "due_at": now,
                   "attempts": 0, "verified_at": None, "lease_until": None, "last_error": None, **UNCLAIMED}
         if found is None:
             conn.execute(sa.insert(t).values(source_id=source_id, **values))
         else:
             conn.execute(sa.update(t).where(t.c.source_id == source_id).values(**values))
+            # No secret that signed them is accepted any more.
+            conn.execute(sa.delete(schema.websub_pushes).where(schema.websub_pushes.c.subscription_id == found.id))
     return True
 
 
@@ -243,14 +261,24 @@ def _ask(engine: Engine, settings: Settings, fetcher: Fetcher, queue: WorkQueue[
             return
         mode = "unsubscribe" if leaving else "subscribe"
         state = UNSUBSCRIBING if leaving else ACTIVE if row["state"] == ACTIVE else REQUESTED  # a renewal stays active
-        values = {"state": state, "requested_at": now,
-                  "due_at": now + retry_in(row["attempts"]), "last_error": None}
+        values: dict[str, Any] = {"state": state, "requested_at": now,
+                                  "due_at": now + retry_in(row["attempts"]), "last_error": None}
+        secret = row["secret"]
+        if state == ACTIVE and not rotating(row["previous_secret"], row["previous_secret_until"]):
+            secret = secrets.token_urlsafe(32)
+            values |= {"secret": secret, "previous_secret": row["secret"], "previous_secret_until": None,
+                       "secret_since": now}
         if not queue.complete(claim, values, ids=[row["id"]], conn=conn).done:
             return  # fenced out: the row was changed (moved, ended) while claimed
+        if secret != row["secret"] and row["secret_since"] is not None:
+            # The secret before the one now replaced is no longer accepted: what only it
+            # could have signed cannot verify again.
+            p = schema.websub_pushes
+            conn.execute(sa.delete(p).where(p.c.subscription_id == row["id"], p.c.received_at < row["secret_since"]))
     heartbeat.drop(claim, [row["id"]])  # written: its lease is gone, not to be extended
     form = {"hub.mode": mode, "hub.topic": row["topic"], "hub.callback": callback_url(settings, row["callback_token"])}
     if mode == "subscribe":
-        form.update({"hub.secret": row["secret"], "hub.lease_seconds": str(int(LEASE.total_seconds()))})
+        form.update({"hub.secret": secret, "hub.lease_seconds": str(int(LEASE.total_seconds()))})
     error = None
     try:
         fetcher.post(row["hub"], urlencode(form).encode(), {"Content-Type": "application/x-www-form-urlencoded"})
@@ -296,10 +324,31 @@ def verify(engine: Engine, token: str, params: Mapping[str, str]) -> str | None:
             lease = timedelta(seconds=min(max(int(params.get("hub.lease_seconds", "")), 60), 10 * 365 * 86400))
         except ValueError:
             lease = LEASE
+        overlap = {"previous_secret_until": now + ROTATION_OVERLAP} if rotating(found.previous_secret, found.previous_secret_until) else {}
         conn.execute(sa.update(t).where(mine).values(
             state=ACTIVE, verified_at=now, lease_until=now + lease, due_at=renew_at(now, lease), attempts=0,
-            last_error=None, **UNCLAIMED))
+            last_error=None, **overlap, **UNCLAIMED))
     return challenge
+
+
+def rotating(previous_secret: str | None, previous_secret_until: datetime | None) -> bool:
+    """Whether a renewal's new secret waits for its hub's verification (the one it
+    replaced verifying pushes meanwhile, with no end set yet)."""
+    return previous_secret is not None and previous_secret_until is None
+
+
+def secrets_of(secret: str, previous: str | None, previous_until: datetime | None, now: datetime) -> list[str]:
+    """The secrets a push to a subscription may be signed with: its own, and while a
+    renewal's overlap lasts, the one it replaced."""
+    return [secret] + ([previous] if previous is not None and (previous_until is None or previous_until > now) else [])
+
+
+def repeated(conn: sa.Connection, subscription_id: int, body: bytes, now: datetime) -> bool:
+    """Whether ``body`` was pushed to the subscription before (a replay, or a hub's
+    redelivery); if not, it is remembered, in ``conn``'s transaction (with what it stores)."""
+    digest = hashlib.sha256(body).hexdigest()
+    return insert_ignoring_conflicts(conn, schema.websub_pushes, [
+        {"subscription_id": subscription_id, "digest": digest, "received_at": now}], ANY_UNIQUE_KEY) == 0
 
 
 def signed(secret: str, body: bytes, header: str | None) -> bool:

@@ -151,11 +151,11 @@ PUSH_TO_DELIVERY = Histogram(
     " round `pipeline serve` runs after the push).",
     buckets=(0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0),
 )
-PUSH_OUTCOMES = ("taken", "bad_signature", "no_subscription", "too_large", "not_a_feed", "rate_limited")
+PUSH_OUTCOMES = ("taken", "repeated", "bad_signature", "no_subscription", "too_large", "not_a_feed", "rate_limited")
 WEBSUB_PUSHES = Counter(
     "pipeline_websub_pushes_total",
-    "Pushes from WebSub hubs, by outcome: taken, or refused (a bad or missing signature, acknowledged"
-    " and dropped; no such subscription, or its source disabled; over PIPELINE_MAX_RESPONSE_BYTES;"
+    "Pushes from WebSub hubs, by outcome: taken, or refused (a repeat of one taken, or a bad or missing"
+    " signature, acknowledged and dropped; no such subscription, or its source disabled; over PIPELINE_MAX_RESPONSE_BYTES;"
     " not a feed; over PIPELINE_WEBSUB_PUSHES_PER_MINUTE).",
     label="outcome", known=PUSH_OUTCOMES,
 )

@@ -127,6 +127,9 @@ class SubscriptionRow(TypedDict):
     topic: str
     callback_token: str
     secret: str
+    previous_secret: str | None
+    previous_secret_until: datetime | None
+    secret_since: datetime | None
     state: str
     requested_at: datetime
     verified_at: datetime | None

@@ -522,6 +522,12 @@ websub_subscriptions = sa.Table(
     sa.Column("topic", sa.Text(), nullable=False),
     sa.Column("callback_token", sa.String(64), nullable=False),
     sa.Column("secret", sa.String(64), nullable=False),
+    # A renewal gives the subscription a new secret (websub.py, "Replays"): the one it
+    # replaced still verifies pushes until ``previous_secret_until`` (None: until the
+    # hub verifies the renewal); ``secret_since``: when the current one was made.
+    sa.Column("previous_secret", sa.String(64)),
+    sa.Column("previous_secret_until", UTCDateTime()),
+    sa.Column("secret_since", UTCDateTime()),
     sa.Column("state", sa.String(16), nullable=False),
     sa.Column("requested_at", UTCDateTime(), nullable=False),
     sa.Column("verified_at", UTCDateTime()),
@@ -538,6 +544,18 @@ websub_subscriptions = sa.Table(
     sa.UniqueConstraint("source_id"),
     sa.UniqueConstraint("callback_token"),
     sa.CheckConstraint(sql_in("state", WebSubState), name="state"),
+)
+
+# The pushes a subscription took, by the SHA-256 of their body, while a secret that
+# could have signed them is accepted: a captured push sent again is a repeat, never
+# stored (websub.py, "Replays").
+websub_pushes = sa.Table(
+    "websub_pushes",
+    metadata,
+    sa.Column("subscription_id", IdType, sa.ForeignKey("websub_subscriptions.id", ondelete="CASCADE"),
+              primary_key=True),
+    sa.Column("digest", sa.String(64), primary_key=True),
+    sa.Column("received_at", UTCDateTime(), nullable=False),
 )
 
 # The events of ingestion_events: a source handed out for a fetch, and its fetch's end.
