@@ -12,7 +12,7 @@ FROM (SELECT websub_subscriptions.id AS id
 FROM websub_subscriptions
 WHERE websub_subscriptions.due_at IS NOT NULL AND websub_subscriptions.locked_until IS NULL AND websub_subscriptions.due_at <= ? ORDER BY websub_subscriptions.due_at ASC, websub_subscriptions.id ASC
  LIMIT ? OFFSET ?) AS anon_2
- LIMIT ? OFFSET ?) RETURNING id, source_id, hub, topic, callback_token, secret, state, requested_at, verified_at, lease_until, pushes, last_push_at, missed, missed_at, last_error, due_at, attempts, locked_until, claimed_by, claim_token;
+ LIMIT ? OFFSET ?) RETURNING id, source_id, hub, topic, callback_token, secret, previous_secret, previous_secret_until, secret_since, state, requested_at, verified_at, lease_until, pushes, last_push_at, missed, missed_at, last_error, due_at, attempts, locked_until, claimed_by, claim_token;
 
 -- complete (sets state, requested_at, due_at, last_error)
 -- served by pk_websub_subscriptions (the ids held), fenced by claim_token and claimed_by
