@@ -458,3 +458,34 @@ def test_a_source_removed_while_a_processor_writes_its_rows_waits_for_it_instead
     with pg_engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).where(schema.sources.c.id == source_id)).scalar_one() == 0
         assert conn.execute(sa.select(sa.func.count()).where(listings.c.source_id == source_id)).scalar_one() == 0
+
+
+@conformance
+def test_a_removed_sources_id_is_never_given_again_and_filters_naming_only_it_end_with_it(backend, engine):
+    """On SQLite a removed source's id went to the next source added (a rowid is the
+    largest plus one), and a filter ``source:2 python`` kept after source 2 was removed
+    followed the new source 2. Every table's ids are now never given twice, and a
+    filter that can match only a removed source's listings ends with it; one that names
+    it beside other alternatives, by name, or in an exclusion stays."""
+    from pipeline.catalogue import users
+
+    with engine.begin() as conn:
+        kept = add_source(conn, "http://127.0.0.1/kept", name="Kept")
+        gone = add_source(conn, "http://127.0.0.1/gone", name="Gone")
+        users.add_user(conn, "dora", webhook="http://127.0.0.1:9/hook", secret="s" * 16)
+        ending = [users.add_filter(conn, "dora", query) for query in (
+            f"source:{gone} python", f"(source:{gone} rust) OR (source:{gone} go)", f"python source:{gone} -source:{kept}")]
+        staying = [users.add_filter(conn, "dora", query) for query in (
+            f"source:{gone} OR rust", 'source:"Gone" python', f"python -source:{gone}", f"source:{kept} python")]
+    with engine.begin() as conn:
+        counts = remove_sources(conn, [gone])
+    assert counts["filters"] == len(ending)
+    f = schema.filters
+    with engine.begin() as conn:
+        assert sorted(conn.execute(sa.select(f.c.id)).scalars()) == staying
+        again = add_source(conn, "http://127.0.0.1/new", name="New")
+    assert again > gone, "the id of a removed source names nothing again"
+    if backend == "sqlite":  # every table with an id, not only sources
+        with engine.connect() as conn:
+            ddl = dict(conn.exec_driver_sql("SELECT name, sql FROM sqlite_master WHERE type = 'table'").all())
+        assert [t.name for t in schema.ID_TABLES if "AUTOINCREMENT" not in ddl[t.name]] == []

@@ -33,6 +33,8 @@ from pipeline.core.urls import canonical_host, source_url
 from pipeline.fetching import websub, youtube
 from pipeline.fetching.collector import Collector, CollectStats
 from pipeline.fetching.registry import adapter_for
+from pipeline.notify.notifier import source_ids_by_name
+from pipeline.notify.query import QueryError, compile_query, only_from
 from pipeline.queue.spec import UNCLAIMED
 from pipeline.storage import owners, politeness_groups, schema
 from pipeline.storage.bulk import insert_ignoring_conflicts
@@ -726,7 +728,32 @@ def remove_sources(conn: sa.Connection, source_ids: Sequence[int]) -> dict[str, 
     # way round, and a processor working on them deadlocked with the removal.
     conn.execute(sa.delete(schema.listings_raw).where(schema.listings_raw.c.source_id.in_(ids)))
     conn.execute(sa.delete(t).where(t.c.id.in_(ids)))  # the rest by ON DELETE CASCADE
+    ended = _filters_only_from(conn, ids)
+    conn.execute(sa.delete(f).where(f.c.id.in_(ended)))
+    counts["filters"] += len(ended)
     return counts
+
+
+def _filters_only_from(conn: sa.Connection, source_ids: Sequence[int]) -> list[int]:
+    """The filters whose query can match only listings of ``source_ids`` (``source:12``
+    in every alternative: ``query.only_from``), which end with those sources as filters
+    scoped to them (``--source``) do. Ids are never given twice (schema ``_id``), so a
+    filter left naming one would match nothing for ever; it went on to follow a new
+    source given the id on SQLite. Read after the sources are gone (names resolved
+    without them)."""
+    f = schema.filters
+    found = conn.execute(sa.select(f.c.id, f.c.query).where(sa.func.lower(f.c.query).like("%source:%"))).all()
+    if not found:
+        return []
+    names = source_ids_by_name(conn)
+    ended = []
+    for filter_id, text in found:
+        try:
+            if only_from(compile_query(text, names), source_ids):
+                ended.append(filter_id)
+        except QueryError:
+            continue  # a filter that no longer compiles is the notifier's to report
+    return ended
 
 
 def refresh_source(conn: sa.Connection, source_id: int) -> None:

@@ -42,7 +42,7 @@ every condition of one alternative holds.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -563,6 +563,19 @@ def _clause(alternative: list[tuple[Term, bool]], sources: Mapping[str, frozense
             "nothing here must appear (only exclusions, a published window or amounts), so it would match"
             " nearly every listing: add a word, phrase, author, category, source, location or company", first)
     return Clause(tuple(dict.fromkeys(words)), tuple(absent), tuple(checks), tuple(filings))
+
+
+def only_from(query: Query, source_ids: Collection[int]) -> bool:
+    """Whether every listing ``query`` can match comes from one of ``source_ids``, named
+    by id: each alternative needs a ``source:12`` (a number; resolved, every source it
+    names) among them. A filter that is (``sources remove``) ends with them; one naming
+    them by name only, or beside other alternatives, does not."""
+    gone = frozenset(source_ids)
+    return all(
+        any(c.term.field is Field.SOURCE and not c.negated and as_id(c.term.value) is not None
+            and c.source_ids <= gone for c in clause.checks)
+        for clause in query.clauses
+    )
 
 
 def compile_query(text: str, sources: Mapping[str, frozenset[int]] | None = None) -> Query:

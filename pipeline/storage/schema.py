@@ -60,6 +60,10 @@ ItemIdType = sa.Text().with_variant(sa.String(MAX_ITEM_ID_CHARS), *MARIADB)
 
 
 def _id() -> sa.Column[Any]:
+    """A table's id, never given twice: once a row is gone its id names nothing (a filter's
+    ``source:12``, a receiver's record of a notification or listing id). PostgreSQL's and
+    MariaDB's sequences never go back; SQLite's rowid took the largest id plus one, so
+    deleting the newest row gave its id to the next (``ID_TABLES``: AUTOINCREMENT)."""
     return sa.Column("id", IdType, primary_key=True, autoincrement=True)
 
 
@@ -717,6 +721,12 @@ WEBSUB_DUE = QueueSpec(
     attempts=websub_subscriptions.c.attempts,
     suspect=lambda row: row["attempts"] > 1 and row["last_error"] is None,
 )
+
+# Every table with an ``_id()``: on SQLite, AUTOINCREMENT (revision 0034).
+ID_TABLES: tuple[sa.Table, ...] = tuple(
+    t for t in metadata.sorted_tables if "id" in t.c and t.c.id.primary_key and t.c.id.autoincrement is True)
+for _table in ID_TABLES:
+    _table.dialect_kwargs["sqlite_autoincrement"] = True
 
 QUEUES: tuple[QueueSpec, ...] = (SOURCES_DUE, RAW_UNPROCESSED, LISTINGS_UNMATCHED, NOTIFICATIONS_DUE,
                                  SOURCE_ALERTS_DUE, WEBSUB_DUE)
