@@ -388,7 +388,7 @@ def test_a_copy_is_looked_for_among_the_most_recent_listings_of_each_key(engine)
         a = add_source(conn, "http://127.0.0.1/a.rss")
         b = add_source(conn, "http://127.0.0.1/b.rss")
         for i in range(stories.RECENT_PER_KEY + 10):  # ids in the order of their keys, as stored
-            add_raw(conn, a, f"a-{i:02d}", title=f"Item {i}", url="https://news.example/live?utm_source=a")
+            add_raw(conn, a, f"a-{i:02d}", title=f"Live item {i}", url="https://news.example/live?utm_source=a")
     assert processor(engine).run().clustered == 0
     with engine.begin() as conn:
         add_raw(conn, b, "b-1", title="Live", url="https://news.example/live")
@@ -404,7 +404,7 @@ def test_within_one_batch_a_copy_also_sees_only_the_most_recent_listings_of_each
         a = add_source(conn, "http://127.0.0.1/a.rss")
         b = add_source(conn, "http://127.0.0.1/b.rss")
         for i in range(stories.RECENT_PER_KEY + 10):
-            add_raw(conn, a, f"a-{i:02d}", title=f"Item {i}", url="https://news.example/live?utm_source=a")
+            add_raw(conn, a, f"a-{i:02d}", title=f"Live item {i}", url="https://news.example/live?utm_source=a")
         add_raw(conn, b, "b-1", title="Live", url="https://news.example/live")
     assert processor(engine).run().clustered == 1
     rows = _listings(engine)
@@ -490,6 +490,42 @@ def test_a_source_linking_another_sites_article_first_cannot_title_its_story(eng
     rows = _listings(engine)
     assert rows[(real, "r-1")]["cluster_id"] is None, "the article's own item is no copy of the hostile one"
     assert rows[(aggregator, "g-1")]["cluster_id"] in (rows[(real, "r-1")]["id"], rows[(hostile, "h-1")]["id"])
+
+
+LINK = "https://acme.example/news/widget-2"
+
+
+@pytest.mark.parametrize(("items", "told"), [
+    # A page on another site lists the article's link first, under its own text (its
+    # id the link, as a page's items are): it took the key of the site's own item, which
+    # was never told. Now each is told: the site's own item is no copy of the other.
+    ([("https://hostile.example/", "Widget 2: claim your free tokens"), ("https://acme.example/feed", "Widget 2 ships")],
+     ["Widget 2 ships", "Widget 2: claim your free tokens"]),
+    # The other way round: the copy joins the site's own story, told once.
+    ([("https://acme.example/feed", "Widget 2 ships"), ("https://aggregator.example/", "Widget 2 ships (acme.example)")],
+     ["Widget 2 ships"]),
+    # Two aggregators, neither on the link's site: the link is either one's claim, so
+    # a first one's own text no longer takes in the second's.
+    ([("https://hostile.example/", "Widget giveaway: claim your free tokens"),
+      ("https://aggregator.example/", "Acme ships Widget 2")],
+     ["Acme ships Widget 2", "Widget giveaway: claim your free tokens"]),
+    # ... while two that tell it alike are one story, told once.
+    ([("https://aggregator.example/", "Acme ships Widget 2"), ("https://other.example/", "Widget 2 ships, Acme says")],
+     ["Acme ships Widget 2"]),
+])
+def test_a_link_on_another_site_is_no_claim_to_its_item_or_story(engine, site, items, told):
+    """Identities another party can claim: an item key and a story's link. Items come
+    in the order given, each stored before the next; ``told`` is what the one user
+    whose filter matches them all hears."""
+    with engine.begin() as conn:
+        add_user(conn, "alice", site.url("/hook"))
+        users.add_filter(conn, "alice", "widget")
+    for source_url, title in items:
+        with engine.begin() as conn:
+            add_raw(conn, add_source(conn, source_url), LINK, title=title, url=LINK)
+        processor(engine).run()
+    notifier(engine).run()
+    assert sorted(json.loads(p["body"])["listing"]["title"] for p in posts(site)) == sorted(told)
 
 
 def test_a_source_url_with_tracking_parameters_is_the_same_source(engine, db_url):

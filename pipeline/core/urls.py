@@ -139,15 +139,40 @@ def canonical_url(url: str) -> str:
     return urlunsplit((scheme, netloc, _upper_escapes(parts.path) or "/", _upper_escapes(parts.query), ""))
 
 
-def item_key(url: str, source_item_id: str, *, canonical: bool = False) -> str:
+def item_key(url: str, source_item_id: str, *, canonical: bool = False, source_url: str | None = None) -> str:
     """The identity of an item for "a user hears about it once": its canonical URL with
     its feed id (guid, Atom id, or what stands in for one). The same entry reached
-    through two sources (two spellings of a feed, a mirror, feeds that redirect to one)
-    has one key; two entries that share a link but not an id (a page watched for
+    through two sources of one site (two spellings of a feed, feeds that redirect to
+    one) has one key; two entries that share a link but not an id (a page watched for
     changes, a feed linking every item to its home page) have two. ``canonical``: the
-    URL is already in its canonical spelling (``web_urls``)."""
-    text = f"{url if canonical else canonical_url(url)}\n{source_item_id}"
+    URL is already in its canonical spelling (``web_urls``).
+
+    An item whose link is on another site than its source's (``source_url``;
+    ``offsite``) is keyed within its source's site: a page on B listing A's link first
+    took the key of A's own item, and A's item was never told (the user's one alert per
+    key went to B's copy, B's text). Copies of one story on other sites are one alert
+    by their story (pipeline/listings/stories.py), which an off-site item cannot begin
+    for its link's own site."""
+    link = url if canonical else canonical_url(url)
+    scope = f"\n{source_site(source_url)}" if source_url is not None and offsite(link, source_url, canonical=True) else ""
+    text = f"{link}\n{source_item_id}{scope}"
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def offsite(url: str | None, source_url: str | None, *, canonical: bool = False) -> bool:
+    """Whether an item's link ``url`` is on another site (registrable domain) than its
+    source's: an aggregator's item, or a hostile source's linking a real article.
+    ``canonical``: ``url`` is in its canonical spelling (``web_urls``), read without a parse."""
+    if source_url is None or not url:
+        return False
+    site = canonical_site(url) if canonical else url_site(url)
+    return not (site and site == source_site(source_url))
+
+
+@functools.lru_cache(maxsize=4096)
+def source_site(source_url: str) -> str:
+    """``url_site`` of a source's URL, remembered: every item of a source asks it."""
+    return url_site(source_url)
 
 
 # Query parameters that say how a reader arrived, not what they read: campaign tags

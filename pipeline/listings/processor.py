@@ -213,7 +213,8 @@ class Processor:
         # in one order, so one waits for the other instead of both for each other (a
         # backlog holds newer versions of one item in two batches, in other orders).
         pairs = sorted(pairs, key=lambda pair: (pair[0]["source_id"], pair[0]["source_item_id"]))
-        rows = [_listing_row(row, listing) for row, listing in pairs]
+        facts = self._sources
+        rows = [_listing_row(row, listing, facts.get(row["source_id"], UNKNOWN_SOURCE).url) for row, listing in pairs]
         backend = backend_for(conn)
         keys = [(r["source_id"], r["source_item_id"]) for r in rows]
         stored = {(r.source_id, r.source_item_id): r for r in conn.execute(existing, backend.pairs_params(keys))}
@@ -324,7 +325,7 @@ def reopen_window(engine: Engine, start: datetime, end: datetime) -> int:
     return int(result.rowcount)
 
 
-def _listing_row(row: RawRow, listing: Listing) -> dict[str, Any]:
+def _listing_row(row: RawRow, listing: Listing, source_url: str | None) -> dict[str, Any]:
     fields = listing.fields or {}
     return {
         "source_id": row["source_id"],
@@ -339,7 +340,7 @@ def _listing_row(row: RawRow, listing: Listing) -> dict[str, Any]:
         "categories": listing.categories,
         "content_hash": listing.content_hash,
         "raw_id": row["id"],
-        "item_key": item_key(listing.identity_url, row["source_item_id"], canonical=True),
+        "item_key": item_key(listing.identity_url, row["source_item_id"], canonical=True, source_url=source_url),
         "words": word_string(listing.title, listing.summary, listing.author, listing.categories,
                              location=fields.get("location"), company=fields.get("company")),
         **_NO_MARKS,

@@ -6,7 +6,9 @@ Two listings **from different sources** are the same story when
 * their links name the same story (``story_url``, pipeline/core/urls.py: the canonical
   URL less tracking parameters such as ``utm_*``; never a site's home page), except
   that an item on its link's own site never joins a story an off-site item began (a
-  source linking another site's article first, under its own title, would title it), or
+  source linking another site's article first, under its own title, would title it),
+  and two off-site items' titles must overlap (``titles_overlap``: the link is either
+  one's claim), or
 * their texts are near-identical: the 64-bit SimHash (Charikar 2002; the thresholds of
   Manku, Jain and Das Sarma 2007) of the distinct words of title and summary, less the
   phrases their source repeats in every item (pipeline/listings/boilerplate.py), differ
@@ -49,7 +51,7 @@ import sqlalchemy as sa
 
 from pipeline.backends import backend_for
 from pipeline.backends.recent import Asking, RecentPerKey
-from pipeline.core.urls import canonical_site, story_url, url_site
+from pipeline.core.urls import offsite, story_url
 from pipeline.core.words import normalised
 from pipeline.listings.boilerplate import NONE, Runs, without
 from pipeline.listings.normalize import Listing
@@ -155,7 +157,7 @@ class Marks:
         title = own_title(listing.title, listing.url)
         text = cls.words_of(listing) if words is None else words
         return cls(url_key(listing.canonical_url), simhash(without(text, boilerplate)), frozenset(text_words(title)),
-                   _offsite(listing.canonical_url, source_url, canonical=True))
+                   offsite(listing.canonical_url, source_url, canonical=True))
 
     @staticmethod
     def words_of(listing: Listing) -> list[str]:
@@ -167,7 +169,7 @@ class Marks:
                source_url: str | None = None) -> Marks:
         """A stored listing's marks, from its row (and its source's URL)."""
         return cls(story_key, None if simhash is None else from_signed(simhash),
-                   frozenset(text_words(own_title(title, url))), _offsite(url, source_url))
+                   frozenset(text_words(own_title(title, url))), offsite(url, source_url))
 
     @functools.cached_property
     def keys(self) -> dict[str, int]:
@@ -181,15 +183,6 @@ class Marks:
         """Its fingerprint and keys, as the listing's row stores them."""
         return {"simhash": None if self.fingerprint is None else to_signed(self.fingerprint),
                 **dict.fromkeys(schema.STORY_KEYS), **self.keys}
-
-
-def _offsite(url: str | None, source_url: str | None, *, canonical: bool = False) -> bool:
-    """A listing's link is on another site than its source's (``Marks.offsite``).
-    ``canonical``: ``url`` is in its canonical spelling (``web_urls``), read without a parse."""
-    if source_url is None or not url:
-        return False
-    site = canonical_site(url) if canonical else url_site(url)
-    return not (site and site == url_site(source_url))
 
 
 @dataclass(frozen=True)
@@ -211,7 +204,8 @@ def same_story(a: NewListing, b: NewListing) -> bool:
     if a.source_id == b.source_id:
         return False
     x, y = a.marks, b.marks
-    if x.url_key is not None and x.url_key == y.url_key and (x.offsite or not y.offsite):
+    if (x.url_key is not None and x.url_key == y.url_key and (x.offsite or not y.offsite)
+            and (not (x.offsite and y.offsite) or titles_overlap(x.title_words, y.title_words))):
         return True
     return (x.fingerprint is not None and y.fingerprint is not None
             and distance(x.fingerprint, y.fingerprint) <= MAX_DISTANCE and titles_agree(x.title_words, y.title_words))
@@ -226,6 +220,19 @@ def stored_words(title: str, summary: str, url: str) -> list[str]:
 def own_title(title: str, url: str) -> str:
     """A listing's title, or "" when it is its link (the normaliser's stand-in)."""
     return "" if title == url else title
+
+
+def titles_overlap(x: frozenset[str], y: frozenset[str]) -> bool:
+    """Whether two off-site items' titles say one story: at least half the words of the
+    shorter are in the other. Neither item is on its link's site, so the link alone is
+    anyone's claim: an aggregator carrying another site's story URL under a text of its
+    own, stored first, took in a later aggregator's honest item and told it in its
+    words. Two aggregators' headlines of one story share its names ("PostgreSQL 18 is
+    out", "PostgreSQL 18 released"); a title of no words of its own says nothing."""
+    if not x or not y:
+        return False
+    shorter, longer = (x, y) if len(x) <= len(y) else (y, x)
+    return 2 * len(shorter & longer) >= len(shorter)
 
 
 def titles_agree(x: frozenset[str], y: frozenset[str]) -> bool:
