@@ -108,17 +108,18 @@ def userinfo(text: str) -> str:
 
 
 def database_url(url: sa.URL | str) -> str:
-    """A database URL with its password and every query value hidden."""
+    """A database URL with its password and every query value hidden. An "@" SQLAlchemy
+    reads as part of the host or the database (one in the password, not written %40, or
+    a ":" or "/" in the user name) ends what the operator meant as user and password:
+    everything before the last "@" is hidden."""
     if isinstance(url, str):
         try:
             url = sa.make_url(url)
         except (ArgumentError, ValueError):  # ValueError: a port that is not a number
             return "<unparseable URL>"
-    if url.host and "@" in url.host:
-        # An "@" in the password, not written %40: SQLAlchemy ends the password at the
-        # first "@", the operator meant the last. All of it before the last is hidden.
-        plain = sa.URL.create(url.drivername, host=url.host.rsplit("@", 1)[1], port=url.port, database=url.database)
-        shown = plain.render_as_string(hide_password=True).replace("://", f"://{MASK}@", 1)
+    where = f"{url.host or ''}{'' if url.port is None else f':{url.port}'}/{url.database or ''}"
+    if "@" in where:
+        shown = f"{url.drivername}://{MASK}@{where.rsplit('@', 1)[1]}"
     else:
         shown = url.set(query={}).render_as_string(hide_password=True)
     return shown + ("?" + "&".join(f"{key}={MASK}" for key in url.query) if url.query else "")

@@ -27,9 +27,23 @@ def parse_url(raw: str) -> sa.URL:
         why = "its port is not a number" if isinstance(exc, ValueError) else "not a URL such as postgresql://host/name"
         shown = redact.database_url(raw) if "@" in raw else repr(raw)  # a password is never shown
         raise ConfigError(f"DATABASE_URL {shown} is not a database URL: {why}") from None
-    if url.host and "@" in url.host:
-        raise ConfigError(f"DATABASE_URL {redact.database_url(url)} has an '@' after its user and password:"
-                          " write an '@' in the password as %40")
+    if "@" in (url.host or "") or "@" in (url.database or ""):
+        # SQLAlchemy read an "@" as part of the host or the database: one in the password
+        # (it ends the password at the first), or a ":" or "/" in the user name (no
+        # credentials read at all: the password became the database's name, which a
+        # server's "database ... does not exist" printed).
+        raise ConfigError(f"DATABASE_URL {redact.database_url(raw)} has an '@' that ends no user and password:"
+                          " write '@', ':' and '/' in them as %40, %3A and %2F")
+    try:
+        (url.host or "").encode("idna")
+    except UnicodeError:
+        raise ConfigError(f"DATABASE_URL {redact.database_url(raw)}: its host is no host name") from None
+    if url.password is not None and url.get_backend_name() in ("mysql", "mariadb"):
+        try:
+            url.password.encode("latin-1")
+        except UnicodeEncodeError:  # what PyMySQL sends a password as
+            raise ConfigError(f"DATABASE_URL {redact.database_url(raw)}: MariaDB's driver takes a password of"
+                              " Latin-1 characters only") from None
     if url.drivername in ("postgres", "postgresql"):
         url = url.set(drivername="postgresql+psycopg")
     if url.drivername in ("mysql", "mariadb"):
