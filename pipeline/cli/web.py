@@ -71,9 +71,10 @@ def feeds_revoke(feed_id: int) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(1, 65535), default=None,
               help="Port to listen on; default: PIPELINE_WEB_PORT, else 8790.")
-@click.option("--max-connections", type=click.IntRange(1, 10_000), default=64, show_default=True,
-              help="Connections served at once; past it a new one is closed.")
-def serve(host: str, port: int | None, max_connections: int) -> None:
+@click.option("--threads", type=click.IntRange(1, 1_000), default=16, show_default=True,
+              help="Requests answered at once (each reads the database); connections are not limited,"
+                   " and each request must arrive within 10 s.")
+def serve(host: str, port: int | None, threads: int) -> None:
     """Answer for the output feeds (/feeds/TOKEN.atom, /feeds/TOKEN.json), the WebSub
     callback (/websub/TOKEN: hubs' verifications and pushes) and /healthz on
     http://HOST:PORT, reading the database at each request. Ctrl-C stops it."""
@@ -84,6 +85,6 @@ def serve(host: str, port: int | None, max_connections: int) -> None:
 
     settings = Settings.from_env()
     server = serve_app(host, port or web_port(), FeedApp(common.engine(), settings.public_url, settings),
-                       max_connections=max_connections)
+                       threads=threads, max_body_bytes=settings.max_response_bytes)
     click.echo(f"serving output feeds on http://{host}:{server.server_address[1]}/feeds/", err=True)
     run_until_interrupted(server)
