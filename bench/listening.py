@@ -231,7 +231,8 @@ def run_one(name: str, idle: int, drippers: int, seconds: float, body: bool) -> 
     port = _free_port()
     here = Path(__file__).resolve().parent
     process = subprocess.Popen([sys.executable, str(here / "listening.py"), "--serve", name, "--port", str(port)],
-                               cwd=here, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                               cwd=here, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               start_new_session=True)  # its workers too are stopped with it
     try:
         deadline = time.monotonic() + 30
         while True:  # waits for the state: the port answers
@@ -244,7 +245,7 @@ def run_one(name: str, idle: int, drippers: int, seconds: float, body: bool) -> 
                 time.sleep(0.1)
         return asyncio.run(_attack(port, idle, drippers, seconds, process.pid, body))
     finally:
-        process.kill()
+        os.killpg(process.pid, 9)
         process.wait()
 
 
