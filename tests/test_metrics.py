@@ -173,3 +173,46 @@ def test_a_thousand_idle_or_dripping_connections_never_keep_a_request_from_being
             s.close()
         server.shutdown()
         server.server_close()
+
+
+def test_a_body_counts_against_the_budget_until_the_application_is_done_with_it(monkeypatch):
+    """The bodies held at once are bounded (``BODY_BUDGET_BYTES``, 503 past it); a body
+    stopped counting once it was read, while the application still held it, so the
+    bound held only for bodies on their way in. Waits for a state: the first request
+    inside the application."""
+    import threading
+    import urllib.error
+
+    from pipeline.web import server as web_server
+
+    monkeypatch.setattr(web_server, "BODY_BUDGET_BYTES", 150)
+    inside, release = threading.Event(), threading.Event()
+
+    def app(environ, start_response):
+        environ["wsgi.input"].read()
+        inside.set()
+        release.wait(60)
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"taken\n"]
+
+    server = web_server.serve("127.0.0.1", 0, app, max_body_bytes=1_000)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/websub/x"
+    answers: list[bytes] = []
+    first = threading.Thread(target=lambda: answers.append(
+        urllib.request.urlopen(urllib.request.Request(url, data=b"x" * 100), timeout=60).read()))
+    try:
+        first.start()
+        assert inside.wait(60), "the first request reached the application"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(url, data=b"y" * 100), timeout=60)
+        assert refused.value.code == 503, "the first body still counts while the application holds it"
+        release.set()
+        first.join(60)
+        assert answers == [b"taken\n"]
+        with urllib.request.urlopen(urllib.request.Request(url, data=b"z" * 100), timeout=60) as again:
+            assert again.read() == b"taken\n", "counted no more once its request is answered"
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()

@@ -62,7 +62,7 @@ class _WholeRequests:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":  # nothing to start or stop
-            while (message := await receive())["type"] != "lifespan.shutdown":
+            while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return
@@ -72,30 +72,42 @@ class _WholeRequests:
         if declared is not None and declared > self.max_body:
             await self.app(scope, _replay(b""), send)
             return
-        body = bytearray()
+        body = await self._body(receive, send)
+        if body is None:
+            return
+        try:
+            await self.app(scope, _replay(bytes(body)), send)
+        finally:
+            self.held -= len(body)  # held until the application is done with it
+
+    async def _body(self, receive: Receive, send: Send) -> bytearray | None:
+        """The request's body, whole, counted in ``held``; None when it was answered
+        here instead (413, 503, 408) or the client left, its bytes no longer counted."""
+        body, whole = bytearray(), False
         try:
             async with asyncio.timeout(self.deadline):
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
-                        return
+                        return None
                     chunk = message.get("body", b"")
                     if len(body) + len(chunk) > self.max_body:
                         await _answer(send, 413, b"the body is too large\n")
-                        return
+                        return None
                     if self.held + len(chunk) > BODY_BUDGET_BYTES:
                         await _answer(send, 503, b"busy: try again\n", [(b"retry-after", b"5")])
-                        return
+                        return None
                     self.held += len(chunk)
                     body += chunk
                     if not message.get("more_body"):
-                        break
+                        whole = True
+                        return body
         except TimeoutError:
             await _answer(send, 408, b"the request did not arrive in time\n", [(b"connection", b"close")])
-            return
+            return None
         finally:
-            self.held -= len(body)
-        await self.app(scope, _replay(bytes(body)), send)
+            if not whole:
+                self.held -= len(body)
 
 
 def _content_length(scope: Scope) -> int | None:
