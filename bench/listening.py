@@ -37,6 +37,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.scratch import commit, load, tree_seconds
+
 DRIP_SECONDS = 2.0
 DEADLINE_SECONDS = 10  # what each server is asked for, where it has such a setting
 LEGIT_TIMEOUT = 5.0
@@ -59,7 +63,6 @@ def serve(name: str, port: int) -> None:
     """Serve ``app`` on 127.0.0.1:``port`` with server ``name`` until killed."""
     _raise_fd_limit()
     if name == "pipeline":
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
         from pipeline.web.server import serve as pipeline_serve
 
         pipeline_serve("127.0.0.1", port, app).serve_forever()
@@ -143,23 +146,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User and system CPU of ``pid`` and every process under it (granian's workers), from /proc."""
-    stats = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            stats[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
-    tree, ticks = {pid}, 0
-    for _ in range(4):  # children, grandchildren, ...
-        tree |= {p for p, (parent, _) in stats.items() if parent in tree}
-    ticks = sum(stats[p][1] for p in tree if p in stats)
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
 async def _legit(port: int) -> float | None:
     """One GET /healthz on a fresh connection: its latency, None when it failed."""
     start = time.perf_counter()
@@ -206,12 +192,12 @@ async def _attack(port: int, idle: int, drippers: int, seconds: float, pid: int,
 
     watchers = [asyncio.create_task(watch(n, r, w, d)) for n, (r, w, d) in enumerate(opened)]
     await asyncio.sleep(1.0)  # every attacker in place
-    cpu_before = _cpu_seconds(pid)
+    cpu_before = tree_seconds(pid)
     latencies: list[float | None] = []
     while time.monotonic() - start < seconds:
         latencies.append(await _legit(port))
         await asyncio.sleep(0.2)
-    cpu = _cpu_seconds(pid) - cpu_before
+    cpu = tree_seconds(pid) - cpu_before
     await asyncio.gather(*watchers)
     for _, writer, _ in opened:
         writer.close()
@@ -269,6 +255,7 @@ def main() -> None:
     for _ in range(args.repeats):  # interleaved: each repeat runs every server once
         for name in names:
             results[name].append(run_one(name, args.idle, args.drippers, args.seconds, args.body))
+    print(f"commit {commit()}, load {load()}")
     print(f"{args.idle} idle + {args.drippers} dripping connections ({'body' if args.body else 'headers'}),"
           f" {args.seconds:.0f} s, "
           f"median of {args.repeats} interleaved repeats")

@@ -60,6 +60,21 @@ def process_seconds(pid: int | str) -> float | None:
     return None if fields is None else (int(fields[11]) + int(fields[12])) / _TICK
 
 
+def tree_seconds(pid: int) -> float:
+    """CPU seconds (user and system) of process ``pid`` and every process under it (a
+    server's workers), from /proc."""
+    parents: dict[int, tuple[int, int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and (fields := _stat(entry.name)):
+            parents[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    tree, grown = {pid}, True
+    while grown:
+        more = {child for child, (parent, _) in parents.items() if parent in tree} - tree
+        tree |= more
+        grown = bool(more)
+    return sum(parents[p][1] for p in tree if p in parents) / _TICK
+
+
 class ServerCpu:
     """CPU seconds spent by one PostgreSQL cluster on this host, read from /proc."""
 
