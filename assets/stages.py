@@ -213,9 +213,11 @@ class Following:
     seconds, and at once after one that took longer: on a busy machine (the hour at
     100,000 sources) the stages took turns on one thread and waited a second after
     each round, and each item waited for the slowest stage's round, twice (fetch to
-    delivery p95 14 s). A follow-up that fails (the database restarting) is logged and
-    tried again a round later; the run's own follow-up after the pass reports a failure
-    that lasts."""
+    delivery p95 14 s). A follow-up that fails (the database restarting) is tried again a
+    round later, logged when it starts failing and when it works again (a traceback each
+    second of a database outage buried everything else in the run's log); the run's own
+    follow-up after the pass reports a failure that lasts, and a step retry is told
+    (``retry_alerts``)."""
 
     clock: Callable[[], float] = staticmethod(time.monotonic)  # how long a pass took
 
@@ -241,14 +243,21 @@ class Following:
         self._threads = []
 
     def _loop(self, stage: Callable[[], passes.Pass], stop: threading.Event) -> None:
+        failed = 0  # rounds failed in a row: an outage is logged once as it starts, once as it ends
         while not stop.is_set():
             began = self.clock()
             try:
                 done = stage()
             except Exception as exc:  # noqa: BLE001 (tried again next round; the run's own follow-up reports one that lasts)
-                log_failure(_logger, exc, "a follow-up pass during the collector's failed; trying again")
+                if not failed:
+                    log_failure(_logger, exc, "a follow-up pass during the collector's failed; trying again each "
+                                "round, quietly until one works")
+                failed += 1
                 stop.wait(self.every)
                 continue
+            if failed:
+                _logger.warning("a follow-up pass during the collector's works again, after %d failed rounds", failed)
+                failed = 0
             if done.worked:
                 self.carried.add(done)
             stop.wait(max(0.0, began + self.every - self.clock()))

@@ -274,6 +274,7 @@ def faults(site: DrillSite, cli: Callable[..., str], stack: Stack, proxy: Any, d
             site.subscribers.clear()
 
     dns: dict[str, str] = {}
+    told_database = ("run_failed", "check_failing", "ticks_failing", "step_retrying")
 
     def add_unresolvable() -> None:
         dns["id"] = cli("sources", "add", "http://drill-feed.invalid/feed", "--interval", "1").strip()
@@ -316,11 +317,11 @@ def faults(site: DrillSite, cli: Callable[..., str], stack: Stack, proxy: Any, d
               check_failing("notifications:failing_channels"), check_passing("notifications:failing_channels")),
         Fault("the Dagster daemon killed", 6, stack.kill_the_daemon, lambda: None, event("stack_restarted"), None),
         *([Fault("database unreachable for 2 minutes (a partition)", 7, proxy.cut, proxy.heal,
-                 event("run_failed", "check_failing", "ticks_failing"), None, hold_seconds=120),
+                 event(*told_database), None, hold_seconds=120),
            Fault("database refuses writes for 2 minutes (read-only, as a full disk)", 8, database.read_only,
-                 database.writable, event("run_failed", "check_failing", "ticks_failing"), None, hold_seconds=120),
+                 database.writable, event(*told_database), event("step_working"), hold_seconds=120),
            Fault("database restarted (connections ended, 20 s down)", 9, lambda: database.restart(proxy, 20),
-                 lambda: None, event("run_failed", "check_failing", "ticks_failing"), None, hold_seconds=60)]
+                 lambda: None, event(*told_database), None, hold_seconds=60)]
           if proxy is not None else []),
     ]
 

@@ -10,6 +10,11 @@ daemon records each): once when one's ticks start failing, with the error its co
 raised, and once when a tick works again. A stage sensor that cannot read the database,
 or an alert sensor that cannot send, is told this way (by this sensor's next tick once
 the channel works again: it tells its own failures too).
+``retry_alerts``: the same for the runs whose step is retrying: once when a run's step
+fails an attempt and waits to retry (the database refusing writes for two minutes, which
+the retries outlast, so no run fails), with the error, and once when that run works
+again (a pass recorded, or the step done). A run whose retries all fail is
+``run_failure_alert``'s.
 
 None moves past something it did not tell: a send that fails, or a failure with no
 PIPELINE_OPERATOR_ALERT_URL to tell it to, fails the tick (red in the sensor's tick
@@ -25,6 +30,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 import dagster as dg
@@ -45,6 +51,11 @@ EXECUTIONS_READ = 100
 # A sensor's or schedule's latest ticks read at each look for those since the last: the
 # stage sensors tick every PIPELINE_SENSOR_INTERVAL_SECONDS (30), a few a minute.
 TICKS_READ = 100
+# A look reads the runs in progress and those updated since the last look, less this
+# (clocks of the daemon and a run worker may differ a little); the first, those of
+# FIRST_LOOK_SECONDS, at most RUNS_READ of them.
+LOOK_OVERLAP_SECONDS = 120
+RUNS_READ = 200
 
 
 class NotTold(Exception):
@@ -228,9 +239,9 @@ def check_keys(context: dg.SensorEvaluationContext) -> list[dg.AssetCheckKey]:
 )
 def check_alerts(context: dg.SensorEvaluationContext, database: PipelineDatabase) -> dg.SkipReason:
     keys = check_keys(context)
+    names = {f"{key.asset_key.to_user_string()}:{key.name}" for key in keys}
     return tell_changes(context, database.settings(), "check results",
-                        {f"{key.asset_key.to_user_string()}:{key.name}" for key in keys},
-                        lambda seen: evaluations_since(context.instance, keys, seen))
+                        lambda seen, _: (evaluations_since(context.instance, keys, seen), names))
 
 
 @dataclass(frozen=True)
@@ -283,19 +294,23 @@ def ticks_since(instance: dg.DagsterInstance, seen: Mapping[str, float]) -> dict
     "the tick and is told at the next.",
 )
 def tick_alerts(context: dg.SensorEvaluationContext, database: PipelineDatabase) -> dg.SkipReason:
-    return tell_changes(context, database.settings(), "ticks", None,
-                        lambda seen: ticks_since(context.instance, seen))
+    return tell_changes(context, database.settings(), "ticks", lambda seen, _: (ticks_since(context.instance, seen), None))
 
 
-def tell_changes(context: dg.SensorEvaluationContext, settings: Settings, read_what: str,
-                 known: set[str] | None, read: Callable[[Mapping[str, float]], dict[str, list[T]]]) -> dg.SkipReason:
+Read = Callable[[Mapping[str, float], float | None], tuple[dict[str, list[T]], set[str] | None]]
+
+
+def tell_changes(context: dg.SensorEvaluationContext, settings: Settings, read_what: str, read: Read[T]) -> dg.SkipReason:
     """One look of an alert sensor: ``read`` each name's results since the cursor's
-    ``seen`` marks, tell what ``changes`` finds, and move the cursor only past what was
-    told; names not ``known`` (no longer defined) are forgotten."""
+    ``seen`` marks (and when the last look began, None at the first), tell what
+    ``changes`` finds, and move the cursor only past what was told. ``read`` also gives
+    the names still known (None: all): the others (a check no longer defined, a run
+    long ended) are forgotten."""
+    began = time.time()
     state = json.loads(context.cursor) if context.cursor else {}
+    since, known = read(state.get("seen", {}), state.get("looked"))
     failing = {name for name in state.get("failing", []) if known is None or name in known}
     seen = {name: mark for name, mark in state.get("seen", {}).items() if known is None or name in known}
-    since = read(seen)
     changed = changes(failing, since)
     if changed and not operator.configured(settings):
         raise NotTold(f"{NOT_CONFIGURED}: untold: " + ", ".join(r.told().removeprefix("that ") for r in changed))
@@ -303,10 +318,98 @@ def tell_changes(context: dg.SensorEvaluationContext, settings: Settings, read_w
         tell(settings, result.alert(settings), result.told())
         (failing.discard if result.passed else failing.add)(result.name)
     seen.update({name: new[-1].mark for name, new in since.items()})
-    context.update_cursor(json.dumps({"failing": sorted(failing), "seen": seen}))
+    context.update_cursor(json.dumps({"failing": sorted(failing), "seen": seen, "looked": began}))
     said = (f"{sum(map(len, since.values()))} {read_what} read, {len(changed)} alerts sent;"
             f" failing now: {', '.join(sorted(failing)) or 'none'}")
     return dg.SkipReason(said if operator.configured(settings) else f"{said}; {NOT_CONFIGURED}")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A run's step failing an attempt and waiting to retry, or the run working after one."""
+
+    name: str  # "run RUN_ID"
+    mark: float  # when (the event's timestamp)
+    passed: bool  # True: the run recorded a pass or finished its step after a retry
+    job: str
+    step: str
+    retry: int  # the retries the step had waited for by then
+    error: str | None  # what the failed attempt raised
+
+    def told(self) -> str:
+        return f"that {self.name} ({self.job}) {'works again' if self.passed else 'is retrying its step'}"
+
+    def alert(self, settings: Settings) -> operator.OperatorAlert:
+        run_id = self.name.removeprefix("run ")
+        if self.passed:
+            event = operator.STEP_WORKING
+            title = f"Run of {self.job} works again after {self.retry} retries of {self.step}"
+        else:
+            event = operator.STEP_RETRYING
+            title = f"Run of {self.job} is retrying {self.step} (retry {self.retry})"
+        return operator.OperatorAlert(
+            key=f"step-{run_id}-{self.step}-{self.mark}", event=event, title=title,
+            text=f"{title}: {self.error}" if self.error else f"{title} (run {run_id})",
+            link=f"{settings.ui_url}/runs/{run_id}",
+            details={"run_id": run_id, "job": self.job, "step": self.step, "retry": self.retry,
+                     "passed": self.passed, "error": self.error},
+        )
+
+
+# After a retry, these say the run works again: a lingering run records each pass as it
+# makes it (assets/passes.py), long before its step succeeds.
+WORKING = {dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.ASSET_MATERIALIZATION,
+           dg.DagsterEventType.ASSET_OBSERVATION}
+IN_PROGRESS = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+
+
+def retries_since(instance: dg.DagsterInstance, seen: Mapping[str, float],
+                  looked: float | None) -> tuple[dict[str, list[Attempt]], set[str]]:
+    """Each run's retries and, after its first, its signs of working, later than the one
+    ``seen`` last (by "run RUN_ID"), oldest first; and the names of the runs read (in
+    progress, or updated since the last look ``looked``): a run that ended is forgotten
+    at the next look that does not read it. Each run's log is read through
+    ``all_logs``, which every storage serves, run-sharded SQLite too, and only a run that
+    has retried is read past its retries."""
+    after = datetime.fromtimestamp((looked - LOOK_OVERLAP_SECONDS) if looked is not None
+                                   else time.time() - FIRST_LOOK_SECONDS, tz=UTC)
+    runs = {record.dagster_run.run_id: record.dagster_run
+            for filters in (dg.RunsFilter(statuses=IN_PROGRESS), dg.RunsFilter(updated_after=after))
+            for record in instance.get_run_records(filters, limit=RUNS_READ)}
+    found: dict[str, list[Attempt]] = {}
+    for run_id, run in runs.items():
+        retries = instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_UP_FOR_RETRY)
+        if not retries:
+            continue
+        name, first = f"run {run_id}", min(entry.timestamp for entry in retries)
+        attempts: list[Attempt] = []
+        counted: dict[str, int] = {}
+        for entry in sorted(instance.all_logs(run_id, of_type={dg.DagsterEventType.STEP_UP_FOR_RETRY, *WORKING}),
+                            key=lambda e: e.timestamp):
+            event, step = entry.dagster_event, str(entry.step_key)
+            if event is None or entry.timestamp < first:
+                continue
+            if event.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY:
+                counted[step] = counted.get(step, 0) + 1
+                error = raised(getattr(event.event_specific_data, "error", None))
+                attempts.append(Attempt(name, entry.timestamp, False, run.job_name, step, counted[step], error))
+            else:
+                attempts.append(Attempt(name, entry.timestamp, True, run.job_name, step, counted.get(step, 0), None))
+        new = [a for a in attempts if name not in seen or a.mark > seen[name]]
+        if new:  # the first look tells how each run stands, not how it got there
+            found[name] = new if looked is not None else new[-1:]
+    return found, {f"run {run_id}" for run_id in runs}
+
+
+@dg.sensor(
+    name="retry_alerts", minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Tells the operator (PIPELINE_OPERATOR_ALERT_URL) once when a run's step fails an attempt and "
+    "waits to retry (with the error), and once when that run works again; a change it could not tell fails "
+    "the tick and is told at the next.",
+)
+def retry_alerts(context: dg.SensorEvaluationContext, database: PipelineDatabase) -> dg.SkipReason:
+    return tell_changes(context, database.settings(), "run events",
+                        lambda seen, looked: retries_since(context.instance, seen, looked))
 
 
 def tell(settings: Settings, alert: operator.OperatorAlert, what: str) -> None:

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +23,14 @@ import pytest
 
 from pipeline.notify.delivery import verify
 from pipeline.storage import db
-from sensors.alerts import NOT_CONFIGURED, NotTold, check_alerts, run_failure_alert, tick_alerts
+from sensors.alerts import (
+    NOT_CONFIGURED,
+    NotTold,
+    check_alerts,
+    retry_alerts,
+    run_failure_alert,
+    tick_alerts,
+)
 from tests.helpers import wait_until
 from tests.test_pipeline_dagster import resources
 
@@ -50,7 +58,25 @@ def broken() -> None:
     breaks()
 
 
-DEFINITIONS = dg.Definitions(assets=[watched], asset_checks=[healthy], jobs=[broken])
+# The database refusing writes for a while: the step's first attempt fails, the next waits
+# for the test to let it go on (the run lives, retrying) and works, unless HOPELESS.
+GO_ON = threading.Event()
+REFUSED = "cannot execute UPDATE in a read-only transaction"
+
+
+@dg.op(retry_policy=dg.RetryPolicy(max_retries=1), config_schema={"hopeless": bool})
+def writes(context) -> None:  # unannotated: Dagster refuses this module's string annotation
+    if context.retry_number == 0 or context.op_config["hopeless"]:
+        raise RuntimeError(REFUSED)
+    assert GO_ON.wait(120), "the test lets the retried attempt go on"
+
+
+@dg.job(config={"ops": {"writes": {"config": {"hopeless": False}}}})
+def retried() -> None:
+    writes()
+
+
+DEFINITIONS = dg.Definitions(assets=[watched], asset_checks=[healthy], jobs=[broken, retried])
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -196,6 +222,65 @@ def test_without_a_channel_a_failure_fails_the_tick_and_is_told_once_there_is_on
     tick(check_alerts, instance, db_url, check_cursor)
     tick(run_failure_alert, instance, db_url, run_cursor)
     assert sorted(a["event"] for a in alerts(receiver)) == ["check_failing", "run_failed"]
+
+
+def test_a_step_retrying_is_told_while_its_run_lives_and_once_when_it_works_again(instance, db_url,
+                                                                                 operator_webhook):
+    """The database refusing writes for two minutes: the stage's step fails, waits, and
+    its retry works, so no run fails and ``run_failure_alert`` has nothing to tell (the
+    fault drill: told by nothing, the work 2.5 minutes late at p95). The retry is told
+    while the run still lives; its working again once. The run executes on a thread of
+    the test's, its retried attempt held until the test has looked."""
+    receiver = operator_webhook
+    GO_ON.clear()
+    result, cursor = tick(retry_alerts, instance, db_url)
+    assert "0 run events read" in result.skip_message
+    running = threading.Thread(target=retried.execute_in_process, kwargs={"instance": instance})
+    running.start()
+    try:
+        [run] = wait_until("the run's step waiting to retry", lambda: [
+            r for r in instance.get_runs() if instance.all_logs(r.run_id, of_type=dg.DagsterEventType.STEP_RESTARTED)],
+            60, 0.1)
+        result, cursor = tick(retry_alerts, instance, db_url, cursor)
+        [retrying] = alerts(receiver)
+        assert (retrying["event"], retrying["title"]) == ("step_retrying", "Run of retried is retrying writes (retry 1)")
+        assert REFUSED in retrying["text"] and retrying["link"] == f"http://ui.example:3000/runs/{run.run_id}"
+        assert f"failing now: run {run.run_id}" in result.skip_message
+        result, cursor = tick(retry_alerts, instance, db_url, cursor)
+        assert len(receiver.requests) == 1, "still retrying: told once"
+    finally:
+        GO_ON.set()
+        running.join()
+    result, cursor = tick(retry_alerts, instance, db_url, cursor)
+    assert [a["event"] for a in alerts(receiver)] == ["step_retrying", "step_working"]
+    assert alerts(receiver)[1]["title"] == "Run of retried works again after 1 retries of writes"
+    assert "failing now: none" in result.skip_message
+    tick(retry_alerts, instance, db_url, cursor)
+    assert len(receiver.requests) == 2
+
+
+def test_retries_between_two_looks_are_told_and_a_run_they_did_not_save_is_left_to_run_failure_alert(
+    instance, db_url, operator_webhook, monkeypatch
+):
+    """A retry that came and went between two looks is told, retrying then working; one
+    whose run failed for good is told retrying, the run's failure is
+    ``run_failure_alert``'s, and the run is forgotten once a look no longer reads it (no
+    overlap between looks here, so the next one does not)."""
+    monkeypatch.setattr("sensors.alerts.LOOK_OVERLAP_SECONDS", 0)
+    receiver = operator_webhook
+    GO_ON.set()
+    _, cursor = tick(retry_alerts, instance, db_url)
+    saved = retried.execute_in_process(instance=instance)
+    lost = retried.execute_in_process(instance=instance, raise_on_error=False,
+                                      run_config={"ops": {"writes": {"config": {"hopeless": True}}}})
+    assert not lost.success
+    result, cursor = tick(retry_alerts, instance, db_url, cursor)
+    told = {(a["details"]["run_id"], a["event"]) for a in alerts(receiver)}
+    assert told == {(saved.run_id, "step_retrying"), (saved.run_id, "step_working"), (lost.run_id, "step_retrying")}
+    assert f"failing now: run {lost.run_id}" in result.skip_message
+    result, cursor = tick(retry_alerts, instance, db_url, cursor)
+    assert "failing now: none" in result.skip_message and len(receiver.requests) == 3
+    assert json.loads(cursor)["seen"] == {}, "ended runs leave nothing in the cursor"
 
 
 BOOM = """

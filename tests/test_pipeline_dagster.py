@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections import Counter
@@ -841,3 +842,25 @@ def test_the_processor_and_notifier_sensors_leave_the_work_to_a_running_ingest_r
         instance.report_run_failed(instance.get_run_by_id("r1"))
         result, _ = tick(unprocessed_listings_sensor, instance, db_url)
         assert isinstance(result, dg.RunRequest), "once it has ended, the processor takes the work"
+
+
+def test_a_follow_up_failing_round_after_round_is_logged_once_and_once_when_it_works_again(caplog):
+    """The database refusing writes while a lingering run fetched: each follow-up thread
+    logged a traceback every round (a second), 120 of them in two minutes, burying the
+    run's other lines. Now one line as the failures start and one as a pass works again;
+    the failures are still tried every round (30 s at most here)."""
+    rounds: Counter[str] = Counter()
+    worked = threading.Event()
+
+    def flaky() -> passes.Pass:
+        rounds["tried"] += 1
+        if rounds["tried"] <= 5:
+            raise RuntimeError("cannot execute UPDATE in a read-only transaction")
+        worked.set()
+        return _pass(LISTINGS)
+
+    with caplog.at_level(logging.WARNING, logger="assets.stages"), Following([flaky], Carried(), every=0.01):
+        assert worked.wait(30), "tried again each round until it worked"
+    said = [r.getMessage() for r in caplog.records if r.name == "assets.stages"]
+    assert said == ["a follow-up pass during the collector's failed; trying again each round, quietly until one works",
+                    "a follow-up pass during the collector's works again, after 5 failed rounds"]

@@ -28,6 +28,9 @@ from pipeline.notify.delivery import AppriseChannel, WebhookChannel, json_body
 RUN_FAILED, CHECK_FAILING, CHECK_PASSING = "run_failed", "check_failing", "check_passing"
 # A sensor or schedule whose ticks fail (the daemon records each tick), and one working again.
 TICKS_FAILING, TICKS_WORKING = "ticks_failing", "ticks_working"
+# A run's step retrying after a failure (the database refusing writes, gone for a while),
+# and the same run working again: told while the run lives, before it fails or succeeds.
+STEP_RETRYING, STEP_WORKING = "step_retrying", "step_working"
 # `pipeline operator`: a message, a test, and what `dev.py up` tells when it restarts a
 # stack whose Dagster services died.
 MESSAGE, TEST, STACK_RESTARTED = "message", "test", "stack_restarted"
@@ -39,7 +42,7 @@ ALERTS_PER_MESSAGE = 100  # an Alertmanager message holds at most this many aler
 @dataclass(frozen=True)
 class OperatorAlert:
     key: str  # the idempotency key: the same for every send of this alert
-    event: str  # RUN_FAILED, CHECK_FAILING, CHECK_PASSING, TICKS_FAILING, TICKS_WORKING, ALERT_FIRING, ALERT_RESOLVED
+    event: str  # one of the event names above
     title: str
     text: str  # plain text
     link: str | None = None  # where the UI shows it
