@@ -191,8 +191,9 @@ def _schedule_adherence() -> dg.AssetChecksDefinition:
 def _failing_channels() -> dg.AssetChecksDefinition:
     @dg.asset_check(
         asset="notifications", name="failing_channels", blocking=False,
-        description="No user's channel keeps failing: none of their notifications waits to be tried again"
-        " after failing twice or more in a row (a receiver down, gone or refusing; dead ones are"
+        description="No user's channel keeps failing: none is gone (its receiver answered 410 Gone: its"
+        " notifications are held until the channel is set again), and none of their notifications waits to"
+        " be tried again after failing twice or more in a row (a receiver down or refusing; dead ones are"
         " dead_notifications). Their notifications are retried with backoff meanwhile"
         " (`pipeline notifications list --user U --status failed` says why).",
     )
@@ -200,11 +201,14 @@ def _failing_channels() -> dg.AssetChecksDefinition:
         with database.engine.connect() as conn:
             which = health.failing_channels(conn)
         retrying = sum(c.retrying for c in which)
+        gone = sum(c.gone_since is not None for c in which)
         return dg.AssetCheckResult(
             passed=not which, severity=dg.AssetCheckSeverity.WARN,
             description=(f"{len(which)} users' channels failing: {retrying} notifications retrying after"
-                         f" {health.CHANNEL_FAILED_ATTEMPTS} or more failed attempts") if which else None,
-            metadata={"channels_failing": len(which), "notifications_retrying": retrying,
+                         f" {health.CHANNEL_FAILED_ATTEMPTS} or more failed attempts"
+                         + (f"; {gone} channels gone (410), their notifications held until the channel is set"
+                            " again (`pipeline users channel`)" if gone else "")) if which else None,
+            metadata={"channels_failing": len(which), "notifications_retrying": retrying, "channels_gone": gone,
                       **({"which": dg.MetadataValue.md(channels_table(which))} if which else {})},
         )
 
@@ -213,8 +217,9 @@ def _failing_channels() -> dg.AssetChecksDefinition:
 
 def channels_table(which: list[health.FailingChannel]) -> str:
     """The users whose channel keeps failing, as a Markdown table."""
-    return _table(["user", "notifications retrying", "last error"],
-                  [[_cell(c.user), c.retrying, _cell(c.error or "")] for c in which])
+    return _table(["user", "notifications retrying", "gone since", "last error"],
+                  [[_cell(c.user), c.retrying, f"{c.gone_since:%Y-%m-%d %H:%M} UTC" if c.gone_since else "",
+                    _cell(c.error or "")] for c in which])
 
 
 def _push_health() -> dg.AssetChecksDefinition:

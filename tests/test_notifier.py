@@ -29,7 +29,7 @@ from pipeline.notify.delivery import (
 )
 from pipeline.notify.notifier import Notifier, NotifyStats
 from pipeline.notify.schedule import DeliveryPlan
-from pipeline.storage import db, schema
+from pipeline.storage import db, health, schema
 from pipeline.storage.status import collect_status
 from tests.conftest import conformance
 from tests.helpers import add_source, expire_leases, now
@@ -580,6 +580,78 @@ def test_a_failing_receiver_is_retried_with_backoff_then_dead(engine, receiver, 
         assert requeue_notifications(conn, dead=True) == 1
     receiver.routes["/down"] = lambda h: h.reply(200)
     assert n.run().sent == 1
+
+
+@conformance
+def test_a_receiver_that_is_gone_is_asked_once_its_notifications_held_until_its_channel_is_set_again(
+    engine, receiver, source_id
+):
+    """A webhook answering 410 Gone was retried like one answering 503: each
+    notification 8 times over about 10 hours, then dead, and each new one the same. Now
+    the first 410 marks the channel gone: its notifications are held unsent (no request),
+    the failing_channels check names it, a day later one is sent to see, and setting the
+    channel again sends what was held at once. Another user's channel is untouched."""
+    gone = [410]
+    receiver.routes["/gone"] = lambda h: h.reply(gone[0], b"no such hook")
+    with engine.begin() as conn:
+        add_user(conn, "alice", receiver.url("/gone"))
+        add_user(conn, "bob", receiver.url("/hook"))
+        users.add_filter(conn, "alice", "python")
+        users.add_filter(conn, "bob", "python")
+        add_listing(conn, source_id, "a", "Python a")
+    n = notifier(engine)
+
+    def asked() -> int:
+        return sum(p["path"] == "/gone" for p in posts(receiver))
+
+    def alices() -> list[dict]:
+        return [r for r in notifications(engine) if r["user_id"] == 1]
+
+    first = n.run()
+    assert (first.sent, first.channels_gone, asked()) == (1, 1, 1)
+    [held] = alices()
+    assert (held["status"], held["attempts"]) == ("held", 0) and "HTTP 410" in held["last_error"]
+    assert held["next_attempt_at"] >= now() + timedelta(hours=23)
+    with engine.begin() as conn:
+        add_listing(conn, source_id, "b", "Python b")
+    second = n.run()
+    assert (second.sent, asked()) == (1, 1), "bob's went; alice's was held without asking her receiver"
+    assert [r["status"] for r in alices()] == ["held", "held"]
+    with engine.connect() as conn:
+        [failing] = health.failing_channels(conn)
+    assert failing.user == "alice" and failing.gone_since is not None and "HTTP 410" in (failing.error or "")
+    with engine.connect() as conn:
+        assert [u["gone_since"] is not None for u in users.list_users(conn)] == [True, False], "users list says so"
+
+    def a_day_later() -> None:
+        with engine.begin() as conn:
+            conn.execute(sa.update(schema.gone_channels).values(gone_at=now() - timedelta(days=1, minutes=1)))
+            conn.execute(sa.update(schema.notifications).where(schema.notifications.c.status == "held")
+                         .values(next_attempt_at=now() - timedelta(seconds=1)))
+
+    a_day_later()
+    n.run()
+    # Held notifications go out together when their time comes (a digest): asked once more.
+    assert asked() == 2 and not {r["status"] for r in alices()} - {"held", "pending"}, "asked again, gone still"
+    [carrier] = [r for r in alices() if r["status"] == "pending"]
+    assert carrier["next_attempt_at"] >= now() + timedelta(hours=23)
+    gone[0] = 200  # the receiver is back, and its user says so
+    with engine.begin() as conn:
+        users.set_channel(conn, "alice", webhook=receiver.url("/gone"))
+    assert n.run().sent == 2 and [r["status"] for r in alices()] == ["sent", "sent"]
+    with engine.connect() as conn:
+        assert health.failing_channels(conn) == []
+    # Gone again; back without a word: a day later the one sent to see goes, and the
+    # channel is no longer gone.
+    gone[0] = 410
+    with engine.begin() as conn:
+        add_listing(conn, source_id, "c", "Python c")
+    assert n.run().channels_gone == 1
+    gone[0] = 200
+    a_day_later()
+    assert n.run().sent == 1 and alices()[-1]["status"] == "sent"
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(schema.gone_channels)).scalar_one() == 0
 
 
 def test_a_receiver_on_a_blocked_address_is_never_contacted(engine, receiver, source_id):

@@ -141,7 +141,7 @@ def test_the_checks_fail_when_something_is_wrong(engine, db_url):
     assert 299 <= raw_freshness.metadata["unprocessed_rows_oldest_minutes"].value <= 301
     [channels] = [e for e in result.get_asset_check_evaluations() if e.check_name == "failing_channels"]
     assert channels.description == "1 users' channels failing: 1 notifications retrying after 2 or more failed attempts"
-    assert channels.metadata["which"].value.endswith("| alice | 1 | HTTP 410 from http://***@hook.example/x |")
+    assert channels.metadata["which"].value.endswith("| alice | 1 |  | HTTP 410 from http://***@hook.example/x |")
     [push] = [e for e in result.get_asset_check_evaluations() if e.check_name == "push_health"]
     assert push.description == "1 subscriptions in trouble: 1 expired" and push.metadata["push_expired"].value == 1
     assert "| 1 http://127.0.0.1:9/x | expired | 0 | never | http://127.0.0.1:9/hub |" in push.metadata["which"].value

@@ -20,7 +20,8 @@ from pipeline.core.kinds import ChannelKind, NotificationStatus
 from pipeline.core.prices import condition_problem
 from pipeline.core.redact import channel_url, names_a_host
 from pipeline.net.http import AddressGuard
-from pipeline.notify.notifier import source_ids_by_name
+from pipeline.notify.delivery import channel_digest
+from pipeline.notify.notifier import release_gone, source_ids_by_name
 from pipeline.notify.query import Query, QueryError, as_written, compile_query, parse, source_terms
 from pipeline.notify.schedule import FILTER_MODES, DeliveryPlan
 from pipeline.storage import schema
@@ -255,13 +256,18 @@ def list_users(conn: sa.Connection, user: str | None = None) -> list[dict[str, A
                       t.c.quiet_hours, t.c.timezone).order_by(t.c.id)
     if user is not None:
         query = query.where(t.c.id == find_user(conn, user))
-    rows = conn.execute(query)
+    rows = conn.execute(query).all()
+    g = schema.gone_channels
+    gone = {digest: at for digest, at in conn.execute(sa.select(g.c.digest, g.c.gone_at).where(
+        g.c.user_id.in_([r.id for r in rows])))} if rows else {}
     return [
         {"id": r.id, "name": r.name, "channel": r.channel,
          "target": channel_url(r.channel_url),  # webhook paths can hold tokens too
          "enabled": r.enabled, "digest": r.digest or "immediate", "quiet_hours": r.quiet_hours,
          "timezone": r.timezone or "UTC",
-         "delivery": describe_delivery(r.digest, r.quiet_hours, r.timezone)}
+         "delivery": describe_delivery(r.digest, r.quiet_hours, r.timezone),
+         # Its receiver answered 410 Gone then: its notifications are held (`users channel` sends them).
+         "gone_since": gone.get(channel_digest(r.channel_url))}
         for r in rows
     ]
 
@@ -305,6 +311,7 @@ def set_channel(
     channel, url, secret, generated = _checked_channel(webhook, secret, apprise_url, guard)
     conn.execute(sa.update(t).where(t.c.id == user_id).values(
         channel=channel, channel_url=url, secret=secret, previous_secret=None, previous_secret_until=None))
+    release_gone(conn, url)
     return generated
 
 
@@ -336,6 +343,7 @@ def route_filter(
     elif given:
         channel, url, secret, generated = _checked_channel(webhook, secret, apprise_url, guard)
         values.update(channel=channel, channel_url=url, secret=secret)
+        release_gone(conn, url)
     if mode is not None:
         values["mode"] = None if mode == "user" else mode
     conn.execute(sa.update(f).where(f.c.id == filter_id).values(**values))

@@ -169,6 +169,9 @@ def users_list(as_json: bool) -> None:
         return
     for row in rows:
         state = "" if row["enabled"] else "  (disabled)"
+        if row["gone_since"] is not None:
+            state += (f"  (channel gone since {row['gone_since']:%Y-%m-%d %H:%M} UTC: its notifications are held;"
+                      " `pipeline users channel` once it is back)")
         click.echo(f"{row['id']:>6}  {row['name']:<20} {row['channel']:<8} {row['target']}  ({row['delivery']}){state}")
 
 

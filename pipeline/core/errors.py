@@ -96,13 +96,16 @@ class NormaliseError(WorkFailure, ValueError):
 
 class DeliveryError(WorkFailure):
     """A send that failed; ``code`` is one of pipeline/core/failures.py's DELIVERY_CODES,
-    ``retry_after`` the receiver's floor, if it named one."""
+    ``retry_after`` the receiver's floor, if it named one, ``http_status`` its answer's
+    status, if it answered one."""
 
-    def __init__(self, message: str, *, code: str, retry_after: datetime | None = None) -> None:
+    def __init__(self, message: str, *, code: str, retry_after: datetime | None = None,
+                 http_status: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
         self.retry_after = retry_after
+        self.http_status = http_status
 
 
 class NotPlainFeed(PipelineError):

@@ -233,7 +233,8 @@ class WebhookChannel:
             # errors show its scheme and host only, and never a part of its path or query
             # that the receiver echoed back ("404 no route for /hook/TOKEN").
             text = scrub(exc.message.replace(url, channel_url(url)), channel_secrets(url))
-            raise DeliveryError(f"{exc.reason}: {text}", code=exc.reason, retry_after=exc.retry_after) from None
+            raise DeliveryError(f"{exc.reason}: {text}", code=exc.reason, retry_after=exc.retry_after,
+                                http_status=exc.http_status) from None
 
 
 class AppriseChannel:
@@ -292,6 +293,25 @@ def send(channels: Mapping[str, Channel], message: Message, what: str) -> Delive
 def channels(fetcher: Fetcher) -> dict[str, Channel]:
     """The channel of each kind, sending through ``fetcher``."""
     return {ChannelKind.WEBHOOK: WebhookChannel(fetcher), ChannelKind.APPRISE: AppriseChannel(fetcher.guard)}
+
+
+# A receiver that answers 410 Gone says it will never take another (Standard Webhooks:
+# "the endpoint should be disabled"): its channel is remembered as gone
+# (``gone_channels``), its notifications held unsent, not retried for hours and then
+# dead, until the channel is set again (`users channel`, `filters route`) or a day
+# has passed, when one is sent to see (a receiver brought back without telling us).
+GONE_STATUS = 410
+GONE_RETRY = timedelta(days=1)
+
+
+def gone(error: DeliveryError | None) -> bool:
+    """Whether ``error`` is a receiver saying it is gone for good."""
+    return error is not None and error.http_status == GONE_STATUS
+
+
+def channel_digest(url: str) -> str:
+    """A channel's key in ``gone_channels``: its URL's SHA-256 (the URL can be a credential)."""
+    return hashlib.sha256(url.encode()).hexdigest()
 
 
 def attempt_outcome(error: DeliveryError | None, attempts: int, finished: datetime, *, max_attempts: int,

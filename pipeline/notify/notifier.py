@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from pipeline.backends import in_transaction
+from pipeline.backends import backend_for, in_transaction
 from pipeline.core import heap
 from pipeline.core.errors import DeliveryError, UserError
 from pipeline.core.failures import WORKER_STOPPED, FailureReason
@@ -119,7 +119,8 @@ class NotifyStats:
     fenced_out: int = 0
     digests_made: int = 0
     digests_sent: int = 0  # (their notifications count in ``sent``)
-    deferred: int = 0  # due in their user's quiet hours: held until they end
+    deferred: int = 0  # due in their user's quiet hours, or for a channel gone: held until they end
+    channels_gone: int = 0  # sends answered 410 Gone: their channel is held (delivery.GONE_RETRY)
     filters_failed: int = 0  # left out of matching: their query or its matching failed
     batched: int = 0  # alerts past their user's limit, held for the window's summary
     # what sources' owners were told (pipeline/notify/source_alerts.py): sent, to be
@@ -147,8 +148,10 @@ class Attempt:
     exhausted: bool = False  # claimed too often: dead whatever ``attempts`` says
     created_at: datetime | None = None  # the notification's, for the delivery latency
     members: tuple[int, ...] = ()  # the other notifications of the digest it carries
-    deferred_until: datetime | None = None  # quiet hours: not sent, not an attempt
+    deferred_until: datetime | None = None  # quiet hours, a channel gone: not sent, not an attempt
     digest: bool = False
+    user_id: int | None = None  # whose channel it went to, and its digest (delivery.channel_digest)
+    channel: str | None = None
 
 
 @dataclass
@@ -167,6 +170,9 @@ class Notifier:
     # for each. One pass at a time uses it.
     catalogue: FilterCatalogue | None = None
     _catalogue: FilterCatalogue = field(init=False)
+    # Channels gone a day ago whose notifications are sent again to see: one that takes
+    # it is no longer gone (``_write_gone``).
+    _trying_gone: set[str] = field(default_factory=set, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._catalogue = self.catalogue if self.catalogue is not None else FilterCatalogue(self.engine)
@@ -353,6 +359,7 @@ class Notifier:
             row["id"]: until for row in rows
             if (m := by_id.get(row["id"])) is not None and (until := m.plan.quiet_end(now)) is not None
         }
+        quiet.update(self._gone(by_id, now, exclude=quiet))
         if quiet:
             self._record(queue, [
                 Attempt(claim, row["id"], row["attempts"], None, now, deferred_until=quiet[row["id"]],
@@ -360,6 +367,21 @@ class Notifier:
                 for row in rows if row["id"] in quiet
             ], stats)
         return [(claim, row, by_id.get(row["id"])) for row in rows if row["id"] not in quiet]
+
+    def _gone(self, by_id: Mapping[int, Message], now: datetime, exclude: Collection[int]) -> dict[int, datetime]:
+        """The messages whose channel is gone, each held until a day after it was found
+        gone (``delivery.GONE_RETRY``), unsent; those whose day is over go, to see, and
+        their channel is remembered in ``_trying_gone``."""
+        digests = {delivery.channel_digest(m.channel_url) for i, m in by_id.items() if i not in exclude}
+        if not digests:
+            return {}
+        g = schema.gone_channels
+        with self.engine.connect() as conn:
+            until = {digest: gone_at + delivery.GONE_RETRY for digest, gone_at in conn.execute(
+                sa.select(g.c.digest, g.c.gone_at).where(g.c.digest.in_(sorted(digests))))}
+        self._trying_gone.update(digest for digest, at in until.items() if at <= now)
+        return {i: at for i, m in by_id.items() if i not in exclude
+                and (at := until.get(delivery.channel_digest(m.channel_url))) is not None and at > now}
 
     def _send(
         self, job: tuple[Claim[NotificationRow], NotificationRow, Message | None], channels: Mapping[str, Channel]
@@ -371,8 +393,12 @@ class Notifier:
         log.debug("notification %s: %s in %d ms", row["id"], "sent" if error is None else error.message,
                   int((time.monotonic() - started) * 1000))
         members = tuple(i.notification_id for i in message.items[1:]) if message is not None else ()
-        return Attempt(claim, row["id"], row["attempts"], error, datetime.now(UTC), created_at=row["created_at"],
-                       members=members, digest=message is not None and message.is_digest)
+        finished = datetime.now(UTC)
+        return Attempt(claim, row["id"], row["attempts"], error, finished, created_at=row["created_at"],
+                       members=members, digest=message is not None and message.is_digest,
+                       deferred_until=finished + delivery.GONE_RETRY if delivery.gone(error) else None,
+                       user_id=message.user_id if message is not None else None,
+                       channel=delivery.channel_digest(message.channel_url) if message is not None else None)
 
     def _record(self, queue: WorkQueue[NotificationRow], attempts: Sequence[Attempt], stats: NotifyStats) -> None:
         """Record the attempts' outcomes (fenced). Deliveries are recorded on the pool's
@@ -387,6 +413,8 @@ class Notifier:
             values: dict[str, Any] = {}
             if a.deferred_until is not None:  # not an attempt: its claim's count is undone
                 values.update(next_attempt_at=a.deferred_until, attempts=max(0, a.attempts - 1))
+                if a.error is not None:  # its channel is gone
+                    values["last_error"] = a.error.message
                 if not a.digest:
                     values.update(status=NotificationStatus.HELD, digest_id=None)
             else:
@@ -396,6 +424,7 @@ class Notifier:
         def write(conn: sa.Connection) -> Fenced:
             fenced = queue.complete_each(completions, conn=conn)
             done = set(fenced.done)
+            self._write_gone(conn, [a for a in attempts if a.notification_id in done])
             _settle_digests(conn, attempts, completions, done)
             counters.add(conn, _delivery_counts(attempts, completions, done))
             return fenced
@@ -410,6 +439,11 @@ class Notifier:
                 continue
             if a.deferred_until is not None:
                 stats.deferred += 1
+                if delivery.gone(a.error):
+                    stats.channels_gone += 1
+                    log.warning("notification %s held: its channel is gone (%s); held until %s or the channel"
+                                " is set again", a.notification_id, a.error.message if a.error else "",
+                                f"{a.deferred_until:%Y-%m-%d %H:%M} UTC")
                 continue
             status = c.values["status"]
             stats.sent += (status == NotificationStatus.SENT) * (1 + len(a.members))
@@ -420,6 +454,44 @@ class Notifier:
                 stats.errors[a.error.code] += 1
                 log.warning("notification %s failed (attempt %d, now %s): %s",
                             a.notification_id, a.attempts, status, a.error.message)
+
+
+    def _write_gone(self, conn: sa.Connection, attempts: Sequence[Attempt]) -> None:
+        """Remember the channels that answered 410 Gone (each with when and whose), and
+        forget those tried again after their day that took the notification."""
+        g = schema.gone_channels
+        found = {a.channel: a for a in attempts if delivery.gone(a.error) and a.channel and a.user_id is not None}
+        if found:
+            backend_for(conn).upsert(conn, g, [
+                {"digest": digest, "user_id": a.user_id, "gone_at": a.finished,
+                 "error": a.error.message if a.error else ""} for digest, a in sorted(found.items())], ["digest"])
+        back = {a.channel for a in attempts if a.error is None and a.deferred_until is None
+                and a.channel in self._trying_gone}
+        if back:
+            conn.execute(sa.delete(g).where(g.c.digest.in_(sorted(back))))
+            self._trying_gone.difference_update(back)
+
+
+GONE_BATCH_SPAN = timedelta(hours=1)
+
+
+def release_gone(conn: sa.Connection, url: str) -> int:
+    """The channel ``url`` was set again (the receiver brought back, or a new one):
+    it is no longer gone, and the notifications held for it go at the next pass.
+    Returns how many were held."""
+    g, n = schema.gone_channels, schema.notifications
+    row = conn.execute(sa.select(g.c.user_id, g.c.gone_at).where(g.c.digest == delivery.channel_digest(url))).first()
+    if row is None:
+        return 0
+    conn.execute(sa.delete(g).where(g.c.digest == delivery.channel_digest(url)))
+    # Held for it (a digest carrying them, pending): until a day after it was found gone
+    # (``Notifier._gone``), or after the send that found it (``_send``: a batch's sends
+    # end within seconds of each other).
+    until = row.gone_at + delivery.GONE_RETRY
+    return int(conn.execute(sa.update(n).where(
+        n.c.user_id == row.user_id, n.c.status.in_([NotificationStatus.HELD, NotificationStatus.PENDING]),
+        n.c.next_attempt_at.between(until - GONE_BATCH_SPAN, until + GONE_BATCH_SPAN),
+    ).values(next_attempt_at=schema.now_sql(conn))).rowcount)
 
 
 _OUTCOME = {NotificationStatus.SENT: "sent", NotificationStatus.FAILED: "retrying", NotificationStatus.DEAD: "dead"}

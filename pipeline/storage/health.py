@@ -195,12 +195,14 @@ class FailingChannel:
     user: str
     retrying: int
     error: str | None
+    gone_since: datetime | None = None  # its receiver answered 410 Gone then: its notifications are held
 
 
 def failing_channels(conn: sa.Connection, limit: int = 20) -> list[FailingChannel]:
-    """The users whose channel failed a notification CHANNEL_FAILED_ATTEMPTS times in a
-    row or more, that notification waiting to be tried again (dead ones are the
-    dead_notifications check's), the most such first. Failed notifications are few: the
+    """The users whose channel is gone (a receiver answered 410 Gone: ``gone_channels``),
+    latest first, then those whose channel failed a notification
+    CHANNEL_FAILED_ATTEMPTS times in a row or more, that notification waiting to be
+    tried again (dead ones are the dead_notifications check's), the most such first. Failed notifications are few: the
     read is of them alone."""
     n, u = schema.notifications, schema.users
     rows = conn.execute(
@@ -208,7 +210,12 @@ def failing_channels(conn: sa.Connection, limit: int = 20) -> list[FailingChanne
         .join(u, u.c.id == n.c.user_id)
         .where(n.c.status == NotificationStatus.FAILED, n.c.attempts >= CHANNEL_FAILED_ATTEMPTS)
         .group_by(u.c.name).order_by(sa.func.count().desc(), u.c.name).limit(limit))
-    return [FailingChannel(str(name), int(count), userinfo(error) if error else None) for name, count, error in rows]
+    failing = [FailingChannel(str(name), int(count), userinfo(error) if error else None) for name, count, error in rows]
+    g = schema.gone_channels
+    gone = [FailingChannel(str(name), 0, userinfo(error), gone_at) for name, gone_at, error in conn.execute(
+        sa.select(u.c.name, g.c.gone_at, g.c.error).join(u, u.c.id == g.c.user_id)
+        .order_by(g.c.gone_at.desc(), u.c.name).limit(limit))]
+    return gone + failing
 
 
 def failing_filters(conn: sa.Connection, span: timedelta = FILTER_FAILURE_SPAN) -> int:

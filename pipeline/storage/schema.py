@@ -562,6 +562,19 @@ websub_pushes = sa.Table(
     sa.Column("received_at", UTCDateTime(), nullable=False),
 )
 
+# A channel whose receiver answered 410 Gone (pipeline/notify/delivery.py, ``gone``): by
+# its URL's SHA-256, never the URL (it can be a credential). Its notifications are held,
+# unsent, until the channel is set again or ``GONE_RETRY`` after ``gone_at``; ``user_id``
+# is whose notification found it gone (the failing_channels check names them). Revision 0035.
+gone_channels = sa.Table(
+    "gone_channels",
+    metadata,
+    sa.Column("digest", sa.String(64), primary_key=True),
+    sa.Column("user_id", IdType, sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("gone_at", UTCDateTime(), nullable=False),
+    sa.Column("error", sa.Text(), nullable=False),
+)
+
 # The events of ingestion_events: a source handed out for a fetch, and its fetch's end.
 EVENT_STARTED = "ingestion.started"
 EVENT_COMPLETED = "ingestion.completed"
