@@ -274,6 +274,9 @@ def faults(site: DrillSite, cli: Callable[..., str], stack: Stack, proxy: Any, d
             site.subscribers.clear()
 
     dns: dict[str, str] = {}
+
+    def set_channel() -> None:
+        cli("users", "channel", "drill", "--webhook", f"{site.url}/hook")
     told_database = ("run_failed", "check_failing", "ticks_failing", "step_retrying")
 
     def add_unresolvable() -> None:
@@ -302,7 +305,9 @@ def faults(site: DrillSite, cli: Callable[..., str], stack: Stack, proxy: Any, d
         Fault("run worker killed", 2, stack.kill_a_run, lambda: None, lambda a: a["event"] == "run_failed", None),
         Fault("user's webhook down (503)", 2, hook("503"), hook("ok"),
               check_failing("notifications:failing_channels"), check_passing("notifications:failing_channels")),
-        Fault("user's webhook gone (410)", 3, hook("410"), hook("ok"),
+        # Gone is for good: the channel holds its notifications until the user's channel is
+        # set again (the runbook's step, taken here as the removal), or a day later.
+        Fault("user's webhook gone (410)", 3, hook("410"), lambda: (hook("ok")(), set_channel()),
               check_failing("notifications:failing_channels"), check_passing("notifications:failing_channels")),
         Fault("hub down (503, no pushes)", 3, hub(True), hub(False), check_failing("listings_raw:push_health"),
               check_passing("listings_raw:push_health"), feed=0),
