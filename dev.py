@@ -48,6 +48,7 @@ run_monitoring:
   cancel_timeout_seconds: 60
   max_runtime_seconds: 3600
   poll_interval_seconds: 15
+  free_slots_after_run_end_seconds: 60
 retention:
   schedule:
     purge_after_days: 7

@@ -13,7 +13,9 @@ runs that stopped taking it is told within a tick of passing the limit.
 Room: no run of the stage still starting (it will claim the work), none lingering
 waiting for work (it takes the work as it comes due), and fewer active runs tagged with the stage than
 PIPELINE_<STAGE>_MAX_RUNS (default 2). A run counts only
-while it progresses: an event within PIPELINE_STALE_LEASE_MINUTES, or a live lease.
+while it progresses: an event within PIPELINE_STALE_LEASE_MINUTES, or a live lease;
+one that does not, and is past its linger by as long, is ended through run monitoring
+(``end_stalled``), where it held its slots for run_monitoring's hour.
 Hand-over: when the stage's last linger (of a run waiting for work or busy fetching)
 ends before the next look and a run's start, and work is due or comes due by then, the
 next run is asked for now (``HANDOVER_START_SECONDS``), to start before that one ends,
@@ -200,9 +202,12 @@ def _runs(context: dg.SensorEvaluationContext, database: PipelineDatabase, filte
         until = run.tags.get(LINGER_TAG)
         ends = datetime.fromisoformat(until).timestamp() if until is not None else 0.0
         if not (run.status == dg.DagsterRunStatus.QUEUED
-                or wall_clock() - _last_sign_of_life(context.instance, record) <= quiet_limit
+                or wall_clock() - (alive := _last_sign_of_life(context.instance, record)) <= quiet_limit
                 or holds_lease(run.run_id)):
             found.stalled.append(run.run_id)  # lingering or not, it takes nothing
+            if wall_clock() - ends > quiet_limit:  # not waiting for work either: its linger is long over
+                end_stalled(context, record, f"no event for {(wall_clock() - alive) / 60:.0f} minutes, no live "
+                            "lease, past its linger: stopped while alive")
             continue
         found.active += 1
         found.starting += run.status in NOT_YET_STARTED
@@ -211,6 +216,28 @@ def _runs(context: dg.SensorEvaluationContext, database: PipelineDatabase, filte
             # The one lingering longest: a run handing over beside its successor is not it.
             found.lingering, found.lingering_until = run.run_id, ends
     return found
+
+
+# Dagster's run monitoring ends a run whose runtime passes its ``dagster/max_runtime``
+# tag (Dagster's docs: run monitoring, general run timeouts), terminating it and marking
+# it failed: that frees its run-queue and pool slots, and run_failure_alert tells it.
+MAX_RUNTIME_TAG = "dagster/max_runtime"
+STALLED_TAG = "pipeline/stalled"  # why the sensor ended a run: shown on the run's page
+
+
+def end_stalled(context: dg.SensorEvaluationContext, record: dg.RunRecord, why: str) -> None:
+    """End a stalled run (a process stopped while alive, a container frozen) through run
+    monitoring, at its next look, rather than the hour of run_monitoring's
+    max_runtime_seconds: a runtime limit it has already passed. Once per run. (The
+    instance's ``add_run_tags`` is the one way to do it from a sensor, and not in
+    Dagster's public API: it is used here only.)"""
+    run = record.dagster_run
+    if STALLED_TAG in run.tags:
+        return
+    started = record.start_time if record.start_time is not None else record.create_timestamp.timestamp()
+    context.instance.add_run_tags(run.run_id, {MAX_RUNTIME_TAG: str(max(1, int(wall_clock() - started) - 1)),
+                                               STALLED_TAG: why})
+    context.log.warning(f"run {run.run_id} ended through run monitoring: {why}")
 
 
 def _request_if_work(
@@ -251,7 +278,7 @@ def _request_if_work(
     if stalled:
         context.log.warning(
             f"not counted, not progressing (no event for PIPELINE_STALE_LEASE_MINUTES, no live lease): "
-            f"runs {', '.join(stalled)}; run monitoring or an operator should end them"
+            f"runs {', '.join(stalled)}; those past their linger are ended through run monitoring"
         )
     limit = max_runs(stage)
     # Handing over, every run's linger ends within the hand-over: they stop claiming

@@ -418,6 +418,20 @@ def test_a_lingering_run_hands_over_to_the_next_before_its_linger_ends(engine, d
                                         tags={STAGE_TAG: "collector", LINGER_TAG: until}))
         request, _ = evaluate(instance, db_url)
         assert isinstance(request, dg.RunRequest), "r1 ends in 20 s; the stalled run's linger takes nothing"
+        assert "dagster/max_runtime" not in instance.get_run_by_id("dead").tags, "its linger is not over"
+    # Past its linger by as long again, it waits for nothing: it is ended through run
+    # monitoring (a runtime limit it has passed), where it held its slots for the hour.
+    later += 300 + 11 * 60
+    with dg.DagsterInstance.ephemeral() as instance:
+        until = datetime.fromtimestamp(later - 11 * 60 - 1, UTC).isoformat(timespec="seconds")
+        instance.add_run(DagsterRun(job_name="ingest", run_id="dead", status=dg.DagsterRunStatus.STARTED,
+                                    tags={STAGE_TAG: "collector", LINGER_TAG: until}))
+        evaluate(instance, db_url)
+        tags = instance.get_run_by_id("dead").tags
+        assert 0 < int(tags["dagster/max_runtime"]) < later - time.time() + 60, "a limit it has passed"
+        assert "no live lease, past its linger" in tags["pipeline/stalled"]
+        evaluate(instance, db_url)
+        assert instance.get_run_by_id("dead").tags == tags, "once"
     monkeypatch.undo()
     monkeypatch.setenv("PIPELINE_INGEST_LINGER_SECONDS", "300")
     monkeypatch.setenv("PIPELINE_SENSOR_INTERVAL_SECONDS", "30")

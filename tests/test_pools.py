@@ -32,3 +32,20 @@ def test_every_stage_pool_is_created_with_the_default_limit_and_a_set_one_is_kep
     storage.set_concurrency_slots("stages", 7)  # an operator's own limit
     assert pools.create_missing(instance) == {}
     assert storage.get_concurrency_info("stages").slot_count == 7
+
+
+def test_a_slot_left_by_a_run_that_ended_without_freeing_it_is_freed_by_run_monitoring(instance, tmp_path):
+    """A run worker killed (or a stalled run ended through run monitoring: sensors/runs.py)
+    never frees its step's slot in the pool, and Dagster frees such slots only when told
+    to (``free_slots_after_run_end_seconds``; its default is never): each took one of the
+    pool's 10 for good, and the eleventh stopped every stage. Both instances the project
+    writes set it, and run monitoring that reads it is on."""
+    import dev
+
+    home = tmp_path / "dev"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(dev.dev_instance(home))
+    with dg.DagsterInstance.from_config(str(home)) as dev_instance:
+        for each in (instance, dev_instance):
+            assert each.run_monitoring_enabled
+            assert 0 < each.run_monitoring_settings["free_slots_after_run_end_seconds"] <= 300
