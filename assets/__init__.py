@@ -9,10 +9,10 @@ import dagster as dg
 
 from assets.backfills import BACKFILL_JOBS
 from assets.checks import ASSET_CHECKS
-from assets.jobs import SENSOR_JOBS, health_checks_job, health_checks_schedule
+from assets.jobs import STAGE_JOBS, health_checks_job, health_checks_schedule, ingest_job
 from assets.stages import stage_assets
 
 ASSETS: list[dg.AssetsDefinition] = [stage_assets]
-JOBS = [*SENSOR_JOBS, health_checks_job, *BACKFILL_JOBS]
+JOBS = [ingest_job, *STAGE_JOBS, health_checks_job, *BACKFILL_JOBS]
 SCHEDULES = [health_checks_schedule]
 __all__ = ["ASSETS", "ASSET_CHECKS", "BACKFILL_JOBS", "JOBS", "SCHEDULES"]

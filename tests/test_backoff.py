@@ -20,7 +20,7 @@ MIDDLE = 0.5  # u = 0.5 means no jitter: 1 + 0.2 * (2 * 0.5 - 1) = 1
 
 
 def minutes(retry, now=NOW) -> float:
-    return round(retry.minutes_after(now), 6)
+    return round((retry.at - now).total_seconds() / 60, 6)
 
 
 def test_success_schedules_one_interval_after_the_fetch_finished():

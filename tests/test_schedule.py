@@ -22,7 +22,8 @@ def local(tz, *args: int) -> datetime:
 
 def test_immediate_without_quiet_hours_sends_at_once():
     assert DeliveryPlan.parse(None, None, None).release_at(datetime(2026, 11, 25, 3, tzinfo=UTC)) is None
-    assert DeliveryPlan.parse("immediate", "off", "UTC").immediate
+    plan = DeliveryPlan.parse("immediate", "off", "UTC")
+    assert (plan.every, plan.daily_at, plan.quiet) == (None, None, None)
 
 
 @pytest.mark.parametrize(

@@ -528,7 +528,7 @@ def test_a_source_its_failures_disable_ends_its_subscription_and_one_never_verif
 def test_a_hub_is_found_in_link_headers_first_then_in_the_document():
     def result(body: bytes, links: dict[str, str] | None = None) -> FetchResult:
         return FetchResult(url="http://127.0.0.1/feed", status=200, body=body, content_type=None, etag=None,
-                           last_modified=None, moved_to=None, elapsed_ms=0, links=links or {})
+                           last_modified=None, moved_to=None, links=links or {})
 
     assert websub.discover(result(b"<feed/>", {"hub": "https://hub.example/", "self": "https://x.example/f"})) == (
         "https://hub.example/", "https://x.example/f")

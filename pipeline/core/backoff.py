@@ -47,9 +47,6 @@ class Retry:
     at: datetime  # the new next_fetch_at
     disable: bool  # the source failed permanently too often: disable it
 
-    def minutes_after(self, now: datetime) -> float:
-        return (self.at - now).total_seconds() / 60
-
 
 def next_fetch_after_success(finished_at: datetime, interval_minutes: int) -> datetime:
     """The cadence: the next fetch is one interval after this one finished."""

@@ -44,8 +44,6 @@ SECRETS = (
     "PIPELINE_ALERTMANAGER_TOKEN",
 )
 REQUIRED = ("DATABASE_URL",)
-# Where the Compose stack mounts the folder in every container, run containers too.
-MOUNT = "/run/secrets/listings-pipeline"
 
 
 def load(environ: MutableMapping[str, str]) -> list[str]:

@@ -77,20 +77,15 @@ def joined_link(link: str, base: str) -> str:
     return absolute if urlsplit(absolute).scheme in ("http", "https") else ""
 
 
-def web_url(value: object) -> str | None:
-    """``value`` as an absolute http(s) URL fit to store and send, or None.
+def web_urls(value: object) -> tuple[str, str] | None:
+    """``value`` as an absolute http(s) URL fit to store and send, and its
+    ``canonical_url``, from one parse (the processor's hot path); None when it is not one.
 
     It has a real host (``canonical_host``) and a port in range; user info is dropped
     (a listing's link never needs a password); the path, query and fragment keep their
     meaning with every character outside ``_URL_SAFE`` percent-encoded.
+    tests/test_properties.py checks the canonical URL agrees with ``canonical_url``.
     """
-    urls = web_urls(value)
-    return urls[0] if urls else None
-
-
-def web_urls(value: object) -> tuple[str, str] | None:
-    """``web_url(value)`` and its ``canonical_url``, from one parse: the processor's hot
-    path (tests/test_properties.py checks it agrees with the two functions)."""
     if not isinstance(value, str):
         return None
     try:

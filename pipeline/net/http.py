@@ -326,7 +326,6 @@ class FetchResult:
     etag: str | None
     last_modified: str | None
     moved_to: str | None  # the new URL when the chain began with permanent redirects
-    elapsed_ms: int
     # Content-Location, made absolute: the base for relative links in the body.
     content_location: str | None = None
     # How long the response says it stays fresh (Cache-Control max-age, else Expires).
@@ -485,11 +484,10 @@ class Fetcher:
         if last_modified:
             sent["If-Modified-Since"] = last_modified
         with _deadline(deadline):
-            return self._fetch(url, headers, sent, started, deadline)
+            return self._fetch(url, headers, sent, deadline)
 
     def _fetch(
-        self, url: str, headers: Mapping[str, str] | None, sent: dict[str, str], started: float,
-        deadline: float,
+        self, url: str, headers: Mapping[str, str] | None, sent: dict[str, str], deadline: float,
     ) -> FetchResult:
         origin = _origin(url)
         moved_to: str | None = None
@@ -525,7 +523,6 @@ class Fetcher:
                 links={rel: urljoin(current, link["url"]) for rel, link in response.links.items()
                        if isinstance(rel, str) and link.get("url")},
                 moved_to=moved_to,
-                elapsed_ms=int((time.monotonic() - started) * 1000),
                 fresh_seconds=fresh_for(response.headers, datetime.now(UTC)),
             )
         raise FetchError(

@@ -83,11 +83,8 @@ class Field(StrEnum):
 
 
 WRITTEN_FIELDS = tuple(f for f in Field if f is not Field.TEXT)
-TEXT_FIELDS = (Field.TEXT, Field.TITLE, Field.SUMMARY, Field.AUTHOR)
-# Conditions on an amount (``Bounds``), and the words of a listing's field besides its
-# author (each filed under its own prefix, as an author's words are).
+# Conditions on an amount (``Bounds``).
 AMOUNT_FIELDS = (Field.PRICE, Field.SALARY, Field.AREA, Field.ROOMS)
-FIELD_WORDS = (Field.AUTHOR, Field.LOCATION, Field.COMPANY)
 
 
 # -- the expression ---------------------------------------------------------------------

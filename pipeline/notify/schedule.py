@@ -101,10 +101,6 @@ class DeliveryPlan:
                 raise UserError(f"quiet hours {quiet!r} start and end at the same time")
         return cls(parse_timezone(timezone), every, daily_at, window)
 
-    @property
-    def immediate(self) -> bool:
-        return self.every is None and self.daily_at is None and self.quiet is None
-
     def release_at(self, now: datetime) -> datetime | None:
         """``None``: send a match made at ``now`` at once, on its own. Else when the
         digest it joins goes out: the next digest time after ``now``, moved to the end of
