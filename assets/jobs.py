@@ -49,7 +49,7 @@ health_checks_job = dg.define_asset_job(
     selection=dg.AssetSelection.all_asset_checks(),
     executor_def=dg.in_process_executor,
     tags={STAGE_TAG: "health"},
-    description="The asset checks (stale leases, raw backlog, failing sources, dead notifications).",
+    description="Every asset check (docs/runbook.md, Asset checks).",
 )
 
 health_checks_schedule = dg.ScheduleDefinition(
