@@ -118,8 +118,8 @@ def test_the_command_line_imports_no_library_it_does_not_need_to_start() -> None
 
 
 # Where code may ask which database it runs on: the backends (one module per database:
-# their sessions, storage and claims) and the migrations.
-_DIALECT_HOMES = ("pipeline/backends/", "pipeline/storage/migrate.py")
+# their sessions, storage, claims and locks, the migration lock among them).
+_DIALECT_HOMES = ("pipeline/backends/",)
 _DIALECT_NAMES = {"postgresql", "sqlite", "mysql", "mariadb"}
 # What still asks outside them, per file: nothing (issue 35; the collector's item storage,
 # the polite claim, the claim queues' strategies and the engine's set-up were the last).
@@ -138,6 +138,9 @@ def _asks_for_the_database(node: ast.AST) -> bool:
     sides = [node.left, *node.comparators]
     for side in sides:
         if isinstance(side, ast.Constant) and side.value in _DIALECT_NAMES:
+            return True
+        if isinstance(side, (ast.Tuple, ast.List, ast.Set)) and any(
+                isinstance(e, ast.Constant) and e.value in _DIALECT_NAMES for e in side.elts):
             return True
         if isinstance(side, ast.Name) and side.id in ("MARIADB", "dialect"):
             return True

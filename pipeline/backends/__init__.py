@@ -57,6 +57,22 @@ def backend_named(name: str) -> Backend:
     return _BACKENDS.get(name, _PORTABLE)
 
 
+def with_driver(url: sa.URL, shown: str) -> sa.URL:
+    """``url`` with the driver the pipeline drives its database with (psycopg 3 for
+    PostgreSQL, PyMySQL for MariaDB; a driver the URL names is kept); ConfigError,
+    naming ``shown``, for a URL that driver cannot use."""
+    if url.password is not None and url.get_backend_name() in MARIADB:
+        try:
+            url.password.encode("latin-1")
+        except UnicodeEncodeError:  # what PyMySQL sends a password as
+            raise errors.ConfigError(f"{shown}: MariaDB's driver takes a password of Latin-1 characters only") from None
+    if url.drivername in ("postgres", "postgresql"):
+        return url.set(drivername="postgresql+psycopg")
+    if url.drivername in MARIADB:
+        return url.set(drivername=f"{url.drivername}+pymysql")
+    return url
+
+
 def claiming_for(bind: Bind) -> type[PortableClaim]:
     """How the database of ``bind`` claims a queue's rows (made once per queue)."""
     return _CLAIMS.get(_name(bind), PortableClaim)
@@ -118,4 +134,5 @@ def log_failure(logger: logging.Logger, exc: BaseException, message: str, *args:
         logger.error(message, *args, exc_info=exc)
 
 
-__all__ = ["Backend", "backend_for", "backend_named", "claiming_for", "in_transaction", "log_failure", "unreachable"]
+__all__ = ["Backend", "backend_for", "backend_named", "claiming_for", "in_transaction", "log_failure", "unreachable",
+           "with_driver"]

@@ -9,6 +9,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -18,9 +19,15 @@ from sqlalchemy.engine import Connection, Engine
 
 from pipeline.backends.changed import StoreChanged
 from pipeline.backends.clock import seconds_text
-from pipeline.backends.portable import CHUNK, IDLE_IN_TRANSACTION_TIMEOUT_MS, Portable, Rows
+from pipeline.backends.portable import (
+    CHUNK,
+    IDLE_IN_TRANSACTION_TIMEOUT_MS,
+    Portable,
+    Rows,
+    held_by_session,
+)
 from pipeline.backends.upsert import ForwardUpsert
-from pipeline.core.errors import ConfigError
+from pipeline.core.errors import ConfigError, DatabaseUnavailable
 
 log = logging.getLogger(__name__)
 # SQLAlchemy's names of the MySQL family: MariaDB through a ``mysql+`` URL is "mysql".
@@ -110,6 +117,18 @@ class MariaDB(Portable):
                 log.debug("transaction rolled back by InnoDB (%s): run again", exc.orig)
                 time.sleep(random.uniform(0.001, 0.005) * 2**attempt)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def session_lock(self, engine: Engine, name: str, wait_seconds: int) -> AbstractContextManager[Connection | None]:
+        """A named lock (``GET_LOCK``). Its name is the server's, so it names the database."""
+
+        def acquire(conn: Connection) -> sa.Executable:
+            named = f"{name}.{conn.exec_driver_sql('SELECT DATABASE()').scalar()}"[:64]
+            got = conn.execute(sa.text("SELECT GET_LOCK(:name, :wait)"), {"name": named, "wait": wait_seconds})
+            if got.scalar() != 1:
+                raise DatabaseUnavailable(f"another session held lock {name!r} for {wait_seconds} s; try again")
+            return sa.text("SELECT RELEASE_LOCK(:name)").bindparams(name=named)
+
+        return held_by_session(engine, acquire)
 
     def insert_ignoring_conflicts(self, conn: Connection, table: sa.Table, rows: Rows, keys: list[str]) -> int:
         """INSERT IGNORE skips a row that clashes on any unique key (every caller's keys

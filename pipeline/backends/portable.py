@@ -6,7 +6,8 @@ this."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
@@ -17,6 +18,7 @@ from pipeline.backends.changed import StoreChanged
 from pipeline.backends.clock import sql_now
 from pipeline.backends.recent import Asking, RecentPerKey
 from pipeline.backends.upsert import ForwardUpsert
+from pipeline.core.errors import ConfigError
 
 Rows = Sequence[Mapping[str, Any]]
 Bind = Connection | Engine | Dialect
@@ -165,6 +167,14 @@ class Backend(Protocol):
         rows in one order."""
         ...
 
+    def session_lock(self, engine: Engine, name: str, wait_seconds: int) -> AbstractContextManager[Connection | None]:
+        """Hold the database-wide lock ``name``, waiting up to ``wait_seconds`` for it
+        (DatabaseUnavailable after): one holder at a time however many processes on
+        however many machines ask, released if the holder dies. Yields the connection
+        that holds it, for the work to run on, or None where the lock is not a
+        connection's (then the work takes its own)."""
+        ...
+
 
 class Portable:
     """The reference: what every database runs."""
@@ -188,6 +198,10 @@ class Portable:
     def in_transaction(self, engine: Engine, work: Callable[[Connection], T]) -> T:
         with engine.begin() as conn:
             return work(conn)
+
+    def session_lock(self, engine: Engine, name: str, wait_seconds: int) -> AbstractContextManager[Connection | None]:
+        raise ConfigError(f"no lock {name!r} on a {engine.dialect.name} database: the pipeline runs on "
+                          "PostgreSQL, SQLite and MariaDB")
 
     def insert_rows(self, conn: Connection, table: sa.Table, rows: Rows, *,
                     ignore_conflicts_on: Sequence[str] = ()) -> int:
@@ -399,3 +413,19 @@ def _quantile(values: list[float], q: float) -> float:
     if len(values) == 1:
         return values[0]
     return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1]
+
+
+@contextmanager
+def held_by_session(engine: Engine, acquire: Callable[[Connection], sa.Executable]) -> Iterator[Connection]:
+    """A lock that is its session's (it outlives the transaction that took it, and dies
+    with the connection): ``acquire`` takes it on a connection and returns the statement
+    that releases it; the connection is yielded while it holds it."""
+    with engine.connect() as conn:
+        release = acquire(conn)
+        conn.commit()
+        try:
+            yield conn
+        finally:
+            conn.rollback()
+            conn.execute(release)
+            conn.commit()

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import operator
+import zlib
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,10 +19,11 @@ from sqlalchemy.engine import Connection, Engine
 from pipeline.backends.changed import StoreChanged
 from pipeline.backends.clock import seconds_text
 from pipeline.backends.on_conflict import OnConflict
-from pipeline.backends.portable import IDLE_IN_TRANSACTION_TIMEOUT_MS, Rows
+from pipeline.backends.portable import IDLE_IN_TRANSACTION_TIMEOUT_MS, Rows, held_by_session
 from pipeline.backends.recent import Asking, RecentPerKey
 from pipeline.backends.recordset import integer_list, integers, json_rows, recordset
 from pipeline.backends.upsert import ForwardUpsert
+from pipeline.core.errors import DatabaseUnavailable
 
 
 class PostgreSQL(OnConflict):
@@ -259,6 +262,25 @@ class PostgreSQL(OnConflict):
 
     def on_conflict_insert(self, table: sa.Table) -> postgresql.Insert:
         return postgresql.insert(table)
+
+    def session_lock(self, engine: Engine, name: str, wait_seconds: int) -> AbstractContextManager[Connection | None]:
+        """A session advisory lock, keyed by ``name``'s CRC-32 (advisory locks are per
+        database)."""
+        key = zlib.crc32(name.encode())
+
+        def acquire(conn: Connection) -> sa.Executable:
+            conn.execute(sa.text(f"SET lock_timeout = '{int(wait_seconds)}s'"))
+            try:
+                conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": key})
+            except sa.exc.OperationalError as exc:
+                if getattr(exc.orig, "sqlstate", None) == "55P03":  # lock_not_available
+                    raise DatabaseUnavailable(f"another session held lock {name!r} for {wait_seconds} s; "
+                                              "try again") from None
+                raise
+            conn.execute(sa.text("RESET lock_timeout"))
+            return sa.text("SELECT pg_advisory_unlock(:key)").bindparams(key=key)
+
+        return held_by_session(engine, acquire)
 
     def estimated_rows(self, conn: Connection, table: sa.Table) -> int | None:
         """The planner's estimate (``pg_class.reltuples``, kept by VACUUM and ANALYZE)."""

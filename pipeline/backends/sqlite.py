@@ -5,17 +5,20 @@ in-process; "now" is this host's clock, the one the file's writers share."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from filelock import FileLock, Timeout
 from sqlalchemy.dialects import sqlite
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from pipeline.backends.clock import seconds_text
 from pipeline.backends.on_conflict import OnConflict
-from pipeline.core.errors import ConfigError
+from pipeline.core.errors import ConfigError, DatabaseUnavailable
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 MIN_SQLITE_VERSION = (3, 35, 0)  # UPDATE ... RETURNING
@@ -58,6 +61,11 @@ class SQLite(OnConflict):
             # writes cannot deadlock with another doing the same (SQLITE_BUSY on upgrade).
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
+    def session_lock(self, engine: Engine, name: str, wait_seconds: int) -> AbstractContextManager[Connection | None]:
+        """A lock file beside the database file (``FILE.NAME-lock``); none for a
+        database of this process alone (in memory, or a URI)."""
+        return _file_lock(engine.url.database, name, wait_seconds)
+
     def on_conflict_insert(self, table: sa.Table) -> sqlite.Insert:
         return sqlite.insert(table)
 
@@ -67,3 +75,19 @@ class SQLite(OnConflict):
         is never negative, so the cast floors."""
         age = (sa.func.julianday(now) - sa.func.julianday(since)) * sa.literal_column("86400.0")
         return sa.cast(age / seconds_text(step), sa.Integer())
+
+
+@contextmanager
+def _file_lock(path: str | None, name: str, wait_seconds: int) -> Iterator[None]:
+    if not path or path == ":memory:" or path.startswith("file:"):
+        yield None
+        return
+    try:
+        lock = FileLock(f"{path}.{name}-lock", timeout=wait_seconds)
+        lock.acquire()
+    except Timeout:
+        raise DatabaseUnavailable(f"another process held lock {name!r} for {wait_seconds} s; try again") from None
+    try:
+        yield None
+    finally:
+        lock.release()

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 
-from pipeline.backends import backend_named
+from pipeline.backends import backend_named, with_driver
 from pipeline.core import errors, redact
 from pipeline.core.errors import ConfigError, DatabaseUnavailable
 
@@ -38,17 +38,7 @@ def parse_url(raw: str) -> sa.URL:
         (url.host or "").encode("idna")
     except UnicodeError:
         raise ConfigError(f"DATABASE_URL {redact.database_url(raw)}: its host is no host name") from None
-    if url.password is not None and url.get_backend_name() in ("mysql", "mariadb"):
-        try:
-            url.password.encode("latin-1")
-        except UnicodeEncodeError:  # what PyMySQL sends a password as
-            raise ConfigError(f"DATABASE_URL {redact.database_url(raw)}: MariaDB's driver takes a password of"
-                              " Latin-1 characters only") from None
-    if url.drivername in ("postgres", "postgresql"):
-        url = url.set(drivername="postgresql+psycopg")
-    if url.drivername in ("mysql", "mariadb"):
-        url = url.set(drivername=f"{url.drivername}+pymysql")
-    return url
+    return with_driver(url, f"DATABASE_URL {redact.database_url(raw)}")
 
 
 def display_url(url: sa.URL | str) -> str:

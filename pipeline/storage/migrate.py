@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import re
-import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -14,9 +12,9 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from filelock import FileLock
 from sqlalchemy.engine import Engine
 
+from pipeline.backends import backend_for
 from pipeline.core.errors import SchemaMismatch
 from pipeline.storage import db
 
@@ -36,43 +34,14 @@ def alembic_config(engine: Engine, connection: sa.Connection | None = None) -> C
     return cfg
 
 
-@contextmanager
-def migration_lock(engine: Engine) -> Iterator[sa.Connection | None]:
+def migration_lock(engine: Engine) -> AbstractContextManager[sa.Connection | None]:
     """Hold the database's migration lock: one migrator at a time, however many
     containers start together. Another waits, then finds the schema at the revision it
-    wants and does nothing. PostgreSQL: a session advisory lock, and MariaDB: a named
-    lock (``GET_LOCK``), both on the connection returned, which the migrations then run
-    on; either is released if the process dies. SQLite: a lock file beside the database
-    file (None: the migrations take a connection of their own)."""
-    dialect = engine.dialect.name
-    if dialect == "sqlite":
-        path = engine.url.database
-        if not path or path == ":memory:" or path.startswith("file:"):
-            yield None  # a database of this process alone
-            return
-        with FileLock(f"{path}.migrate-lock", timeout=LOCK_WAIT_SECONDS):
-            yield None
-        return
-    with engine.connect() as conn:
-        if dialect == "postgresql":
-            key = zlib.crc32(LOCK_NAME.encode())  # one key per database (advisory locks are)
-            conn.execute(sa.text(f"SET lock_timeout = '{LOCK_WAIT_SECONDS}s'"))
-            conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": key})
-            conn.execute(sa.text("RESET lock_timeout"))
-            release = sa.text("SELECT pg_advisory_unlock(:key)").bindparams(key=key)
-        else:  # MariaDB: a named lock is the server's, so it names the database
-            name = f"{LOCK_NAME}.{conn.exec_driver_sql('SELECT DATABASE()').scalar()}"[:64]
-            got = conn.execute(sa.text("SELECT GET_LOCK(:name, :wait)"), {"name": name, "wait": LOCK_WAIT_SECONDS})
-            if got.scalar() != 1:
-                raise SchemaMismatch(f"another migration held the database for {LOCK_WAIT_SECONDS} s; try again")
-            release = sa.text("SELECT RELEASE_LOCK(:name)").bindparams(name=name)
-        conn.commit()  # the lock is the session's: it outlives this transaction
-        try:
-            yield conn
-        finally:
-            conn.rollback()
-            conn.execute(release)
-            conn.commit()
+    wants and does nothing. The lock is the backend's (``session_lock``: an advisory
+    lock on PostgreSQL, a named lock on MariaDB, both on the connection returned, which
+    the migrations then run on, and released if the process dies; a lock file beside an
+    SQLite database, None returned: the migrations take a connection of their own)."""
+    return backend_for(engine).session_lock(engine, LOCK_NAME, LOCK_WAIT_SECONDS)
 
 
 def head_revision() -> str:
