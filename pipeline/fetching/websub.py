@@ -54,9 +54,8 @@ import logging
 import re
 import secrets
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlencode, urljoin, urlsplit
 
 import sqlalchemy as sa
@@ -117,28 +116,10 @@ def discover(result: FetchResult) -> tuple[str | None, str | None]:
     return hub, topic or result.url
 
 
-@dataclass(frozen=True)
-class Subscription:
-    id: int
-    source_id: int | None
-    hub: str
-    topic: str
-    callback_token: str
-    secret: str
-    previous_secret: str | None
-    previous_secret_until: datetime | None
-    state: str
-    requested_at: datetime
-    lease_until: datetime | None
-
-
-def _row(conn: sa.Connection, **where: Any) -> Subscription | None:
+def _row(conn: sa.Connection, **where: Any) -> SubscriptionRow | None:
     t = schema.websub_subscriptions
-    row = conn.execute(sa.select(t.c.id, t.c.source_id, t.c.hub, t.c.topic, t.c.callback_token, t.c.secret,
-                                 t.c.previous_secret, t.c.previous_secret_until, t.c.state, t.c.requested_at,
-                                 t.c.lease_until)
-                       .where(*(t.c[k] == v for k, v in where.items()))).mappings().first()
-    return None if row is None else Subscription(**row)
+    row = conn.execute(sa.select(t).where(*(t.c[k] == v for k, v in where.items()))).mappings().first()
+    return None if row is None else cast(SubscriptionRow, dict(row))
 
 
 def renew_at(now: datetime, lease: timedelta) -> datetime:
@@ -185,7 +166,7 @@ def ensure(engine: Engine, source_id: int, hub: str, topic: str) -> bool:
     t = schema.websub_subscriptions
     with engine.begin() as conn:
         found = _row(conn, source_id=source_id)
-        if found is not None and (found.hub, found.topic) == (hub, topic) and found.state != UNSUBSCRIBING:
+        if found is not None and (found["hub"], found["topic"]) == (hub, topic) and found["state"] != UNSUBSCRIBING:
             return False
         values = {"hub": hub, "topic": topic, "callback_token": secrets.token_urlsafe(32),
                   "secret": secrets.token_urlsafe(32), "previous_secret": None, "previous_secret_until": None,
@@ -196,7 +177,7 @@ def ensure(engine: Engine, source_id: int, hub: str, topic: str) -> bool:
         else:
             conn.execute(sa.update(t).where(t.c.source_id == source_id).values(**values))
             # No secret that signed them is accepted any more.
-            conn.execute(sa.delete(schema.websub_pushes).where(schema.websub_pushes.c.subscription_id == found.id))
+            conn.execute(sa.delete(schema.websub_pushes).where(schema.websub_pushes.c.subscription_id == found["id"]))
     return True
 
 
@@ -303,10 +284,10 @@ def verify(engine: Engine, token: str, params: Mapping[str, str]) -> str | None:
     mine = t.c.callback_token == token
     with engine.begin() as conn:
         found = _row(conn, callback_token=token)
-        if found is None or topic != found.topic:
+        if found is None or topic != found["topic"]:
             return None
         if mode == "denied":
-            if found.state == UNSUBSCRIBING:
+            if found["state"] == UNSUBSCRIBING:
                 conn.execute(sa.delete(t).where(mine))
             else:
                 conn.execute(sa.update(t).where(mine).values(
@@ -315,16 +296,16 @@ def verify(engine: Engine, token: str, params: Mapping[str, str]) -> str | None:
             return ""
         if not challenge:
             return None
-        if mode == "unsubscribe" and found.state == UNSUBSCRIBING:
+        if mode == "unsubscribe" and found["state"] == UNSUBSCRIBING:
             conn.execute(sa.delete(t).where(mine))
             return challenge
-        if mode != "subscribe" or found.state not in (REQUESTED, ACTIVE):
+        if mode != "subscribe" or found["state"] not in (REQUESTED, ACTIVE):
             return None
         try:
             lease = timedelta(seconds=min(max(int(params.get("hub.lease_seconds", "")), 60), 10 * 365 * 86400))
         except ValueError:
             lease = LEASE
-        overlap = {"previous_secret_until": now + ROTATION_OVERLAP} if rotating(found.previous_secret, found.previous_secret_until) else {}
+        overlap = {"previous_secret_until": now + ROTATION_OVERLAP} if rotating(found["previous_secret"], found["previous_secret_until"]) else {}
         conn.execute(sa.update(t).where(mine).values(
             state=ACTIVE, verified_at=now, lease_until=now + lease, due_at=renew_at(now, lease), attempts=0,
             last_error=None, **overlap, **UNCLAIMED))

@@ -119,7 +119,8 @@ class SourceAlertRow(TypedDict):
 
 
 class SubscriptionRow(TypedDict):
-    """A WebSub subscription due to be asked for (every column)."""
+    """A WebSub subscription (every column): as the queue of those due to be asked for
+    hands it out, and as pipeline/fetching/websub.py reads one by source or token."""
 
     id: int
     source_id: int | None
