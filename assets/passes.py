@@ -18,7 +18,6 @@ from pipeline.core.failures import DELIVERY_CODES, FailureReason
 from pipeline.fetching.collector import Collector
 from pipeline.listings.processor import Processor
 from pipeline.notify.notifier import FilterCatalogue, Notifier
-from pipeline.storage.status import recorded
 from resources import PipelineDatabase
 
 
@@ -52,10 +51,9 @@ def collect(
     database: PipelineDatabase, run_id: str, *, max_sources: int | None = None, concurrency: int | None = None,
     claim_until: float | None = None,
 ) -> Pass:
-    with recorded(database.engine, "collector"):
-        stats = Collector(database.engine, database.settings(), worker=run_worker(run_id), run_id=run_id).run(
-            max_sources=max_sources, concurrency=concurrency, claim_until=claim_until
-        )
+    stats = Collector(database.engine, database.settings(), worker=run_worker(run_id), run_id=run_id).run(
+        max_sources=max_sources, concurrency=concurrency, claim_until=claim_until
+    )
     totals = stats.as_dict()
     metadata = {k: v for k, v in totals.items() if v is not None and k != "failed_by_reason"}
     metadata.update(by_code("failed_", stats.failed, (reason.value for reason in FailureReason)))
@@ -63,8 +61,7 @@ def collect(
 
 
 def process(database: PipelineDatabase, run_id: str, *, max_rows: int | None = None) -> Pass:
-    with recorded(database.engine, "processor"):
-        stats = Processor(database.engine, database.settings(), worker=run_worker(run_id)).run(max_rows=max_rows)
+    stats = Processor(database.engine, database.settings(), worker=run_worker(run_id)).run(max_rows=max_rows)
     return Pass(dg.AssetKey("listings"), stats.as_dict(), worked=stats.claimed > 0, changed=stats.claimed > 0)
 
 
@@ -75,10 +72,9 @@ def notify(
 ) -> Pass:
     """A notifier pass (its matching or its delivering only, when the other is turned
     off); ``catalogue``: the run's filters, kept between its passes."""
-    with recorded(database.engine, "notifier"):
-        stats = Notifier(database.engine, database.settings(), worker=run_worker(run_id), run_id=run_id,
-                         catalogue=catalogue).run(max_listings=max_listings, max_notifications=max_notifications,
-                                                  matching=matching, delivering=delivering)
+    stats = Notifier(database.engine, database.settings(), worker=run_worker(run_id), run_id=run_id,
+                     catalogue=catalogue).run(max_listings=max_listings, max_notifications=max_notifications,
+                                              matching=matching, delivering=delivering)
     metadata = {k: v for k, v in stats.as_dict().items() if k != "errors"}
     metadata.update(by_code("errors_", stats.errors, DELIVERY_CODES))
     worked = stats.listings_matched + stats.claimed > 0

@@ -255,6 +255,11 @@ def test_a_feed_item_reaches_the_user_whose_filter_matches_through_the_command_l
     assert json.loads(delivery["body"])["listing"]["title"] == "Python developer"
     again = one_pass()
     assert (again["collect"]["items_new"], again["notify"]["sent"]) == (0, 0), again
+    # Each stage records its run where `pipeline status` and the metrics read it, run from
+    # the command line as from Dagster (only Dagster's runs did).
+    status = json.loads(run("status", "--json", env=env).stdout)
+    assert {w["worker_name"]: w["last_status"] for w in status["stages"]} == {
+        "collector": "ok", "processor": "ok", "notifier": "ok"}, status["stages"]
 
 
 # -- operator input: one line, never a traceback --------------------------------------------

@@ -59,6 +59,7 @@ from pipeline.storage import counters, owners, schema, watches
 from pipeline.storage.bulk import insert_rows
 from pipeline.storage.politeness_groups import cadence_floor_minutes, defer, ensure_groups
 from pipeline.storage.rows import SourceRow
+from pipeline.storage.status import records
 
 log = logging.getLogger("pipeline.ingestion")
 
@@ -145,6 +146,7 @@ class Collector:
     # Whether any source has a WebSub subscription (read once per run).
     _pushed: bool = field(default=False, init=False, repr=False, compare=False)
 
+    @records("collector")
     def run(self, *, max_sources: int | None = None, concurrency: int | None = None,
             claim_until: float | None = None) -> CollectStats:
         """Claim due sources until none is due, ``max_sources`` were claimed or

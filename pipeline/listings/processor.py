@@ -40,6 +40,7 @@ from pipeline.queue.heartbeat import Heartbeat
 from pipeline.queue.spec import UNCLAIMED, Claim, RowCompletion
 from pipeline.storage import counters, schema
 from pipeline.storage.rows import RawRow
+from pipeline.storage.status import records
 
 log = logging.getLogger("pipeline.listings.processor")
 
@@ -93,6 +94,7 @@ class Processor:
     # Each source's boilerplate as last read (None: none stored), and when (monotonic).
     _plates: dict[int, tuple[Runs | None, float]] = field(default_factory=dict)
 
+    @records("processor")
     def run(
         self, *, max_rows: int | None = None, progress: Callable[[int], None] | None = None
     ) -> ProcessStats:

@@ -49,6 +49,7 @@ from pipeline.queue.workpool import work_claimed
 from pipeline.storage import counters, schema, watches
 from pipeline.storage.bulk import ANY_UNIQUE_KEY, insert_ignoring_conflicts
 from pipeline.storage.rows import NotificationRow, UnmatchedRow
+from pipeline.storage.status import records
 
 log = logging.getLogger("pipeline.notify.notifier")
 
@@ -178,6 +179,7 @@ class Notifier:
         self._catalogue = self.catalogue if self.catalogue is not None else FilterCatalogue(self.engine)
         self.limits = AlertLimits(self.settings.alert_limit, timedelta(minutes=self.settings.alert_window_minutes))
 
+    @records("notifier")
     def run(self, *, max_listings: int | None = None, max_notifications: int | None = None,
             matching: bool = True, delivering: bool = True) -> NotifyStats:
         """Match the listings not matched yet, then deliver what is due (one of the two

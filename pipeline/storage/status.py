@@ -7,11 +7,12 @@ planner's estimates on PostgreSQL for the tables that grow without bound.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -355,6 +356,27 @@ def recorded(engine: Engine, stage: str) -> Iterator[None]:
         _record(engine, stage, "failed", f"{type(exc).__name__}: {exc}"[:1000])
         raise
     _record(engine, stage, "ok", None)
+
+
+class _Stage(Protocol):
+    engine: Engine
+
+
+S = TypeVar("S", bound=_Stage)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def records(stage: str) -> Callable[[Callable[Concatenate[S, P], R]], Callable[Concatenate[S, P], R]]:
+    """A stage's ``run`` records in ``worker_state`` (``recorded``) when it last ran and
+    how it ended, whoever runs it: a Dagster run, `pipeline collect`, a benchmark."""
+    def wrap(run: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
+        @functools.wraps(run)
+        def recording(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+            with recorded(self.engine, stage):
+                return run(self, *args, **kwargs)
+        return recording
+    return wrap
 
 
 def looked(engine: Engine, stage: str) -> None:
