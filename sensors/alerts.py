@@ -141,7 +141,7 @@ def run_failed(failure: FailedRun, settings: Settings) -> operator.OperatorAlert
 class Evaluation:
     """One asset check's result, as the event log has it."""
 
-    mark: int  # its event's record id
+    mark: float  # when it was evaluated (its event's timestamp)
     name: str  # "asset:check_name"
     asset_path: tuple[str, ...]
     passed: bool
@@ -167,28 +167,29 @@ class Evaluation:
 
 def evaluations_since(instance: dg.DagsterInstance, keys: Iterable[dg.AssetCheckKey],
                       seen: Mapping[str, float]) -> dict[str, list[Evaluation]]:
-    """Each check's results recorded after the one ``seen`` last (its record id, by
-    "asset:check_name"), oldest first; the latest alone for a check not seen yet, none
-    for one never evaluated. Read from the instance's record of check executions (an
-    index every storage keeps, run-sharded SQLite too), newest first, past executions
-    planned by a run that has not evaluated them yet, at most EXECUTIONS_READ of them."""
+    """Each check's results recorded after the one ``seen`` last (when it was
+    evaluated, by "asset:check_name"), oldest first; the latest alone for a check not
+    seen yet, none for one never evaluated. Read from the instance's record of check
+    executions (an index every storage keeps, run-sharded SQLite too), its latest
+    EXECUTIONS_READ. A run's execution is one record, planned when the run starts and
+    rewritten by each evaluation in it (a lingering run evaluates its checks after every
+    pass, for minutes): a record is new when its evaluation is, whatever its place."""
     found = {}
     for key in keys:
         name = f"{key.asset_key.to_user_string()}:{key.name}"
         after = seen.get(name)
         new = []
         for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=EXECUTIONS_READ):
-            if after is not None and record.id <= after:
-                break
             event = record.event.dagster_event if record.event is not None else None
             data = event.event_specific_data if event is not None else None
-            if isinstance(data, dg.AssetCheckEvaluation):
-                new.append(Evaluation(record.id, name, tuple(key.asset_key.path), bool(data.passed),
+            if not isinstance(data, dg.AssetCheckEvaluation) or record.event is None:
+                continue  # planned, not evaluated yet
+            if after is None or record.event.timestamp > after:
+                new.append(Evaluation(record.event.timestamp, name, tuple(key.asset_key.path), bool(data.passed),
                                       data.severity.value, data.description))
-                if after is None:
-                    break  # a check not seen before: its latest result is its state
+        new.sort(key=lambda e: e.mark)
         if new:
-            found[name] = new[::-1]
+            found[name] = new if after is not None else new[-1:]  # a check not seen: its latest is its state
     return found
 
 

@@ -76,7 +76,20 @@ def retried() -> None:
     writes()
 
 
-DEFINITIONS = dg.Definitions(assets=[watched], asset_checks=[healthy], jobs=[broken, retried])
+# An asset whose check is evaluated twice in one step, as a lingering run evaluates its
+# checks after every pass: passing, then (once the test has looked) failing.
+LOOKED = threading.Event()
+
+
+@dg.asset(check_specs=[dg.AssetCheckSpec("steady", asset="lingering")])
+def lingering(context):  # noqa: ANN001, ANN201 (unannotated: Dagster refuses this module's string annotations)
+    context.log_event(dg.AssetCheckEvaluation(asset_key=dg.AssetKey("lingering"), check_name="steady", passed=True))
+    assert LOOKED.wait(120), "the test looks between the two evaluations"
+    yield dg.MaterializeResult()
+    yield dg.AssetCheckResult(check_name="steady", passed=False, description="its work waits")
+
+
+DEFINITIONS = dg.Definitions(assets=[watched, lingering], asset_checks=[healthy], jobs=[broken, retried])
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -174,6 +187,33 @@ def test_a_failure_that_came_and_went_between_two_looks_is_told_failing_then_pas
     assert "failing now: none" in result.skip_message
     tick(check_alerts, instance, db_url, cursor)
     assert len(receiver.requests) == 2, "told once"
+
+
+def test_a_check_that_fails_later_in_the_same_run_is_told(instance, db_url, operator_webhook):
+    """A run's check execution is one record, rewritten by each evaluation in the run: a
+    lingering run evaluates its checks after every pass, and the sensor, which marked
+    the records it had read by their ids, read none of the later evaluations. In the
+    fault drill a user's webhook answering 410 failed ``failing_channels`` for 4 minutes
+    of one lingering run and nobody was told. The run executes on a thread of the
+    test's, its second evaluation held until the test has looked."""
+    receiver = operator_webhook
+    LOOKED.clear()
+    running = threading.Thread(target=dg.materialize, args=([lingering],), kwargs={"instance": instance})
+    running.start()
+    key = dg.AssetCheckKey(dg.AssetKey("lingering"), "steady")
+    try:
+        wait_until("the first evaluation", lambda: any(
+            r.event is not None and isinstance(r.event.dagster_event.event_specific_data, dg.AssetCheckEvaluation)
+            for r in instance.event_log_storage.get_asset_check_execution_history(key, limit=5)), 60, 0.1)
+        result, cursor = tick(check_alerts, instance, db_url)
+        assert receiver.requests == [] and "failing now: none" in result.skip_message
+    finally:
+        LOOKED.set()
+        running.join()
+    result, cursor = tick(check_alerts, instance, db_url, cursor)
+    [failing] = alerts(receiver)
+    assert (failing["event"], failing["details"]["check"]) == ("check_failing", "lingering:steady")
+    assert "failing now: lingering:steady" in result.skip_message
 
 
 def test_a_failed_run_alerts_once_with_its_link_and_error(instance, db_url, operator_webhook):
