@@ -6,6 +6,7 @@ read where vulture cannot see it; one added here says why. Never executed."""
 from hypercorn.config import Config
 
 from pipeline.listings.processor import ProcessStats
+from pipeline.core import secret_files
 from pipeline.notify import operator
 from pipeline.notify.notifier import NotifyStats
 from pipeline.queue.claim import WorkQueue
@@ -37,3 +38,5 @@ operator.MESSAGE, operator.TEST, operator.STACK_RESTARTED
 # Read by the tests: what a queue would send (tests/test_golden_sql.py), the extensions a
 # heartbeat sent, a push service's rounds, the tables a claim takes from.
 WorkQueue.statements, Heartbeat.beats, AfterPush.rounds, schema.CLAIMABLE_TABLES
+# Where the Compose stack mounts the secrets: tests/test_docker_files.py checks deploy/ agrees.
+secret_files.MOUNT

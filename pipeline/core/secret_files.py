@@ -44,6 +44,9 @@ SECRETS = (
     "PIPELINE_ALERTMANAGER_TOKEN",
 )
 REQUIRED = ("DATABASE_URL",)
+# Where the Compose stack mounts the folder in every container, run containers too
+# (tests/test_docker_files.py checks deploy/ agrees).
+MOUNT = "/run/secrets/listings-pipeline"
 
 
 def load(environ: MutableMapping[str, str]) -> list[str]:
