@@ -352,3 +352,9 @@ def test_a_downgrade_on_sqlite_keeps_the_rows_of_the_tables_it_copies(backend, e
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM listings")).scalar() == 1
     engine.dispose()
+
+
+def test_the_newest_migration_by_its_file_name_is_alembics_head():
+    """A command checks the schema without Alembic, reading the newest revision from the
+    migrations' file names (``NNNN_what.py``): it must be the head Alembic finds."""
+    assert migrate.newest_revision() == migrate.head_revision()

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import psycopg
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
@@ -60,6 +59,8 @@ class DriverStatement:
 
     def execute(self, pg: Any, params: Mapping[str, Any]) -> Any:
         """Run on the psycopg connection ``pg`` (prepared on the server); its cursor."""
+        import psycopg  # here: a process on SQLite or MariaDB never loads PostgreSQL's driver
+
         return psycopg.RawCursor(pg).execute(self.sql, self.arguments(params), prepare=True)
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import sqlalchemy as sa
@@ -25,20 +25,22 @@ from sqlalchemy.engine import Engine
 
 from pipeline.catalogue.known import require_ids
 from pipeline.core import politeness, redact
-from pipeline.core.errors import SourceError
+from pipeline.core.errors import QueryError, SourceError
 from pipeline.core.inputs import NAME_CHARS, TEXT_CHARS, URL_CHARS, text_problem
-from pipeline.core.kinds import SourceType
+from pipeline.core.kinds import EXPORT_FORMATS, SourceType
 from pipeline.core.settings import Settings
 from pipeline.core.urls import canonical_host, source_url
-from pipeline.fetching import websub, youtube
-from pipeline.fetching.collector import Collector, CollectStats
-from pipeline.fetching.registry import adapter_for
-from pipeline.notify.notifier import source_ids_by_name
-from pipeline.notify.query import QueryError, compile_query, only_from
 from pipeline.queue.spec import UNCLAIMED
 from pipeline.storage import owners, politeness_groups, schema
 from pipeline.storage.bulk import insert_ignoring_conflicts
 from pipeline.storage.health import fetch_error, push_health
+
+if TYPE_CHECKING:
+    from pipeline.fetching.collector import CollectStats
+
+# The fetching side (adapters, YouTube's URLs, WebSub, the collector) and the filters'
+# compiler are imported by the functions that use them: listing or showing sources, the
+# commands an operator runs most, loads none of it (tests/test_cli.py holds the budget).
 
 # Bounds on an entry's adapter options (the other fields: pipeline/core/inputs.py).
 CONFIG_CHARS = 64 * 1024
@@ -105,6 +107,9 @@ def make_spec(
     Its politeness group is ``politeness_group``, or named by ``group_by`` (host, domain).
     Its cadence is adaptive when ``adaptive`` says so, else when ``adaptive_default``
     (PIPELINE_ADAPTIVE_CADENCE) does."""
+    from pipeline.fetching import youtube
+    from pipeline.fetching.registry import adapter_for
+
     where = f"{entry}: " if entry else ""
     value = (url or "").strip()
     if not value:
@@ -465,7 +470,6 @@ def _from_csv(text: str, file: str, group_by: str, adaptive_default: bool) -> li
 # What an export writes, in the import's field names and order (``_collect`` reads them).
 EXPORT_FIELDS = ("url", "type", "name", "interval", "category", "group", "priority", "adaptive",
                  "min_interval", "max_interval", "config")
-EXPORT_FORMATS = ("opml", "yaml", "csv")
 
 
 @dataclass(frozen=True)
@@ -702,6 +706,8 @@ def set_source(conn: sa.Connection, source_id: int, *, priority: int | str | Non
 
 def disable_source(conn: sa.Connection, source_id: int, reason: str = "disabled by an operator") -> None:
     """Fetch the source no more; its WebSub hub is asked to stop pushing."""
+    from pipeline.fetching import websub
+
     _update_source(conn, source_id, enabled=False, disabled_reason=reason)
     websub.end(conn, [source_id])
 
@@ -712,6 +718,8 @@ def remove_sources(conn: sa.Connection, source_ids: Sequence[int]) -> dict[str, 
     fetch events, and the filters scoped to them. All or nothing: an id that names no
     source is an error and nothing is deleted. Returns how many of each were deleted.
     A fetch in flight is fenced out: it finds its source gone and stores nothing."""
+    from pipeline.fetching import websub
+
     t, f, li, n = schema.sources, schema.filters, schema.listings, schema.notifications
     require_ids(conn, t, source_ids, "source", SourceError)
     ids = sorted(set(source_ids))
@@ -741,6 +749,9 @@ def _filters_only_from(conn: sa.Connection, source_ids: Sequence[int]) -> list[i
     filter left naming one would match nothing for ever; it went on to follow a new
     source given the id on SQLite. Read after the sources are gone (names resolved
     without them)."""
+    from pipeline.notify.notifier import source_ids_by_name
+    from pipeline.notify.query import compile_query, only_from
+
     f = schema.filters
     found = conn.execute(sa.select(f.c.id, f.c.query).where(sa.func.lower(f.c.query).like("%source:%"))).all()
     if not found:
@@ -789,6 +800,8 @@ def refetch_sources(
     the enabled sources among ``source_ids`` due now, then run a collector pass. Returns
     the ids made due (the others are disabled) and the pass's totals; SourceError, and
     nothing done, when an id names no source."""
+    from pipeline.fetching.collector import Collector
+
     with engine.begin() as conn:
         due = refresh_sources(conn, source_ids)
     return due, Collector(engine, settings, worker=worker, run_id=run_id).run()

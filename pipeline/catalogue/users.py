@@ -9,7 +9,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import sqlalchemy as sa
@@ -18,13 +18,16 @@ from pipeline.core.errors import UserError
 from pipeline.core.inputs import TEXT_CHARS, URL_CHARS, as_id, text_problem
 from pipeline.core.kinds import ChannelKind, NotificationStatus
 from pipeline.core.prices import condition_problem
-from pipeline.core.redact import channel_url, names_a_host
-from pipeline.net.http import AddressGuard
-from pipeline.notify.delivery import channel_digest
-from pipeline.notify.notifier import release_gone, source_ids_by_name
+from pipeline.core.redact import channel_digest, channel_url, names_a_host
 from pipeline.notify.query import Query, QueryError, as_written, compile_query, parse, source_terms
 from pipeline.notify.schedule import FILTER_MODES, DeliveryPlan
 from pipeline.storage import schema
+
+if TYPE_CHECKING:
+    from pipeline.net.http import AddressGuard
+
+# The notifier's helpers are imported by the functions that use them: listing users
+# loads neither the notifier nor the fetcher (tests/test_cli.py holds it).
 
 MIN_SECRET_CHARS = 16  # a webhook secret's shortest
 
@@ -190,6 +193,8 @@ def compile_filter(conn: sa.Connection, query: str) -> Query:
         terms = source_terms(parse(query))
         # Every source's name, only for a filter that names one: read for every filter, it
         # made adding 30,000 filters beside 100,000 sources take hours (bench/soak_stack.py).
+        from pipeline.notify.notifier import source_ids_by_name
+
         names = source_ids_by_name(conn) if terms else {}
         for term in terms:
             source_id = as_id(term.value)
@@ -311,6 +316,8 @@ def set_channel(
     channel, url, secret, generated = _checked_channel(webhook, secret, apprise_url, guard)
     conn.execute(sa.update(t).where(t.c.id == user_id).values(
         channel=channel, channel_url=url, secret=secret, previous_secret=None, previous_secret_until=None))
+    from pipeline.notify.notifier import release_gone
+
     release_gone(conn, url)
     return generated
 
@@ -343,6 +350,8 @@ def route_filter(
     elif given:
         channel, url, secret, generated = _checked_channel(webhook, secret, apprise_url, guard)
         values.update(channel=channel, channel_url=url, secret=secret)
+        from pipeline.notify.notifier import release_gone
+
         release_gone(conn, url)
     if mode is not None:
         values["mode"] = None if mode == "user" else mode

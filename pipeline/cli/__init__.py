@@ -10,12 +10,14 @@ import sys
 import unicodedata
 
 import click
-import sqlalchemy as sa
 
 from pipeline.cli import common, database, demo, metrics, operator, sources, stages, users, web
 from pipeline.core import errors, redact
 from pipeline.core.errors import PipelineError
-from pipeline.storage.status import collect_status, status_as_json, status_as_text
+
+# Every module of the command line imports what a command needs in the command, so
+# `pipeline --help` and a read command start at once (tests/test_cli.py holds it by what
+# they import): SQLAlchemy, the fetcher and the parsers load only for a command that uses them.
 
 
 @click.group(cls=common.HelpGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -40,6 +42,8 @@ for _command in (
 def status(as_json: bool) -> None:
     """Sources due and failing, each queue's backlog and its age, claims in flight,
     expired leases, notifications by status, each stage's last run."""
+    from pipeline.storage.status import collect_status, status_as_json, status_as_text
+
     current = collect_status(common.engine())
     if as_json:
         click.echo(common.as_json(status_as_json(current)))
@@ -54,6 +58,13 @@ def _one_line(message: str) -> str:
     return "".join(repr(c)[1:-1] if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in message)
 
 
+def _database_error(exc: Exception) -> bool:
+    """Whether ``exc`` is the database driver's error, as SQLAlchemy wraps it: none can be
+    when the command never loaded SQLAlchemy."""
+    sqlalchemy = sys.modules.get("sqlalchemy")
+    return sqlalchemy is not None and isinstance(exc, sqlalchemy.exc.DBAPIError)
+
+
 def main(argv: list[str] | None = None) -> int:
     for n, arg in enumerate(sys.argv[1:] if argv is None else argv, 1):
         try:
@@ -66,10 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     except PipelineError as exc:
         click.echo(f"pipeline: {_one_line(redact.userinfo(str(exc)))}", err=True)  # a URL's password never shows
         return 1
-    except sa.exc.DBAPIError as exc:
+    except Exception as exc:
+        if not _database_error(exc):
+            raise
         # The server's own message, its first line only: later lines (PostgreSQL's
         # CONTEXT) can quote a bound value, and the statement's parameters never show.
-        diag = getattr(exc.orig, "diag", None)
+        diag = getattr(getattr(exc, "orig", None), "diag", None)
         reason = redact.userinfo(getattr(diag, "message_primary", None) or "") or errors.reason(exc)
         click.echo(f"pipeline: database error: {_one_line(reason)}", err=True)
         return 1

@@ -3,18 +3,21 @@ and how totals are printed."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import click
-import sqlalchemy as sa
 
 from pipeline.core.inputs import MAX_ID, utc
 from pipeline.core.settings import Settings
-from pipeline.storage import db, migrate
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
 
 # Every id a command takes: a positive 64-bit integer, refused by click (in one line)
 # before the database sees it.
@@ -24,6 +27,8 @@ ID = click.IntRange(1, MAX_ID)
 def engine(*, check: bool = True) -> sa.Engine:
     """The database's engine, disposed of (its connections closed) when the command
     ends: ``main(argv)`` called in a long-lived process leaves no connection open."""
+    from pipeline.storage import db, migrate
+
     engine = db.create_engine(Settings.from_env().database_url)
     context = click.get_current_context(silent=True)
     if context is not None:
@@ -31,6 +36,21 @@ def engine(*, check: bool = True) -> sa.Engine:
     if check:
         migrate.check_schema(engine)
     return engine
+
+
+def lazy(name: str) -> ModuleType:
+    """The module ``name``, loaded on the first read of one of its names (the standard
+    library's ``LazyLoader``): a command module names what its commands use at the top,
+    and a command that uses none of it (``--help``) does not load it."""
+    if (loaded := sys.modules.get(name)) is not None:
+        return loaded
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.loader is not None, f"no module {name}"
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def worker(stage: str) -> str:

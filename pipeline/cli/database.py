@@ -5,7 +5,6 @@ from __future__ import annotations
 import click
 
 from pipeline.cli import common
-from pipeline.storage import db, migrate
 
 
 @click.group("db", cls=common.HelpGroup)
@@ -17,6 +16,8 @@ def db_group() -> None:
 @click.argument("revision", default="head")
 def db_upgrade(revision: str) -> None:
     """Apply migrations up to REVISION (default: the newest)."""
+    from pipeline.storage import db, migrate
+
     engine = common.engine(check=False)
     migrate.upgrade(engine, revision)
     click.echo(f"{db.display_url(engine.url)} is at schema revision {migrate.current_revision(engine)}")
@@ -26,6 +27,8 @@ def db_upgrade(revision: str) -> None:
 @click.argument("revision")
 def db_downgrade(revision: str) -> None:
     """Revert migrations down to REVISION ("base" removes every table)."""
+    from pipeline.storage import db, migrate
+
     engine = common.engine(check=False)
     migrate.downgrade(engine, revision)
     click.echo(f"{db.display_url(engine.url)} is at schema revision {migrate.current_revision(engine)}")
@@ -34,6 +37,8 @@ def db_downgrade(revision: str) -> None:
 @db_group.command("current")
 def db_current() -> None:
     """Print the database's schema revision and the code's newest."""
+    from pipeline.storage import db, migrate
+
     engine = common.engine(check=False)
     db.check_connection(engine)
     click.echo(f"database: {migrate.current_revision(engine) or 'none'}; code: {migrate.head_revision()}")

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import click
-from prometheus_client import generate_latest, make_wsgi_app
 
 from pipeline.cli import common
-from pipeline.storage.metrics import registry
-from pipeline.web.server import run_until_interrupted, serve
 
 
 @click.group("metrics", cls=common.HelpGroup, invoke_without_command=True)
@@ -15,6 +12,10 @@ from pipeline.web.server import run_until_interrupted, serve
 def metrics_group(ctx: click.Context) -> None:
     """Print the metrics once in Prometheus's text format (or `serve` them)."""
     if ctx.invoked_subcommand is None:
+        from prometheus_client import generate_latest
+
+        from pipeline.storage.metrics import registry
+
         click.echo(generate_latest(registry(common.engine())).decode(), nl=False)
 
 
@@ -24,6 +25,11 @@ def metrics_group(ctx: click.Context) -> None:
 def metrics_serve(host: str, port: int) -> None:
     """Answer Prometheus's scrapes on http://HOST:PORT/metrics, reading the database at
     each scrape. Ctrl-C stops it."""
+    from prometheus_client import make_wsgi_app
+
+    from pipeline.storage.metrics import registry
+    from pipeline.web.server import run_until_interrupted, serve
+
     server = serve(host, port, make_wsgi_app(registry(common.engine())))
     click.echo(f"serving metrics on http://{host}:{port}/metrics", err=True)
     run_until_interrupted(server)

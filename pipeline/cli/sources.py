@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from pipeline.catalogue import sources
 from pipeline.cli import common
-from pipeline.core import politeness, redact
+from pipeline.core import cadence, redact
 from pipeline.core.errors import SourceError
-from pipeline.core.kinds import PushHealth, SourceType, WebSubState
+from pipeline.core.kinds import EXPORT_FORMATS, PushHealth, SourceType, WebSubState
 from pipeline.core.settings import Settings
-from pipeline.storage import politeness_groups, schema
 
-PRIORITY_HELP = (f"Among due sources, higher is fetched first ({schema.MIN_PRIORITY} to "
-                 f"{schema.MAX_PRIORITY}).")
+if TYPE_CHECKING:
+    from pipeline.catalogue import sources
+    from pipeline.core import politeness
+    from pipeline.storage import politeness_groups, schema
+else:  # loaded by the commands that use them
+    sources = common.lazy("pipeline.catalogue.sources")
+    politeness = common.lazy("pipeline.core.politeness")
+    politeness_groups = common.lazy("pipeline.storage.politeness_groups")
+    schema = common.lazy("pipeline.storage.schema")
+
+PRIORITY_HELP = (f"Among due sources, higher is fetched first ({cadence.MIN_PRIORITY} to "
+                 f"{cadence.MAX_PRIORITY}).")
 ADAPTIVE_HELP = ("Adaptive: the interval is learned from how often the source publishes, within its"
                  " bounds (docs/runbook.md, Adaptive cadence); fixed: every --interval minutes.")
 BOUND_HELP = "{} interval an adaptive cadence may take, in minutes; default: {}."
@@ -37,7 +45,7 @@ def sources_group() -> None:
 @click.option("--type", "source_type", type=click.Choice([kind.value for kind in SourceType]),
               help="Adapter; default: youtube for YouTube URLs, channel ids and @handles, else rss.")
 @click.option("--name", help="Display name; default: the URL.")
-@click.option("--interval", type=int, default=schema.DEFAULT_FETCH_INTERVAL_MINUTES,
+@click.option("--interval", type=int, default=cadence.DEFAULT_INTERVAL_MINUTES,
               show_default=True, help="Minutes between fetches (1 to 10080).")
 @click.option("--category", help="A category recorded with the source.")
 @click.option("--config", "config", metavar="JSON",
@@ -284,7 +292,7 @@ def sources_remove(source_ids: tuple[int, ...]) -> None:
 
 @sources_group.command("export")
 @click.argument("file", type=click.Path(path_type=Path, dir_okay=False), required=False)
-@click.option("--format", "form", type=click.Choice(sources.EXPORT_FORMATS),
+@click.option("--format", "form", type=click.Choice(EXPORT_FORMATS),
               help="The file's format; default: FILE's suffix (.opml, .yaml, .csv), or YAML on standard output.")
 @click.option("--with-secrets", is_flag=True,
               help="Keep passwords in URLs and secret options (api_key, token, ...); left out by default.")
@@ -294,7 +302,7 @@ def sources_export(file: Path | None, form: str | None, with_secrets: bool) -> N
     if form is None:
         suffix = file.suffix.lower().lstrip(".") if file is not None else "yaml"
         form = {"xml": "opml", "yml": "yaml"}.get(suffix, suffix)
-        if form not in sources.EXPORT_FORMATS:
+        if form not in EXPORT_FORMATS:
             raise SourceError(f"cannot tell the format of {file}: give --format or end the file's name"
                               " in .opml, .yaml or .csv")
     with common.engine().connect() as conn:

@@ -36,6 +36,9 @@ STEP = 2.0  # the interval at most doubles or halves in one fetch
 JITTER = 0.1  # the next fetch is the interval x [1 - JITTER, 1 + JITTER)
 # Any source's interval (sources.fetch_interval_minutes' CHECK): a minute to a week.
 MIN_INTERVAL_MINUTES, MAX_INTERVAL_MINUTES = 1, 10080
+DEFAULT_INTERVAL_MINUTES = 60  # a source added with no interval of its own
+# A source's priority: due sources are claimed highest first (SOURCES_DUE's order).
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
 
 
 @dataclass(frozen=True)

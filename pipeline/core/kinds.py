@@ -6,6 +6,10 @@ from __future__ import annotations
 from enum import StrEnum
 
 
+# The formats of a sources file (`sources export`, `sources import`).
+EXPORT_FORMATS = ("opml", "yaml", "csv")
+
+
 class SourceType(StrEnum):
     """How a source is read (``sources.source_type``): the adapter that reads it."""
 

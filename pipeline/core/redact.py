@@ -19,12 +19,14 @@ an API's error message, whole or truncated: a service that echoes a key cut shor
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, unquote_plus, urlsplit
 
-import sqlalchemy as sa
-from sqlalchemy.exc import ArgumentError
+if TYPE_CHECKING:  # imported where used: the command line's --help loads no SQLAlchemy
+    import sqlalchemy as sa
 
 MASK = "***"
 # A run of at least this many characters of a secret, in the secret's own order, is
@@ -113,8 +115,11 @@ def database_url(url: sa.URL | str) -> str:
     a ":" or "/" in the user name) ends what the operator meant as user and password:
     everything before the last "@" is hidden."""
     if isinstance(url, str):
+        from sqlalchemy import make_url
+        from sqlalchemy.exc import ArgumentError
+
         try:
-            url = sa.make_url(url)
+            url = make_url(url)
         except (ArgumentError, ValueError):  # ValueError: a port that is not a number
             return "<unparseable URL>"
     where = f"{url.host or ''}{'' if url.port is None else f':{url.port}'}/{url.database or ''}"
@@ -139,3 +144,9 @@ def scrub(text: str, secrets: Iterable[str | None]) -> str:
         closing = ")?" * (len(secret) - SECRET_PREFIX_CHARS)
         text = re.sub(head + rest + closing, MASK, text)
     return text
+
+
+def channel_digest(url: str) -> str:
+    """A channel's stand-in where it is kept apart from its owner (``gone_channels``):
+    its URL's SHA-256, since the URL can be a credential."""
+    return hashlib.sha256(url.encode()).hexdigest()

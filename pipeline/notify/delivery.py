@@ -309,11 +309,6 @@ def gone(error: DeliveryError | None) -> bool:
     return error is not None and error.http_status == GONE_STATUS
 
 
-def channel_digest(url: str) -> str:
-    """A channel's key in ``gone_channels``: its URL's SHA-256 (the URL can be a credential)."""
-    return hashlib.sha256(url.encode()).hexdigest()
-
-
 def attempt_outcome(error: DeliveryError | None, attempts: int, finished: datetime, *, max_attempts: int,
                     u: float, final: bool = False) -> dict[str, Any]:
     """The columns a delivery attempt's outcome sets on its row (a notification's, a source

@@ -34,6 +34,7 @@ from pipeline.core import heap
 from pipeline.core.errors import DeliveryError, UserError
 from pipeline.core.failures import WORKER_STOPPED, FailureReason
 from pipeline.core.kinds import NotificationStatus
+from pipeline.core.redact import channel_digest
 from pipeline.core.settings import Settings
 from pipeline.core.words import folded
 from pipeline.net.http import Fetcher
@@ -151,7 +152,7 @@ class Attempt:
     members: tuple[int, ...] = ()  # the other notifications of the digest it carries
     deferred_until: datetime | None = None  # quiet hours, a channel gone: not sent, not an attempt
     digest: bool = False
-    user_id: int | None = None  # whose channel it went to, and its digest (delivery.channel_digest)
+    user_id: int | None = None  # whose channel it went to, and its digest (redact.channel_digest)
     channel: str | None = None
 
 
@@ -374,7 +375,7 @@ class Notifier:
         """The messages whose channel is gone, each held until a day after it was found
         gone (``delivery.GONE_RETRY``), unsent; those whose day is over go, to see, and
         their channel is remembered in ``_trying_gone``."""
-        digests = {delivery.channel_digest(m.channel_url) for i, m in by_id.items() if i not in exclude}
+        digests = {channel_digest(m.channel_url) for i, m in by_id.items() if i not in exclude}
         if not digests:
             return {}
         g = schema.gone_channels
@@ -383,7 +384,7 @@ class Notifier:
                 sa.select(g.c.digest, g.c.gone_at).where(g.c.digest.in_(sorted(digests))))}
         self._trying_gone.update(digest for digest, at in until.items() if at <= now)
         return {i: at for i, m in by_id.items() if i not in exclude
-                and (at := until.get(delivery.channel_digest(m.channel_url))) is not None and at > now}
+                and (at := until.get(channel_digest(m.channel_url))) is not None and at > now}
 
     def _send(
         self, job: tuple[Claim[NotificationRow], NotificationRow, Message | None], channels: Mapping[str, Channel]
@@ -400,7 +401,7 @@ class Notifier:
                        members=members, digest=message is not None and message.is_digest,
                        deferred_until=finished + delivery.GONE_RETRY if delivery.gone(error) else None,
                        user_id=message.user_id if message is not None else None,
-                       channel=delivery.channel_digest(message.channel_url) if message is not None else None)
+                       channel=channel_digest(message.channel_url) if message is not None else None)
 
     def _record(self, queue: WorkQueue[NotificationRow], attempts: Sequence[Attempt], stats: NotifyStats) -> None:
         """Record the attempts' outcomes (fenced). Deliveries are recorded on the pool's
@@ -482,10 +483,10 @@ def release_gone(conn: sa.Connection, url: str) -> int:
     it is no longer gone, and the notifications held for it go at the next pass.
     Returns how many were held."""
     g, n = schema.gone_channels, schema.notifications
-    row = conn.execute(sa.select(g.c.user_id, g.c.gone_at).where(g.c.digest == delivery.channel_digest(url))).first()
+    row = conn.execute(sa.select(g.c.user_id, g.c.gone_at).where(g.c.digest == channel_digest(url))).first()
     if row is None:
         return 0
-    conn.execute(sa.delete(g).where(g.c.digest == delivery.channel_digest(url)))
+    conn.execute(sa.delete(g).where(g.c.digest == channel_digest(url)))
     # Held for it (a digest carrying them, pending): until a day after it was found gone
     # (``Notifier._gone``), or after the send that found it (``_send``: a batch's sends
     # end within seconds of each other).

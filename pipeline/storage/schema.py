@@ -31,10 +31,10 @@ from pipeline.queue.spec import AgedTerm, OrderTerm, QueueSpec
 
 _ZERO = timedelta(0)
 MIN_FETCH_INTERVAL_MINUTES, MAX_FETCH_INTERVAL_MINUTES = cadence.MIN_INTERVAL_MINUTES, cadence.MAX_INTERVAL_MINUTES
-DEFAULT_FETCH_INTERVAL_MINUTES = 60
+DEFAULT_FETCH_INTERVAL_MINUTES = cadence.DEFAULT_INTERVAL_MINUTES
 # A source's priority: due sources are claimed highest first (SOURCES_DUE's order), a
 # source's priority rising by one for every PRIORITY_AGING_MINUTES it has been due.
-MIN_PRIORITY, MAX_PRIORITY = -100, 100
+MIN_PRIORITY, MAX_PRIORITY = cadence.MIN_PRIORITY, cadence.MAX_PRIORITY
 PRIORITY_AGING_MINUTES = 10
 
 metadata = sa.MetaData(
