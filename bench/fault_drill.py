@@ -554,7 +554,6 @@ def drill(held: list[Fault], site: DrillSite, stored: Callable[[int, float], flo
             time.sleep(1)
         return found
 
-    injected = time.time()
     at: dict[str, float] = {}  # each fault's own injection (one may wait for its state first)
     for fault in held:
         fault.inject()
@@ -563,20 +562,22 @@ def drill(held: list[Fault], site: DrillSite, stored: Callable[[int, float], flo
             threading.Timer(fault.hold_seconds, fault.remove).start()
     longest = max((f.hold_seconds or 0) + signal_seconds if f.signal_after_hold else signal_seconds for f in held)
     signals = each({f.name: (lambda f=f: first(f.signal, at[f.name])) for f in held}, longest)
-    removed = time.time()
+    removed: dict[str, float] = {}  # each fault's removal
     for fault in held:
         if fault.hold_seconds is None:
             fault.remove()
-        else:
-            time.sleep(max(0.0, injected + fault.hold_seconds + 1 - time.time()))  # removed by its timer
-            removed = min(removed, injected + fault.hold_seconds)
+            removed[fault.name] = time.time()
+        else:  # removed by its timer, however soon it was told: it holds its whole time
+            time.sleep(max(0.0, at[fault.name] + fault.hold_seconds + 1 - time.time()))
+            removed[fault.name] = at[fault.name] + fault.hold_seconds
 
     def back(fault: Fault) -> Callable[[], float | None]:
+        since = removed[fault.name]
         if fault.recovered is not None:
-            return lambda: (got[0] if (got := first(fault.recovered, removed)) else None)
+            return lambda: (got[0] if (got := first(fault.recovered, since)) else None)
         if fault.feed is not None:  # its feed's items are stored again
-            return lambda: stored(fault.feed, removed)
-        return lambda: min((t for t in site.deliveries if t > removed), default=None)  # items reach the user again
+            return lambda: stored(fault.feed, since)
+        return lambda: min((t for t in site.deliveries if t > since), default=None)  # items reach the user again
 
     recoveries = each({f.name: back(f) for f in held}, recover_seconds)
     rows = []
@@ -584,11 +585,11 @@ def drill(held: list[Fault], site: DrillSite, stored: Callable[[int, float], flo
         found = signals.get(fault.name)
         details = found[1]["details"] if found else {}
         rows.append({"fault": fault.name, "phase": fault.phase, "feed": fault.feed, "injected": at[fault.name],
-                     "removed": removed,
+                     "removed": removed[fault.name],
                      "signal": (f"{found[1]['event']} {details.get('check') or details.get('job') or details.get('instigator') or ''}"
                                 .strip() if found else "none"),
                      "signal_after_s": round(found[0] - at[fault.name], 1) if found else None,
-                     "recovered_after_s": (round(recoveries[fault.name] - removed, 1)
+                     "recovered_after_s": (round(recoveries[fault.name] - removed[fault.name], 1)
                                            if fault.name in recoveries else None)})
     return rows
 
