@@ -77,15 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     except PipelineError as exc:
         click.echo(f"pipeline: {_one_line(redact.userinfo(str(exc)))}", err=True)  # a URL's password never shows
         return 1
-    except Exception as exc:
-        if not _database_error(exc):
-            raise
-        # The server's own message, its first line only: later lines (PostgreSQL's
-        # CONTEXT) can quote a bound value, and the statement's parameters never show.
-        diag = getattr(getattr(exc, "orig", None), "diag", None)
-        reason = redact.userinfo(getattr(diag, "message_primary", None) or "") or errors.reason(exc)
-        click.echo(f"pipeline: database error: {_one_line(reason)}", err=True)
-        return 1
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
@@ -94,5 +85,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except Exception as exc:  # last: click's own exceptions are Exceptions too
+        if not _database_error(exc):
+            raise
+        # The server's own message, its first line only: later lines (PostgreSQL's
+        # CONTEXT) can quote a bound value, and the statement's parameters never show.
+        diag = getattr(getattr(exc, "orig", None), "diag", None)
+        reason = redact.userinfo(getattr(diag, "message_primary", None) or "") or errors.reason(exc)
+        click.echo(f"pipeline: database error: {_one_line(reason)}", err=True)
+        return 1
     return 0
 
