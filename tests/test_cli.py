@@ -746,3 +746,28 @@ def test_a_read_command_loads_the_database_and_nothing_of_fetching_or_sending(db
     assert run("sources", "add", "http://127.0.0.1:9/feed", env=env).returncode == 0
     for command in (("sources", "list"), ("status",), ("users", "list")):
         assert heavy(loaded_by(*command, env=env), NOT_FOR_A_READ) == [], command
+
+
+def test_every_command_that_changes_something_says_what_in_one_line(db_url, receiver):
+    """`sources set`, `enable`, `disable`, `politeness set`, `users enable`, `filters
+    remove` and others printed nothing on success: the operator could not tell a change
+    made from a command that did nothing."""
+    env = {"DATABASE_URL": db_url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32"}
+    for command in (("sources", "add", "http://127.0.0.1:9/feed"),
+                    ("users", "add", "alice", "--webhook", receiver.url("/hook")),
+                    ("filters", "add", "alice", "--query", "python")):
+        assert run(*command, env=env).returncode == 0
+    said = {}
+    for command in (("sources", "set", "1", "--priority", "5", "--interval", "30"), ("sources", "disable", "1"),
+                    ("sources", "enable", "1"), ("politeness", "set", "127.0.0.1", "--max-in-flight", "2"),
+                    ("users", "disable", "alice"), ("users", "enable", "alice"), ("filters", "disable", "1"),
+                    ("filters", "enable", "1"), ("filters", "remove", "1")):
+        done = run(*command, env=env)
+        assert done.returncode == 0 and len(done.stdout.splitlines()) == 1, (command, done)
+        said[" ".join(command[:2])] = done.stdout.strip()
+    assert said["sources set"] == "source 1: priority 5, interval 30 min"
+    assert said["sources disable"] == "source 1 disabled: disabled by an operator"
+    assert said["politeness set"] == "politeness group 127.0.0.1: at most 2 in flight"
+    assert (said["users enable"], said["filters remove"]) == ("user alice enabled", "filter 1 removed")
+    refused = run("db", "downgrade", "bogusrev", env=env)
+    assert refused.returncode == 1 and ",," not in refused.stderr, refused.stderr

@@ -246,6 +246,12 @@ def sources_set(
     with common.engine().begin() as conn:
         sources.set_source(conn, source_id, priority=priority, interval=interval, adaptive=adaptive,
                            min_interval=min_interval, max_interval=max_interval)
+    changed = [f"{what} {value}" for what, value in (
+        ("priority", priority), ("interval", interval and f"{interval} min"),
+        ("cadence", None if adaptive is None else "adaptive" if adaptive else "fixed"),
+        ("min interval", min_interval and f"{min_interval} min"), ("max interval", max_interval and f"{max_interval} min"),
+    ) if value is not None]
+    click.echo(f"source {source_id}: " + (", ".join(changed) if changed else "nothing to change"))
 
 
 @sources_group.command("enable")
@@ -254,6 +260,7 @@ def sources_enable(source_id: int) -> None:
     """Enable a source, clear its failure streak and make it due now."""
     with common.engine().begin() as conn:
         sources.enable_source(conn, source_id)
+    click.echo(f"source {source_id} enabled, due now")
 
 
 @sources_group.command("disable")
@@ -263,6 +270,7 @@ def sources_disable(source_id: int, reason: str) -> None:
     """Stop fetching a source."""
     with common.engine().begin() as conn:
         sources.disable_source(conn, source_id, reason)
+    click.echo(f"source {source_id} disabled: {reason}")
 
 
 @sources_group.command("refresh")
@@ -367,3 +375,10 @@ def politeness_set(
                                   min_interval_seconds=interval, reset=reset, create=create)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    if reset:
+        click.echo(f"politeness group {name}: back to the defaults")
+    else:
+        limits = [f"{what} {value}" for what, value in (("at most", max_in_flight and f"{max_in_flight} in flight"),
+                                                         ("every", interval is not None and f"{interval:g} s"))
+                  if value]
+        click.echo(f"politeness group {name}: " + (", ".join(limits) or "as it was"))

@@ -144,6 +144,7 @@ def users_enable(user: str) -> None:
 
     with common.engine().begin() as conn:
         users.set_user_enabled(conn, user, True)
+    click.echo(f"user {user} enabled")
 
 
 @users_group.command("disable")
@@ -154,6 +155,7 @@ def users_disable(user: str) -> None:
 
     with common.engine().begin() as conn:
         users.set_user_enabled(conn, user, False)
+    click.echo(f"user {user} disabled")
 
 
 @users_group.command("list")
@@ -319,6 +321,7 @@ def filters_remove(filter_id: int) -> None:
 
     with common.engine().begin() as conn:
         users.remove_filter(conn, filter_id)
+    click.echo(f"filter {filter_id} removed")
 
 
 @filters_group.command("enable")
@@ -329,6 +332,7 @@ def filters_enable(filter_id: int) -> None:
 
     with common.engine().begin() as conn:
         users.set_filter_enabled(conn, filter_id, True)
+    click.echo(f"filter {filter_id} enabled")
 
 
 @filters_group.command("disable")
@@ -339,6 +343,7 @@ def filters_disable(filter_id: int) -> None:
 
     with common.engine().begin() as conn:
         users.set_filter_enabled(conn, filter_id, False)
+    click.echo(f"filter {filter_id} disabled")
 
 
 @click.group("notifications", cls=common.HelpGroup)

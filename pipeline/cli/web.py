@@ -65,6 +65,7 @@ def feeds_revoke(feed_id: int) -> None:
 
     with common.engine().begin() as conn:
         feeds.revoke_feed(conn, feed_id)
+    click.echo(f"feed {feed_id} revoked: its URLs answer 404")
 
 
 @click.command("serve")

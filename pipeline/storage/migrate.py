@@ -111,7 +111,7 @@ def _check_target(revision: str) -> None:
     relative = re.fullmatch(r"(head|base)?[+-]\d+", revision) is not None  # alembic's "-1"
     if revision not in ("head", "base") and not relative and not _known_revision(revision):
         raise SchemaMismatch(
-            f"no schema revision {revision!r}: the revisions are 0001 to {head_revision()},"
+            f"no schema revision {revision!r}: the revisions are 0001 to {head_revision()}"
             ", head, base, or a step such as -1"
         )
 
