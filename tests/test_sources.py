@@ -347,7 +347,7 @@ def test_priority_is_set_on_add_import_and_set_and_shown_by_list_and_status(engi
     [
         (("--priority", "101"), "priority 101 is out of bounds: it must be -100 to 100"),
         (("--interval", "0"), "interval 0 is out of bounds"),
-        ((), "nothing to set: give --priority, --interval, --adaptive/--fixed"),
+        ((), "nothing to set: give --name, --url, --category, --config, --group, --priority"),
     ],
 )
 def test_set_refuses_bad_values_in_one_line(engine, db_url, args, fragment):
@@ -489,3 +489,37 @@ def test_a_removed_sources_id_is_never_given_again_and_filters_naming_only_it_en
         with engine.connect() as conn:
             ddl = dict(conn.exec_driver_sql("SELECT name, sql FROM sqlite_master WHERE type = 'table'").all())
         assert [t.name for t in schema.ID_TABLES if "AUTOINCREMENT" not in ddl[t.name]] == []
+
+
+def test_a_source_is_edited_in_place_keeping_its_id_items_and_owner(engine, db_url):
+    """A source's name, URL, category, options or group could not be changed (`sources set
+    --name` was "No such option"), and removing and adding it again lost its items, its
+    fetch history and its owner. `sources edit` changes each in place, validated as `add`
+    validates it, and refuses a URL another source has."""
+    env = {"DATABASE_URL": db_url}
+    first = run("sources", "add", "http://127.0.0.1:9/feed", "--owner", "nobody", env=env)
+    assert first.returncode == 1, "no such user yet"
+    assert run("users", "add", "olga", "--apprise", "json://127.0.0.1:9/hook",
+               env={**env, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32"}).returncode == 0
+    source = run("sources", "add", "http://127.0.0.1:9/feed", "--owner", "olga", env=env).stdout.strip()
+    other = run("sources", "add", "http://127.0.0.1:9/other", env=env).stdout.strip()
+    with engine.begin() as conn:
+        add_raw_rows(conn, int(source), 3)
+    done = run("sources", "edit", source, "--name", "Jobs", "--category", "it", "--url",
+               "HTTP://LOCALHOST:9/feed2?utm_source=x", env=env)
+    assert done.returncode == 0 and done.stdout.strip().startswith(f"source {source}: name 'Jobs'"), done
+    [row] = [r for r in sources_rows(engine) if r["id"] == int(source)]
+    assert (row["url"], row["name"], row["config"], row["politeness_group"]) == (
+        "http://localhost:9/feed2", "Jobs", {"category": "it"}, "localhost"), "validated as add; group by host"
+    with engine.connect() as conn:
+        kept = conn.execute(sa.select(sa.func.count()).select_from(schema.listings_raw)
+                            .where(schema.listings_raw.c.source_id == int(source))).scalar_one()
+    assert kept == 3
+    assert "owner olga" in run("sources", "owner", source, env=env).stdout
+    assert_one_line_error(run("sources", "edit", source, "--url", "http://127.0.0.1:9/other", env=env),
+                          f"source {other} has URL http://127.0.0.1:9/other already")
+    assert run("sources", "edit", source, "--group", "mine", env=env).returncode == 0
+    assert run("sources", "edit", source, "--url", "http://127.0.0.2:9/feed", env=env).returncode == 0
+    [row] = [r for r in sources_rows(engine) if r["id"] == int(source)]
+    assert row["politeness_group"] == "mine", "a group of its own stays with a new URL"
+    assert_one_line_error(run("sources", "edit", source, "--config", "[1]", env=env), "JSON object")

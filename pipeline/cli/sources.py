@@ -233,20 +233,44 @@ def sources_show(source_id: int, as_json: bool) -> None:
 
 @sources_group.command("set")
 @click.argument("source_id", type=common.ID)
+@click.option("--name", help="Display name ('': the URL).")
+@click.option("--url", help="Another URL for the source, which keeps its id, items, history, owner and push"
+                            " state (refused when another source has it).")
+@click.option("--category", help="A category recorded with the source ('': none).")
+@click.option("--config", "config", metavar="JSON", help="Adapter options as a JSON object (replace the old ones).")
+@click.option("--group", "group", metavar="NAME", help="Politeness group.")
+@click.option("--check", is_flag=True, help="With --url: fetch the new URL once first; nothing changes if it fails.")
 @click.option("--priority", type=int, help=PRIORITY_HELP)
 @click.option("--interval", type=int, help="Minutes between fetches (1 to 10080), from the next fetch on.")
 @click.option("--adaptive/--fixed", "adaptive", default=None, help=ADAPTIVE_HELP)
 @click.option("--min-interval", type=int, metavar="MIN", help=MIN_HELP)
 @click.option("--max-interval", type=int, metavar="MIN", help=MAX_HELP)
 def sources_set(
-    source_id: int, priority: int | None, interval: int | None, adaptive: bool | None,
+    source_id: int, name: str | None, url: str | None, category: str | None, config: str | None,
+    group: str | None, check: bool, priority: int | None, interval: int | None, adaptive: bool | None,
     min_interval: int | None, max_interval: int | None,
 ) -> None:
-    """Change a source's priority, fetch interval or cadence."""
+    """Change (edit) a source: its name, URL, category, options, politeness group,
+    priority, fetch interval or cadence. It keeps its id and everything it brought."""
+    settings = Settings.from_env()
+    if check:
+        if url is None:
+            raise click.UsageError("--check checks a new --url")
+        from pipeline.catalogue import discovery
+        from pipeline.net.http import Fetcher
+
+        with Fetcher.from_settings(settings) as fetcher:
+            checked = discovery.check(sources.make_spec(url, group_by=settings.politeness_group_by), fetcher,
+                                      settings.politeness_group_by)
+        url = checked.spec.url
+        click.echo(f"checked: {checked.items} items at {redact.userinfo(url)}", err=True)
     with common.engine().begin() as conn:
         sources.set_source(conn, source_id, priority=priority, interval=interval, adaptive=adaptive,
-                           min_interval=min_interval, max_interval=max_interval)
+                           min_interval=min_interval, max_interval=max_interval, name=name, url=url,
+                           category=category, config=config, group=group, group_by=settings.politeness_group_by)
     changed = [f"{what} {value}" for what, value in (
+        ("name", name if name is None else repr(name)), ("URL", url and redact.userinfo(url)),
+        ("category", category if category is None else repr(category)), ("options", config), ("group", group),
         ("priority", priority), ("interval", interval and f"{interval} min"),
         ("cadence", None if adaptive is None else "adaptive" if adaptive else "fixed"),
         ("min interval", min_interval and f"{min_interval} min"), ("max interval", max_interval and f"{max_interval} min"),
@@ -382,3 +406,6 @@ def politeness_set(
                                                          ("every", interval is not None and f"{interval:g} s"))
                   if value]
         click.echo(f"politeness group {name}: " + (", ".join(limits) or "as it was"))
+
+
+sources_group.add_command(sources_set, "edit")  # the same command: `sources edit ID --name ...`
