@@ -624,7 +624,8 @@ def test_users_remove_and_channel(engine, db_url):
 @pytest.mark.parametrize("form", ["opml", "yaml", "csv"])
 def test_sources_export_is_what_import_reads_back(engine, db_url, form, tmp_path, sqlite_template):
     """Every field an import sets survives an export and an import into another database
-    (types, names, intervals, categories, groups, priorities, cadences, options); a URL's
+    (types, names, intervals, categories, groups, priorities, cadences, owners, options:
+    an owner was left out, and an import into a new database lost who is told); a URL's
     password and secret options are left out unless asked for, saying so."""
     env = {"DATABASE_URL": db_url}
     for args in (
@@ -635,16 +636,22 @@ def test_sources_export_is_what_import_reads_back(engine, db_url, form, tmp_path
         ("https://www.youtube.com/channel/UCabcdefghijklmnopqrstuv", "--config", '{"api_key": "k3y"}'),
     ):
         assert run("sources", "add", *args, env=env).returncode == 0, args
+    owner = ("users", "add", "olga", "--apprise", "json://127.0.0.1:9/hook")
+    assert run(*owner, env={**env, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32"}).returncode == 0
+    assert run("sources", "owner", "1", "olga", env=env).returncode == 0
     path = tmp_path / f"sources.{form}"
     written = run("sources", "export", str(path), "--with-secrets", env=env)
     assert written.returncode == 0 and "5 sources written" in written.stderr, written
     other = tmp_path / "other.db"
     other.write_bytes(sqlite_template.read_bytes())
     other_env = {"DATABASE_URL": f"sqlite:///{other}"}
+    assert_one_line_error(run("sources", "import", str(path), env=other_env),
+                          "nothing imported: no user named 'olga', owner of http://127.0.0.1/feed")
+    assert run(*owner, env={**other_env, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32"}).returncode == 0
     assert run("sources", "import", str(path), env=other_env).stdout.strip() == "5 added, 0 already present"
     before = run("sources", "export", "--format", "yaml", "--with-secrets", env=env).stdout
     assert run("sources", "export", "--format", "yaml", "--with-secrets", env=other_env).stdout == before
-    assert "api_key: k3y" in before and "user:pw@" in before
+    assert "api_key: k3y" in before and "user:pw@" in before and "owner: olga" in before, "the owner too"
     public = run("sources", "export", "--format", form, env=env)
     assert "k3y" not in public.stdout and "pw@" not in public.stdout and "127.0.0.1/private" in public.stdout
     assert "2 sources written without a URL password or secret options" in public.stderr

@@ -13,7 +13,7 @@ import json
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,6 +67,7 @@ class SourceSpec:
     adaptive: bool = False
     min_interval_minutes: int | None = None
     max_interval_minutes: int | None = None
+    owner: str | None = None  # a user's name: told when it fails (an import file's ``owner``)
 
     def row(self) -> dict[str, Any]:
         config = dict(self.config)
@@ -340,6 +341,9 @@ def _collect(
                     entry=entry,
                 )
             )
+            owner = _text(fields.get("owner"), "owner", f"{entry}: " if entry else "", NAME_CHARS) or None
+            if owner is not None:
+                specs[-1] = replace(specs[-1], owner=owner)
         except SourceError as exc:
             problems.append(str(exc))
     if problems:
@@ -391,6 +395,7 @@ def _from_opml(text: str, file: str, group_by: str, adaptive_default: bool) -> l
                     "adaptive": child.get("adaptive"),
                     "min_interval": child.get("min_interval"),
                     "max_interval": child.get("max_interval"),
+                    "owner": child.get("owner"),
                 },
             )
         )
@@ -469,7 +474,7 @@ def _from_csv(text: str, file: str, group_by: str, adaptive_default: bool) -> li
 
 # What an export writes, in the import's field names and order (``_collect`` reads them).
 EXPORT_FIELDS = ("url", "type", "name", "interval", "category", "group", "priority", "adaptive",
-                 "min_interval", "max_interval", "config")
+                 "min_interval", "max_interval", "owner", "config")
 
 
 @dataclass(frozen=True)
@@ -481,14 +486,15 @@ class Export:
 def export_sources(conn: sa.Connection, *, secrets: bool = False) -> Export:
     """Every source as an entry of an import file, so that importing what ``write_sources``
     makes of them adds the same sources (URL, type, name, interval, category, politeness
-    group, priority, cadence, options). Without ``secrets``, a URL's user info and the
-    options named like secrets (SECRET_KEYS) are left out. Not exported: whether a source
-    is enabled, its health and its history."""
-    t = schema.sources
+    group, priority, cadence, owner's name, options). Without ``secrets``, a URL's user
+    info and the options named like secrets (SECRET_KEYS) are left out. Not exported:
+    whether a source is enabled, its health and its history."""
+    t, o, u = schema.sources, schema.source_owners, schema.users
     rows = conn.execute(sa.select(
         t.c.url, t.c.source_type, t.c.name, t.c.fetch_interval_minutes, t.c.config, t.c.politeness_group,
         t.c.priority, t.c.adaptive_cadence, t.c.min_interval_minutes, t.c.max_interval_minutes,
-    ).order_by(t.c.id))
+        u.c.name.label("owner"),
+    ).select_from(t.outerjoin(o, o.c.source_id == t.c.id).outerjoin(u, u.c.id == o.c.user_id)).order_by(t.c.id))
     entries, without = [], 0
     for row in rows:
         config = dict(row.config or {})
@@ -505,7 +511,7 @@ def export_sources(conn: sa.Connection, *, secrets: bool = False) -> Export:
             "url": url, "type": row.source_type, "name": row.name, "interval": row.fetch_interval_minutes,
             "category": category, "group": row.politeness_group, "priority": row.priority or None,
             "adaptive": row.adaptive_cadence, "min_interval": row.min_interval_minutes,
-            "max_interval": row.max_interval_minutes, "config": config or None,
+            "max_interval": row.max_interval_minutes, "owner": row.owner, "config": config or None,
         }
         entries.append({key: value for key, value in entry.items() if value is not None})
     return Export(entries, without)
@@ -564,12 +570,33 @@ class ImportResult:
     present: int
 
 
+def owners_known(conn: sa.Connection, specs: Sequence[SourceSpec]) -> dict[str, int]:
+    """The ids of the users ``specs`` name as owners; SourceError, naming the first
+    missing one and a source it owns, when one is not a user."""
+    owned = {spec.url: spec.owner for spec in specs if spec.owner}
+    if not owned:
+        return {}
+    users = schema.users
+    known = {name: user_id for name, user_id in conn.execute(
+        sa.select(users.c.name, users.c.id).where(users.c.name.in_(set(owned.values()))))}
+    if missing := sorted(set(owned.values()) - set(known)):
+        raise SourceError(f"nothing imported: no user named {missing[0]!r}, owner of "
+                          + next(url for url, name in owned.items() if name == missing[0]))
+    return known
+
+
 def import_sources(
     conn: sa.Connection, specs: Sequence[SourceSpec], *, progress: Callable[[int], None] | None = None
 ) -> ImportResult:
-    """Insert the sources whose URL is new; the rest are left as they are. Rows go in
-    chunks (all in ``conn``'s transaction); ``progress`` is told each chunk's size."""
+    """Insert the sources whose URL is new, each new one owned by its ``owner`` (a user
+    who must exist: one who does not rejects the file); the rest are left as they are.
+    Rows go in chunks (all in ``conn``'s transaction); ``progress`` is told each chunk's
+    size."""
     unique = list({spec.url: spec for spec in reversed(specs)}.values())[::-1]
+    owned = {spec.url: spec.owner for spec in unique if spec.owner}
+    known = owners_known(conn, unique)
+    existing = set(conn.execute(sa.select(schema.sources.c.url).where(schema.sources.c.url.in_(list(owned))))
+                   .scalars()) if owned else set()
     added = 0
     for start in range(0, len(unique), IMPORT_CHUNK):
         rows = [spec.row() for spec in unique[start : start + IMPORT_CHUNK]]
@@ -577,6 +604,11 @@ def import_sources(
         added += insert_ignoring_conflicts(conn, schema.sources, rows, ["url"])
         if progress is not None:
             progress(len(rows))
+    new_owned = {url: known[name] for url, name in owned.items() if url not in existing}
+    if new_owned:
+        t = schema.sources
+        for source_id, url in conn.execute(sa.select(t.c.id, t.c.url).where(t.c.url.in_(list(new_owned)))):
+            owners.set_owner(conn, source_id, new_owned[url])
     return ImportResult(added=added, present=len(unique) - added)
 
 

@@ -146,8 +146,10 @@ def sources_import(file: Path, check: bool) -> None:
                            f" {redact.userinfo(c.spec.url)}", err=True)
         specs = [c.spec for c in checked]
         click.echo(f"checked: {sum(c.items for c in checked)} items in {len(checked)} sources", err=True)
-    with common.engine().begin() as conn, common.progress(len(specs), f"importing {len(specs):,} sources") as bar:
-        result = sources.import_sources(conn, specs, progress=bar.update)
+    with common.engine().begin() as conn:
+        sources.owners_known(conn, specs)  # refused before the progress bar starts: one line
+        with common.progress(len(specs), f"importing {len(specs):,} sources") as bar:
+            result = sources.import_sources(conn, specs, progress=bar.update)
     click.echo(f"{result.added} added, {result.present} already present")
 
 
