@@ -6,6 +6,8 @@ PIPELINE_FRESHNESS_MAX_MINUTES (60), PIPELINE_LATENESS_MAX_MINUTES (15).
 """
 # No "from __future__ import annotations": Dagster reads these annotations at runtime.
 
+import html
+import re
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -126,9 +128,15 @@ def _failing_sources() -> dg.AssetChecksDefinition:
 SHOWN_FAILING = 20  # the failing sources the check's table lists, the longest failing first
 
 
+_MARKDOWN = re.compile(r"([\\`*_\[\]|])")
+
+
 def _cell(text: object) -> str:
-    """``text`` as one cell of a Markdown table: one line, no column break, 200 characters."""
-    return " ".join(str(text).split()).replace("|", "\\|")[:200]
+    """``text`` as one cell of a Markdown table, shown as it is: one line, 200 characters
+    of it, Markdown's own characters escaped (``|`` broke the column) and ``<``, ``>``,
+    ``&`` written as entities (the UI took ``<unknown>`` in an error for an HTML tag and
+    showed nothing of it)."""
+    return _MARKDOWN.sub(r"\\\1", html.escape(" ".join(str(text).split())[:200], quote=False))
 
 
 def _table(columns: list[str], rows: Iterable[list[object]]) -> str:

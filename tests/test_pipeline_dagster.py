@@ -141,7 +141,7 @@ def test_the_checks_fail_when_something_is_wrong(engine, db_url):
     assert 299 <= raw_freshness.metadata["unprocessed_rows_oldest_minutes"].value <= 301
     [channels] = [e for e in result.get_asset_check_evaluations() if e.check_name == "failing_channels"]
     assert channels.description == "1 users' channels failing: 1 notifications retrying after 2 or more failed attempts"
-    assert channels.metadata["which"].value.endswith("| alice | 1 |  | HTTP 410 from http://***@hook.example/x |")
+    assert channels.metadata["which"].value.endswith("| alice | 1 |  | HTTP 410 from http://\\*\\*\\*@hook.example/x |")
     [push] = [e for e in result.get_asset_check_evaluations() if e.check_name == "push_health"]
     assert push.description == "1 subscriptions in trouble: 1 expired" and push.metadata["push_expired"].value == 1
     assert "| 1 http://127.0.0.1:9/x | expired | 0 | never | http://127.0.0.1:9/hub |" in push.metadata["which"].value
@@ -480,12 +480,15 @@ def test_the_failing_sources_check_says_which_since_when_and_why(engine, db_url)
         add_source(conn, "http://127.0.0.1:9/fine")
         conn.execute(sa.insert(schema.ingestion_events).values(
             source_id=flaky, event=schema.EVENT_COMPLETED, success=False, failure_reason="http_5xx",
-            details={"error": "HTTP 503 from 127.0.0.1"}))
+            details={"error": "HTTP 503 from 127.0.0.1: <unknown> *upstream*"}))
     table = failing_check(db_url).metadata["which"].value
     lines = table.splitlines()
     assert len(lines) == 4, table
     assert "| http://127.0.0.1:9/gone | never fetched well | 10 (disabled) | http_4xx |" in lines[2]
-    assert lines[3] == (f"| {flaky} | Flaky \\| board | {good:%Y-%m-%d %H:%M} UTC | 2 | http_5xx | HTTP 503 from 127.0.0.1 |")
+    # Text in angle brackets is shown, not taken for HTML (the UI showed nothing of
+    # "<unknown>"); Markdown's own characters are escaped.
+    assert lines[3] == (f"| {flaky} | Flaky \\| board | {good:%Y-%m-%d %H:%M} UTC | 2 | http_5xx"
+                        " | HTTP 503 from 127.0.0.1: &lt;unknown&gt; \\*upstream\\* |")
 
 
 def test_a_source_an_operator_disabled_is_not_counted_as_failing(engine, db_url):
