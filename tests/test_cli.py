@@ -778,3 +778,16 @@ def test_every_command_that_changes_something_says_what_in_one_line(db_url, rece
     assert (said["users enable"], said["filters remove"]) == ("user alice enabled", "filter 1 removed")
     refused = run("db", "downgrade", "bogusrev", env=env)
     assert refused.returncode == 1 and ",," not in refused.stderr, refused.stderr
+
+
+def test_status_counts_a_table_the_database_has_no_estimate_of(engine, db_url):
+    """PostgreSQL keeps no estimate of a table never analysed (reltuples -1), and one read
+    as 0 showed "listings ~0" with 108 stored; a table under COUNTED_BELOW is counted."""
+    with engine.begin() as conn:
+        source = add_source(conn)
+        conn.execute(sa.insert(schema.listings), [
+            {"source_id": source, "source_item_id": str(n), "url": f"http://127.0.0.1/{n}", "content_hash": str(n)}
+            for n in range(3)])
+    status = json.loads(run("status", "--json", env={"DATABASE_URL": db_url}).stdout)
+    assert (status["totals"]["listings"], status["totals_estimated"]) == (3, False)
+    assert re.search(r"^listings +3;", run("status", env={"DATABASE_URL": db_url}).stdout, re.M)

@@ -283,12 +283,12 @@ class PostgreSQL(OnConflict):
         return held_by_session(engine, acquire)
 
     def estimated_rows(self, conn: Connection, table: sa.Table) -> int | None:
-        """The planner's estimate (``pg_class.reltuples``, kept by VACUUM and ANALYZE)."""
+        """The planner's estimate (``pg_class.reltuples``, kept by VACUUM and ANALYZE);
+        None for a table never analysed yet (-1: none kept, where 0 was read as empty)."""
         value = conn.execute(
-            sa.text("SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = to_regclass(:t)"),
-            {"t": table.name},
+            sa.text("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(:t)"), {"t": table.name},
         ).scalar()
-        return int(value or 0)
+        return None if value is None or value < 0 else int(value)
 
 
 _string: Callable[[Any], str] = json.JSONEncoder(ensure_ascii=False).encode

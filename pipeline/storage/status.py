@@ -146,16 +146,23 @@ def queue_status(conn: sa.Connection, spec: QueueSpec, now: sa.ColumnElement[dat
     )
 
 
+COUNTED_BELOW = 100_000  # rows a count reads in milliseconds: estimated past it
+
+
 def _totals(conn: sa.Connection) -> tuple[dict[str, int], bool]:
     """Rows per table, and whether some are estimates: the database's estimate for the
     tables that grow without bound where it keeps one cheaply (PostgreSQL's planner: a
-    count(*) would read all of them), exact for the rest."""
+    count(*) would read all of them) and it is past ``COUNTED_BELOW``, exact for the rest
+    (a table never analysed has no estimate, and a small one is counted: "listings ~0"
+    was shown with 108 stored)."""
     backend = backend_for(conn)
     totals, estimated = {}, False
     for table in schema.metadata.sorted_tables:
         estimate = backend.estimated_rows(conn, table) if table.name in _ESTIMATED_TABLES else None
-        estimated = estimated or estimate is not None
-        totals[table.name] = _count(conn, table) if estimate is None else estimate
+        if estimate is None or estimate < COUNTED_BELOW:
+            totals[table.name] = _count(conn, table)
+        else:
+            totals[table.name], estimated = estimate, True
     return totals, estimated
 
 
