@@ -36,7 +36,7 @@ STAGES_OP = "stages"  # the step's name: a run's config for it is {"ops": {STAGE
 # A lingering run looks for due sources at least this often (one refreshed by hand).
 POLL_SECONDS = 5.0
 # While a lingering run's collector pass fetches, what it fetched is processed and
-# notified this often (``Following``).
+# notified this often (``FollowUps``).
 FOLLOW_SECONDS = 1.0
 _logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def stage_assets(
     selected = context.selected_asset_keys
     after: list[Callable[[], passes.Pass]] = []  # the stages after the collector, in order
     # The same while a lingering run's collector pass fetches, each on a thread of its
-    # own (``Following``): matching apart from delivering.
+    # own (``FollowUps``): matching apart from delivering.
     alongside: list[Callable[[], passes.Pass]] = []
     if LISTINGS in selected:
         after.append(lambda: passes.process(database, run_id, max_rows=config.max_rows))
@@ -107,13 +107,13 @@ def stage_assets(
 
         after.append(notify)
         alongside += [lambda: notify(delivering=False), lambda: notify(matching=False)]
-    carried = Carried()  # follow-ups made while a lingering run's collector pass fetched
+    carried = CarriedPasses()  # follow-ups made while a lingering run's collector pass fetched
     follow = [carried.into(stage) for stage in after]
     with ends_when_terminated():
         chain: list[passes.Pass] = []
         if LISTINGS_RAW in selected:
             try:
-                done = _collect(context, config, database, follow, Following(alongside, carried))
+                done = _collect(context, config, database, follow, FollowUps(alongside, carried))
             except TerminatedBetweenPasses as stopped:
                 context.log.info("terminated while lingering between passes: the run ends here, its work done")
                 if stopped.in_hand is not None:
@@ -128,7 +128,7 @@ def stage_assets(
 
 def _collect(
     context: dg.AssetExecutionContext, config: StageConfig, database: PipelineDatabase,
-    follow: list[Callable[[], passes.Pass]], following: "Following",
+    follow: list[Callable[[], passes.Pass]], following: "FollowUps",
 ) -> passes.Pass | None:
     """A collector pass; in a run that lingers, a pass each time sources come due until its
     linger ends, each but the last recorded and followed by ``follow`` (process, notify)
@@ -181,8 +181,8 @@ def _collect(
     return done
 
 
-class Carried:
-    """Follow-up passes made while a collector pass fetched (``Following``), carried to
+class CarriedPasses:
+    """Follow-up passes made while a collector pass fetched (``FollowUps``), carried to
     the run's next follow-up of the same stage and recorded as part of it (their counts
     added): the run's record has the same passes in the same order however its fetching
     and its follow-ups interleaved in time."""
@@ -205,7 +205,7 @@ class Carried:
         return run
 
 
-class Following:
+class FollowUps:
     """While a lingering run's collector pass fetches, the stages after it (``after``:
     process, match, deliver) run each on a thread of its own, so what the pass has
     fetched goes out within seconds, not when the pass ends; their passes that worked
@@ -221,14 +221,14 @@ class Following:
 
     clock: Callable[[], float] = staticmethod(time.monotonic)  # how long a pass took
 
-    def __init__(self, after: list[Callable[[], passes.Pass]], carried: Carried,
+    def __init__(self, after: list[Callable[[], passes.Pass]], carried: CarriedPasses,
                  every: float = FOLLOW_SECONDS) -> None:
         self.after, self.carried, self.every = after, carried, every
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
     def __enter__(self) -> Self:
-        """Following one pass (a run makes one per pass it lingers for)."""
+        """FollowUps one pass (a run makes one per pass it lingers for)."""
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._loop, args=(stage, self._stop), name=f"follow-collector-{i}",
                                           daemon=True) for i, stage in enumerate(self.after)]

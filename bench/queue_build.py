@@ -1,7 +1,7 @@
 """What making a claim queue costs: the first of its kind in a process, and every later one.
 
 Stages make their claim queue per pass, and a lingering run makes a pass of each stage
-after the collector's every second (assets/stages.py ``Following``). A queue's
+after the collector's every second (assets/stages.py ``FollowUps``). A queue's
 statements (the claim, its count, its completions) are built and, on PostgreSQL,
 compiled to the driver's SQL when the first queue of a kind is made, and shared by the
 later ones (pipeline/queue/base.py ``built_for``). This compares, in one run and

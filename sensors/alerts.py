@@ -193,7 +193,7 @@ def evaluations_since(instance: dg.DagsterInstance, keys: Iterable[dg.AssetCheck
     return found
 
 
-class Told(Protocol):
+class Result(Protocol):
     """A result an alert sensor tells: a check's evaluation or an instigator's tick."""
 
     @property
@@ -206,7 +206,7 @@ class Told(Protocol):
     def alert(self, settings: Settings) -> operator.OperatorAlert: ...
 
 
-T = TypeVar("T", bound=Told)
+T = TypeVar("T", bound=Result)
 
 
 def changes(failing: Iterable[str], since: Mapping[str, Sequence[T]]) -> list[T]:

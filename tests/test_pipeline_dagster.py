@@ -18,7 +18,7 @@ from dagster._core.storage.dagster_run import DagsterRun
 from assets import ASSET_CHECKS, passes
 from assets.backfills import refetch_sources_job, rematch_window_job, reprocess_window_job
 from assets.policies import LINGER_TAG, STAGE_TAG, stage_kinds
-from assets.stages import LISTINGS, NOTIFICATIONS, STAGES_OP, Carried, Following, stage_assets
+from assets.stages import LISTINGS, NOTIFICATIONS, STAGES_OP, CarriedPasses, FollowUps, stage_assets
 from pipeline.catalogue import sources, users
 from pipeline.storage import health, politeness_groups, schema
 from pipeline.storage.status import collect_status
@@ -718,8 +718,8 @@ def test_while_a_lingering_run_fetches_a_long_delivery_holds_up_no_processing_or
             return _pass(asset)
         return run
 
-    carried = Carried()
-    with Following([delivering, other("process", LISTINGS), other("match", NOTIFICATIONS)], carried, every=0.01):
+    carried = CarriedPasses()
+    with FollowUps([delivering, other("process", LISTINGS), other("match", NOTIFICATIONS)], carried, every=0.01):
         assert released.wait(30), f"processing and matching waited for the delivery pass: {dict(calls)}"
     done = carried.into(lambda: _pass(NOTIFICATIONS))()
     assert done.metadata["claimed"] == calls["deliver"] + calls["match"] + 1, "every pass that worked is carried"
@@ -728,7 +728,7 @@ def test_while_a_lingering_run_fetches_a_long_delivery_holds_up_no_processing_or
 def test_while_a_lingering_run_fetches_a_stage_whose_pass_took_longer_than_its_round_goes_again_at_once():
     """A pass starts at most every ``every`` seconds, and at once after one that took
     longer: the second between rounds was waited after every round, however long it had
-    been. The stage's pass here takes an hour by the clock Following reads, and its
+    been. The stage's pass here takes an hour by the clock FollowUps reads, and its
     round is 600 s: three passes follow one another at once (30 s at most)."""
     clock = [0.0]
     passed = threading.Semaphore(0)
@@ -738,7 +738,7 @@ def test_while_a_lingering_run_fetches_a_stage_whose_pass_took_longer_than_its_r
         passed.release()
         return _pass(LISTINGS)
 
-    following = Following([an_hour], Carried(), every=600)
+    following = FollowUps([an_hour], CarriedPasses(), every=600)
     following.clock = lambda: clock[0]
     with following:
         assert all(passed.acquire(timeout=30) for _ in range(3)), "a pass longer than its round waited for the next"
@@ -862,7 +862,7 @@ def test_a_follow_up_failing_round_after_round_is_logged_once_and_once_when_it_w
         worked.set()
         return _pass(LISTINGS)
 
-    with caplog.at_level(logging.WARNING, logger="assets.stages"), Following([flaky], Carried(), every=0.01):
+    with caplog.at_level(logging.WARNING, logger="assets.stages"), FollowUps([flaky], CarriedPasses(), every=0.01):
         assert worked.wait(30), "tried again each round until it worked"
     said = [r.getMessage() for r in caplog.records if r.name == "assets.stages"]
     assert said == ["a follow-up pass during the collector's failed; trying again each round, quietly until one works",

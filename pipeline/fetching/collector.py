@@ -392,7 +392,7 @@ class Collector:
             alert = owner_alert(f.source, f.error, decisions[f.source["id"]], alerted=owner.alerted,
                                 after_failures=self.settings.owner_alert_failures)
             if alert is not None:
-                told.append(owners.Told(f.source["id"], owner.user_id, alert.event, alert.reason, alert.detail))
+                told.append(owners.OwnerAlert(f.source["id"], owner.user_id, alert.event, alert.reason, alert.detail))
         owners.record(conn, told, datetime.now(UTC))
 
     # -- telemetry ----------------------------------------------------------------------

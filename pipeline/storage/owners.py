@@ -27,7 +27,7 @@ class Owner(NamedTuple):
     alerted: bool  # told the source fails, and not yet that it recovered
 
 
-class Told(NamedTuple):
+class OwnerAlert(NamedTuple):
     """One alert to write: ``event`` of ``source_id`` for ``user_id``."""
 
     source_id: int
@@ -51,7 +51,7 @@ def owners_of(conn: sa.Connection, source_ids: Collection[int]) -> dict[int, Own
     return {r.source_id: Owner(r.user_id, r.alerted_at is not None) for r in rows}
 
 
-def record(conn: sa.Connection, told: Sequence[Told], now: datetime) -> None:
+def record(conn: sa.Connection, told: Sequence[OwnerAlert], now: datetime) -> None:
     """Queue the alerts and mark their owners told (or, for a recovery, no longer told)."""
     if not told:
         return
