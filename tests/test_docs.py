@@ -45,8 +45,9 @@ def test_the_claim_example_of_the_readme_runs(tmp_path, monkeypatch) -> None:
 
 def test_the_runbook_s_webhook_verification_accepts_a_delivery_and_refuses_a_forgery() -> None:
     from pipeline.notify.delivery import signed_headers
+    from pipeline.notify.signing import new_secret
 
-    secret = "receiver-shared-secret-0123"
+    secret = new_secret()  # as the pipeline makes one: the snippet takes it as given
     replies: list[int] = []
     seen_ids: set[str] = set()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import sqlalchemy as sa
@@ -157,3 +158,27 @@ def test_adding_a_filter_reads_the_sources_names_only_when_it_names_a_source(eng
             assert read_sources, "one naming a source checks that it exists"
         finally:
             sa.event.remove(engine, "before_cursor_execute", capture)
+
+
+def test_a_secret_the_pipeline_makes_is_taken_as_given_by_the_standard_webhooks_library(db_url, receiver):
+    """The secret was token_urlsafe(32) used as raw bytes: the Standard Webhooks libraries,
+    which read a secret string as base64 (after "whsec_"), refused every delivery unless
+    the receiver read our code and wrote Webhook(secret.encode()). A secret made now is
+    "whsec_" and base64, verified by the official library with the string as printed; a
+    secret of the old form keeps verifying as before; a malformed whsec_ one is refused."""
+    from standardwebhooks.webhooks import Webhook
+
+    env = {"DATABASE_URL": db_url, "PIPELINE_ALLOW_NETWORKS": "127.0.0.1/32"}
+    added = run("users", "add", "wanda", "--webhook", receiver.url("/hook"), env=env)
+    assert added.returncode == 0, added
+    [secret] = re.findall(r"whsec_[A-Za-z0-9+/=]+", added.stderr)
+    assert run("users", "test", "wanda", env=env).returncode == 0
+    [request] = receiver.requests
+    Webhook(secret).verify(request["body"], dict(request["headers"]))  # raises if refused
+    old = "receiver-shared-secret-0123"
+    assert run("users", "add", "olaf", "--webhook", receiver.url("/hook"), "--secret-file", "-", stdin=old,
+               env=env).returncode == 0
+    assert run("users", "test", "olaf", env=env).returncode == 0
+    Webhook(old.encode()).verify(receiver.requests[-1]["body"], dict(receiver.requests[-1]["headers"]))
+    assert_one_line_error(run("users", "add", "xena", "--webhook", receiver.url("/hook"), "--secret-file", "-",
+                              stdin="whsec_not base64 at all!", env=env), "not base64")

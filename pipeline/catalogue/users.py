@@ -6,7 +6,6 @@ Everything is validated before it is written, and errors name what is wrong. Sec
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -21,6 +20,7 @@ from pipeline.core.prices import condition_problem
 from pipeline.core.redact import channel_digest, channel_url, names_a_host
 from pipeline.notify.query import Query, QueryError, as_written, compile_query, parse, source_terms
 from pipeline.notify.schedule import FILTER_MODES, DeliveryPlan
+from pipeline.notify.signing import new_secret, secret_problem
 from pipeline.storage import schema
 
 if TYPE_CHECKING:
@@ -97,10 +97,10 @@ def _checked_channel(
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise UserError(f"webhook {channel_url(webhook)} is not an http(s) URL")
         _check_guard(webhook, "webhook", guard)
-        if secret is not None and len(secret) < MIN_SECRET_CHARS:
-            raise UserError(f"a webhook secret must be at least {MIN_SECRET_CHARS} characters")
+        if secret is not None:
+            _check_secret(secret)
         if secret is None:
-            secret = generated = secrets.token_urlsafe(32)
+            secret = generated = new_secret()
         channel, url = ChannelKind.WEBHOOK, webhook
     else:
         assert apprise_url is not None
@@ -121,6 +121,13 @@ def _checked_channel(
     return channel, url, secret, generated
 
 
+def _check_secret(secret: str) -> None:
+    if len(secret) < MIN_SECRET_CHARS:
+        raise UserError(f"a webhook secret must be at least {MIN_SECRET_CHARS} characters")
+    if problem := secret_problem(secret):
+        raise UserError(problem)
+
+
 def rotate_secret(conn: sa.Connection, user: str, secret: str, overlap: timedelta, *, now: datetime | None = None) -> None:
     """Give a webhook user a new secret; the old one keeps signing beside it for
     ``overlap`` (both signatures go with every delivery: Standard Webhooks allows
@@ -128,8 +135,7 @@ def rotate_secret(conn: sa.Connection, user: str, secret: str, overlap: timedelt
     user_id = find_user(conn, user)
     if problem := text_problem(secret, "the secret", TEXT_CHARS):
         raise UserError(problem)
-    if len(secret) < MIN_SECRET_CHARS:
-        raise UserError(f"a webhook secret must be at least {MIN_SECRET_CHARS} characters")
+    _check_secret(secret)
     if not timedelta(0) <= overlap <= timedelta(days=30):
         raise UserError("the overlap is 0 to 720 hours")
     t = schema.users

@@ -39,6 +39,7 @@ from pipeline.core.kinds import ChannelKind, NotificationStatus
 from pipeline.core.redact import channel_secrets, channel_url, scrub
 from pipeline.net.http import USER_AGENT, AddressGuard, Fetcher, guarded_sockets
 from pipeline.notify.schedule import DeliveryPlan
+from pipeline.notify.signing import signing_key
 
 ID_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER = "webhook-id", "webhook-timestamp", "webhook-signature"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -186,7 +187,7 @@ def overlapping_secret(previous: str | None, until: datetime | None, now: dateti
 def signed_headers(secrets: Sequence[str], message_id: str, body: bytes, at: datetime) -> dict[str, str]:
     """The Standard Webhooks headers of ``body`` sent at ``at``: one ``v1`` signature per
     secret (the current one first; during a rotation's overlap the previous one too)."""
-    signatures = " ".join(Webhook(secret.encode()).sign(message_id, at, body.decode()) for secret in secrets)
+    signatures = " ".join(Webhook(signing_key(secret)).sign(message_id, at, body.decode()) for secret in secrets)
     return {ID_HEADER: message_id, TIMESTAMP_HEADER: str(int(at.timestamp())), SIGNATURE_HEADER: signatures}
 
 
@@ -195,7 +196,7 @@ def verify(secret: str, body: bytes, headers: Mapping[str, str]) -> bool:
     the HMAC of ``id.timestamp.body`` under ``secret``, compared in constant time, and
     the timestamp is within 5 minutes of its clock (a replay later fails)."""
     try:
-        Webhook(secret.encode()).verify(body, dict(headers), json_parse=False)
+        Webhook(signing_key(secret)).verify(body, dict(headers), json_parse=False)
     except (WebhookVerificationError, EmptyWebhookSecretError, ValueError):
         return False
     return True
