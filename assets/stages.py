@@ -228,7 +228,7 @@ class FollowUps:
         self._threads: list[threading.Thread] = []
 
     def __enter__(self) -> Self:
-        """FollowUps one pass (a run makes one per pass it lingers for)."""
+        """Follow one pass (a run makes one per pass it lingers for)."""
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._loop, args=(stage, self._stop), name=f"follow-collector-{i}",
                                           daemon=True) for i, stage in enumerate(self.after)]

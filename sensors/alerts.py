@@ -165,6 +165,11 @@ class Evaluation:
         )
 
 
+def check_name(key: dg.AssetCheckKey) -> str:
+    """A check as the alerts and the cursor name it: "asset:check_name"."""
+    return f"{key.asset_key.to_user_string()}:{key.name}"
+
+
 def evaluations_since(instance: dg.DagsterInstance, keys: Iterable[dg.AssetCheckKey],
                       seen: Mapping[str, float]) -> dict[str, list[Evaluation]]:
     """Each check's results recorded after the one ``seen`` last (when it was
@@ -176,7 +181,7 @@ def evaluations_since(instance: dg.DagsterInstance, keys: Iterable[dg.AssetCheck
     pass, for minutes): a record is new when its evaluation is, whatever its place."""
     found = {}
     for key in keys:
-        name = f"{key.asset_key.to_user_string()}:{key.name}"
+        name = check_name(key)
         after = seen.get(name)
         new = []
         for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=EXECUTIONS_READ):
@@ -194,7 +199,8 @@ def evaluations_since(instance: dg.DagsterInstance, keys: Iterable[dg.AssetCheck
 
 
 class Result(Protocol):
-    """A result an alert sensor tells: a check's evaluation or an instigator's tick."""
+    """A result an alert sensor tells: a check's evaluation, an instigator's tick or a
+    run's step attempt."""
 
     @property
     def name(self) -> str: ...
@@ -240,7 +246,7 @@ def check_keys(context: dg.SensorEvaluationContext) -> list[dg.AssetCheckKey]:
 )
 def check_alerts(context: dg.SensorEvaluationContext, database: PipelineDatabase) -> dg.SkipReason:
     keys = check_keys(context)
-    names = {f"{key.asset_key.to_user_string()}:{key.name}" for key in keys}
+    names = {check_name(key) for key in keys}
     return tell_changes(context, database.settings(), "check results",
                         lambda seen, _: (evaluations_since(context.instance, keys, seen), names))
 

@@ -434,7 +434,7 @@ class _ImportLoader(yaml.SafeLoader):
 
 def _from_yaml(text: str, file: str, group_by: str, adaptive_default: bool) -> list[SourceSpec]:
     try:
-        data = yaml.load(text, Loader=_ImportLoader)
+        data = yaml.load(text, Loader=_ImportLoader)  # noqa: S506 (a safe loader, without aliases)
     except yaml.YAMLError as exc:
         raise SourceError(f"{file}: not valid YAML: {' '.join(str(exc).split())}") from None
     if isinstance(data, dict) and "sources" in data:
@@ -570,9 +570,10 @@ class ImportResult:
     present: int
 
 
-def owners_known(conn: sa.Connection, specs: Sequence[SourceSpec]) -> dict[str, int]:
-    """The ids of the users ``specs`` name as owners; SourceError, naming the first
-    missing one and a source it owns, when one is not a user."""
+def owner_ids(conn: sa.Connection, specs: Sequence[SourceSpec]) -> dict[str, int]:
+    """The id of the user each of ``specs`` names as its owner, by the source's URL;
+    SourceError, naming the first missing one and a source it owns, when one is not a
+    user."""
     owned = {spec.url: spec.owner for spec in specs if spec.owner}
     if not owned:
         return {}
@@ -582,7 +583,7 @@ def owners_known(conn: sa.Connection, specs: Sequence[SourceSpec]) -> dict[str, 
     if missing := sorted(set(owned.values()) - set(known)):
         raise SourceError(f"nothing imported: no user named {missing[0]!r}, owner of "
                           + next(url for url, name in owned.items() if name == missing[0]))
-    return known
+    return {url: known[name] for url, name in owned.items()}
 
 
 def import_sources(
@@ -593,8 +594,7 @@ def import_sources(
     Rows go in chunks (all in ``conn``'s transaction); ``progress`` is told each chunk's
     size."""
     unique = list({spec.url: spec for spec in reversed(specs)}.values())[::-1]
-    owned = {spec.url: spec.owner for spec in unique if spec.owner}
-    known = owners_known(conn, unique)
+    owned = owner_ids(conn, unique)
     existing = set(conn.execute(sa.select(schema.sources.c.url).where(schema.sources.c.url.in_(list(owned))))
                    .scalars()) if owned else set()
     added = 0
@@ -604,7 +604,7 @@ def import_sources(
         added += insert_ignoring_conflicts(conn, schema.sources, rows, ["url"])
         if progress is not None:
             progress(len(rows))
-    new_owned = {url: known[name] for url, name in owned.items() if url not in existing}
+    new_owned = {url: user_id for url, user_id in owned.items() if url not in existing}
     if new_owned:
         t = schema.sources
         for source_id, url in conn.execute(sa.select(t.c.id, t.c.url).where(t.c.url.in_(list(new_owned)))):

@@ -97,10 +97,10 @@ def _checked_channel(
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise UserError(f"webhook {channel_url(webhook)} is not an http(s) URL")
         _check_guard(webhook, "webhook", guard)
-        if secret is not None:
-            _check_secret(secret)
         if secret is None:
             secret = generated = new_secret()
+        else:
+            _check_secret(secret)
         channel, url = ChannelKind.WEBHOOK, webhook
     else:
         assert apprise_url is not None

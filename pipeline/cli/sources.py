@@ -147,7 +147,7 @@ def sources_import(file: Path, check: bool) -> None:
         specs = [c.spec for c in checked]
         click.echo(f"checked: {sum(c.items for c in checked)} items in {len(checked)} sources", err=True)
     with common.engine().begin() as conn:
-        sources.owners_known(conn, specs)  # refused before the progress bar starts: one line
+        sources.owner_ids(conn, specs)  # an unknown owner refused before the progress bar starts: one line
         with common.progress(len(specs), f"importing {len(specs):,} sources") as bar:
             result = sources.import_sources(conn, specs, progress=bar.update)
     click.echo(f"{result.added} added, {result.present} already present")

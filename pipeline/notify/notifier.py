@@ -458,7 +458,6 @@ class Notifier:
                 log.warning("notification %s failed (attempt %d, now %s): %s",
                             a.notification_id, a.attempts, status, a.error.message)
 
-
     def _write_gone(self, conn: sa.Connection, attempts: Sequence[Attempt]) -> None:
         """Remember the channels that answered 410 Gone (each with when and whose), and
         forget those tried again after their day that took the notification."""
@@ -483,10 +482,11 @@ def release_gone(conn: sa.Connection, url: str) -> int:
     it is no longer gone, and the notifications held for it go at the next pass.
     Returns how many were held."""
     g, n = schema.gone_channels, schema.notifications
-    row = conn.execute(sa.select(g.c.user_id, g.c.gone_at).where(g.c.digest == channel_digest(url))).first()
+    digest = channel_digest(url)
+    row = conn.execute(sa.select(g.c.user_id, g.c.gone_at).where(g.c.digest == digest)).first()
     if row is None:
         return 0
-    conn.execute(sa.delete(g).where(g.c.digest == channel_digest(url)))
+    conn.execute(sa.delete(g).where(g.c.digest == digest))
     # Held for it (a digest carrying them, pending): until a day after it was found gone
     # (``Notifier._gone``), or after the send that found it (``_send``: a batch's sends
     # end within seconds of each other).
